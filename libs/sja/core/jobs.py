@@ -1,0 +1,307 @@
+"""A job's life as pure transitions: propose for an offer, materialize a subjob for a grant, apply a
+completion (calibrating the profiles), finish or fail. The agent service only moves these states
+between NATS and the KV store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from sja.core.planner import PlanLimits, PlanRequest, materialize_size, plan_candidates, usable_time
+from sja.core.profiles import JobProfile
+from sja.protocol.messages import (
+    Completion,
+    Grant,
+    InFlight,
+    JobSpec,
+    JobState,
+    Offer,
+    Proposal,
+    Subjob,
+    SubjobSummary,
+    UnitRange,
+)
+from sja.workloads import SpecError, workload
+
+MAX_CONSECUTIVE_FAILURES = 8
+"""A job whose subjobs fail this many times in a row (other than OOM/timeout) is failed."""
+
+HISTORY_LIMIT = 500
+
+
+def validate_spec(spec: JobSpec) -> tuple[JobSpec, int]:
+    """Normalize a spec's parameters and return it with the job's total work units."""
+    w = workload(spec.workload)
+    params = w.validate(dict(spec.params))
+    if w.sequential and spec.max_parallel != 1:
+        raise SpecError("max_parallel", f"workload {w.name} is sequential: max_parallel must be 1")
+    total = w.total_units(params)
+    if spec.min_units > total:
+        raise SpecError("min_units", f"{spec.min_units} is more than the job's {total} units")
+    return msgspec.structs.replace(spec, params=params), total
+
+
+def new_job(job_id: str, spec: JobSpec, now: float) -> JobState:
+    spec, total = validate_spec(spec)
+    w = workload(spec.workload)
+    mem = spec.memory or w.declared_memory(spec.params)
+    time = spec.time or w.declared_time(spec.params)
+    profile = JobProfile.from_declaration(mem, time, typical_units=max(1, total // 8))
+    return JobState(
+        job_id=job_id,
+        spec=spec,
+        total_units=total,
+        submitted_at=now,
+        profile=profile.to_state(),
+    )
+
+
+def profile_of(state: JobState) -> JobProfile:
+    assert state.profile is not None
+    return JobProfile.from_state(state.profile)
+
+
+def is_terminal(state: JobState) -> bool:
+    return state.status in ("done", "failed", "cancelled")
+
+
+def units_remaining(state: JobState) -> int:
+    """Units not yet completed (in flight included)."""
+    return state.total_units - state.units_done
+
+
+def next_range(state: JobState) -> tuple[int, int] | None:
+    """The contiguous range the next subjob may take: a range to retry first, else fresh work."""
+    if state.retry:
+        r = state.retry[0]
+        return r.start, r.count
+    if state.next_unit < state.total_units:
+        return state.next_unit, state.total_units - state.next_unit
+    return None
+
+
+def can_take_more(state: JobState) -> bool:
+    return (
+        not is_terminal(state)
+        and not state.cancel_requested
+        and len(state.in_flight) < state.spec.max_parallel
+        and next_range(state) is not None
+    )
+
+
+def plan_request(state: JobState, offer_window: Any, now: float, max_units: int) -> PlanRequest:
+    return PlanRequest(
+        window=offer_window,
+        now=now,
+        eps_mem=state.spec.eps_mem,
+        eps_time=state.spec.eps_time,
+        max_units=max_units,
+        min_units=min(state.spec.min_units, max_units),
+        remaining_units=units_remaining(state),
+    )
+
+
+def expected_remaining_s(state: JobState, profile: JobProfile) -> float:
+    left = units_remaining(state)
+    return profile.duration_mean(left, "7g", 1.0) if left else 0.0
+
+
+def propose(state: JobState, offer: Offer, now: float, limits: PlanLimits) -> Proposal | None:
+    """The job's reply to an offer, or ``None`` when it cannot fit anything there."""
+    if not can_take_more(state):
+        return None
+    rng = next_range(state)
+    assert rng is not None
+    profile = profile_of(state)
+    req = plan_request(state, offer.window, now, rng[1])
+    cands = plan_candidates(profile, req, limits, state.spec.mode)
+    if not cands:
+        return None
+    deadline = state.submitted_at + state.spec.deadline_s if state.spec.deadline_s else None
+    return Proposal(
+        job_id=state.job_id,
+        tenant=state.spec.tenant,
+        mode=state.spec.mode,
+        candidates=cands[: 1 if state.spec.mode == "sja" else 8],
+        submitted_at=state.submitted_at,
+        remaining_units=units_remaining(state),
+        total_units=state.total_units,
+        priority=state.spec.priority,
+        deadline_at=deadline,
+        expected_remaining_s=round(expected_remaining_s(state, profile), 6),
+    )
+
+
+@dataclass(frozen=True)
+class Materialized:
+    state: JobState
+    subjob: Subjob | None
+    reason: str = ""
+
+
+def materialize(
+    state: JobState, grant: Grant, now: float, limits: PlanLimits, agent_id: str
+) -> Materialized:
+    """Cut the subjob for a granted window, sized with the latest profile, never larger than the
+    proposal; or decline (the caller releases the lease)."""
+    if not can_take_more(state):
+        return Materialized(state, None, "job cannot take more work now")
+    rng = next_range(state)
+    assert rng is not None
+    start, available = rng
+    profile = profile_of(state)
+    req = plan_request(state, grant.window, now, available)
+    size = materialize_size(profile, req, limits, grant.candidate.size)
+    if size is None:
+        return Materialized(state, None, "no safe size left in the granted window")
+    retry = list(state.retry)
+    next_unit = state.next_unit
+    if retry:
+        head = retry.pop(0)
+        if head.count > size:
+            retry.insert(0, UnitRange(start=head.start + size, count=head.count - size))
+    else:
+        next_unit = start + size
+    window = grant.window
+    time_cap = usable_time(window, now, limits) + limits.start_overhead_s
+    seq = state.next_seq
+    subjob = Subjob(
+        subjob_id=f"{state.job_id}.s{seq}",
+        seq=seq,
+        job_id=state.job_id,
+        tenant=state.spec.tenant,
+        agent_id=agent_id,
+        workload=state.spec.workload,
+        params=state.spec.params,
+        unit_start=start,
+        units=size,
+        grant_id=grant.grant_id,
+        fence=grant.fence,
+        slice_id=window.slice_id,
+        node=window.node,
+        mem_cap_mib=int(window.mem_mib - limits.mem_reserve_mib),
+        time_cap_s=round(max(time_cap, 0.001), 6),
+        planned_mem_q_mib=round(profile.mem_quantile(size, 1 - state.spec.eps_mem), 3),
+        planned_duration_q_s=round(
+            profile.duration_quantile(
+                size, 1 - state.spec.eps_time, window.profile, window.compute_share
+            ),
+            6,
+        ),
+        input_checkpoint=state.accumulator if workload(state.spec.workload).sequential else b"",
+        created_at=now,
+    )
+    flight = InFlight(
+        subjob_id=subjob.subjob_id,
+        grant_id=grant.grant_id,
+        slice_id=window.slice_id,
+        unit_start=start,
+        units=size,
+        dispatched_at=now,
+        time_cap_s=subjob.time_cap_s,
+        profile=window.profile,
+        compute_share=window.compute_share,
+        planned_mem_q_mib=subjob.planned_mem_q_mib,
+        planned_duration_q_s=subjob.planned_duration_q_s,
+    )
+    new_state = msgspec.structs.replace(
+        state,
+        status="running",
+        first_started_at=state.first_started_at if state.first_started_at is not None else now,
+        retry=retry,
+        next_unit=next_unit,
+        in_flight=[*state.in_flight, flight],
+        next_seq=seq + 1,
+        rounds_won=state.rounds_won + 1,
+    )
+    return Materialized(new_state, subjob)
+
+
+def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobState, bool]:
+    """Fold a completion into the job. Returns ``(state, applied)``; a completion for a subjob not in
+    flight (a duplicate or a stale one) changes nothing."""
+    flight = next((f for f in state.in_flight if f.subjob_id == c.subjob_id), None)
+    if flight is None or flight.grant_id != c.grant_id:
+        return state, False
+    in_flight = [f for f in state.in_flight if f.subjob_id != c.subjob_id]
+    profile_name, compute_share = flight.profile, flight.compute_share
+    profile = profile_of(state)
+    w = workload(state.spec.workload)
+    retry = list(state.retry)
+    acc = state.accumulator
+    units_done = state.units_done
+    failures = state.attempt_failures
+    error = state.error
+    if c.status == "ok":
+        acc = w.merge(acc, c.output_checkpoint) if not w.sequential else c.output_checkpoint
+        units_done += c.units
+        profile.observe(c.units, c.peak_mem_mib, c.duration_s, profile_name, compute_share)
+        failures = 0
+    else:
+        retry.append(UnitRange(start=flight.unit_start, count=flight.units))
+        retry.sort(key=lambda r: r.start)
+        if c.status == "oom":
+            profile.observe_oom(c.units, c.mem_cap_mib, c.peak_mem_mib)
+        elif c.status == "timeout":
+            profile.observe_timeout(c.units, c.time_cap_s, profile_name, compute_share)
+        elif c.status in ("failed", "lost"):
+            failures += 1
+            error = c.error or c.status
+    summary = SubjobSummary(
+        subjob_id=c.subjob_id,
+        slice_id=c.slice_id,
+        profile=profile_name,
+        status=c.status,
+        unit_start=c.unit_start,
+        units=c.units,
+        planned_mem_q_mib=flight.planned_mem_q_mib,
+        peak_mem_mib=c.peak_mem_mib,
+        mem_cap_mib=c.mem_cap_mib,
+        planned_duration_q_s=flight.planned_duration_q_s,
+        duration_s=c.duration_s,
+        time_cap_s=c.time_cap_s,
+        started_at=c.started_at,
+        finished_at=c.finished_at,
+    )
+    history = [*state.history, summary][-HISTORY_LIMIT:]
+    new = msgspec.structs.replace(
+        state,
+        in_flight=in_flight,
+        retry=retry,
+        accumulator=acc,
+        units_done=units_done,
+        profile=profile.to_state(),
+        history=history,
+        attempt_failures=failures,
+        error=error,
+    )
+    return settle(new, now), True
+
+
+def settle(state: JobState, now: float) -> JobState:
+    """Move a job to a terminal status when nothing more can happen to it."""
+    if is_terminal(state) or state.in_flight:
+        return state
+    if state.cancel_requested:
+        return msgspec.structs.replace(state, status="cancelled", finished_at=now)
+    if state.attempt_failures >= MAX_CONSECUTIVE_FAILURES:
+        return msgspec.structs.replace(
+            state, status="failed", finished_at=now, error=f"{state.error} (gave up)"
+        )
+    if state.units_done >= state.total_units:
+        result = finalize(state)
+        return msgspec.structs.replace(state, status="done", finished_at=now, result=result)
+    return state
+
+
+def finalize(state: JobState) -> dict[str, Any]:
+    return workload(state.spec.workload).finalize(state.spec.params, state.accumulator)
+
+
+def request_cancel(state: JobState, now: float) -> JobState:
+    if is_terminal(state):
+        return state
+    return settle(msgspec.structs.replace(state, cancel_requested=True), now)

@@ -1,0 +1,151 @@
+"""Subjob planning: which sizes fit a window with the stated probability.
+
+For a window of memory ``M`` (minus a reserve for driver/context overhead) and length ``T`` (minus the
+per-subjob start overhead), a size ``k`` is *safe* when the job's ``1 - eps_mem`` memory quantile is at
+most ``M - reserve`` and its ``1 - eps_time`` duration quantile is at most ``T - overhead``, and no
+past OOM or timeout forbids it. SJA interest is "is there a safe ``k``"; JASDA proposes several safe
+sizes, each scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sja.core.profiles import JobProfile
+from sja.protocol.messages import Candidate, Window
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    """Cluster-wide planning settings."""
+
+    mem_reserve_mib: float = 256.0
+    """Driver/context overhead on every slice, not available to the subjob."""
+    start_overhead_s: float = 0.3
+    """Per-subjob start and checkpoint cost, taken off the window."""
+    horizon_s: float = 30.0
+    """Length assumed for an open-ended window."""
+    candidate_fractions: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    window: Window
+    now: float
+    eps_mem: float
+    eps_time: float
+    max_units: int
+    """Largest contiguous range the job can hand out now."""
+    min_units: int = 1
+    remaining_units: int = 0
+    """All work left (for scoring a candidate that finishes the job)."""
+
+
+def usable_memory(window: Window, limits: PlanLimits) -> float:
+    return window.mem_mib - limits.mem_reserve_mib
+
+
+def usable_time(window: Window, now: float, limits: PlanLimits) -> float:
+    end = window.end_s if window.end_s is not None else max(now, window.start_s) + limits.horizon_s
+    return end - max(now, window.start_s) - limits.start_overhead_s
+
+
+def is_safe(profile: JobProfile, k: int, req: PlanRequest, limits: PlanLimits) -> bool:
+    w = req.window
+    mem_cap = usable_memory(w, limits)
+    length = usable_time(w, req.now, limits)
+    if mem_cap <= 0 or length <= 0:
+        return False
+    bound = profile.max_size_under_bounds(mem_cap, length, w.compute_share)
+    if bound is not None and k > bound:
+        return False
+    if profile.mem_quantile(k, 1.0 - req.eps_mem) > mem_cap:
+        return False
+    return profile.duration_quantile(k, 1.0 - req.eps_time, w.profile, w.compute_share) <= length
+
+
+def largest_safe_size(profile: JobProfile, req: PlanRequest, limits: PlanLimits) -> int | None:
+    """The largest safe ``k`` in ``[min_units, max_units]``, or ``None``.
+
+    Quantiles grow with ``k`` over the range that matters, so a binary search finds the boundary; the
+    answer is re-checked so a non-monotone corner can only make the plan smaller, never unsafe.
+    """
+    lo, hi = req.min_units, req.max_units
+    if hi < lo or not is_safe(profile, lo, req, limits):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if is_safe(profile, mid, req, limits):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def candidate(profile: JobProfile, k: int, req: PlanRequest, limits: PlanLimits) -> Candidate:
+    w = req.window
+    mem_cap = usable_memory(w, limits)
+    length = usable_time(w, req.now, limits)
+    duration_mean = profile.duration_mean(k, w.profile, w.compute_share)
+    mem_q = profile.mem_quantile(k, 1.0 - req.eps_mem)
+    p_mem = profile.mem_fit_probability(k, mem_cap)
+    p_time = profile.time_fit_probability(k, length, w.profile, w.compute_share)
+    fill_time = min(duration_mean / length, 1.0) if length > 0 else 0.0
+    fill_mem = min(mem_q / w.mem_mib, 1.0)
+    finishes = 1.0 if req.remaining_units and k >= req.remaining_units else 0.0
+    # The job's own view of how good this cut is: use of the window, odds of fitting, and a bonus
+    # for finishing the job (no further cut, no further start overhead).
+    score = (0.7 * fill_time + 0.3 * fill_mem) * p_mem * p_time + 0.1 * finishes
+    return Candidate(
+        size=k,
+        mem_q_mib=round(mem_q, 3),
+        p_fit_mem=round(p_mem, 6),
+        duration_q_s=round(
+            profile.duration_quantile(k, 1.0 - req.eps_time, w.profile, w.compute_share), 6
+        ),
+        duration_mean_s=round(duration_mean, 6),
+        p_fit_time=round(p_time, 6),
+        score=round(score, 6),
+    )
+
+
+def plan_candidates(
+    profile: JobProfile, req: PlanRequest, limits: PlanLimits, mode: str
+) -> list[Candidate]:
+    """SJA: one candidate (the largest safe size). JASDA: several safe sizes, best score first."""
+    k_max = largest_safe_size(profile, req, limits)
+    if k_max is None:
+        return []
+    if mode == "sja":
+        return [candidate(profile, k_max, req, limits)]
+    sizes = _candidate_sizes(k_max, req.min_units, limits.candidate_fractions)
+    cands = [candidate(profile, k, req, limits) for k in sizes]
+    cands.sort(key=lambda c: (-c.score, -c.size))
+    return cands
+
+
+def _candidate_sizes(k_max: int, k_min: int, fractions: Sequence[float]) -> list[int]:
+    sizes: list[int] = []
+    for f in fractions:
+        k = max(k_min, int(k_max * f))
+        if k not in sizes:
+            sizes.append(k)
+    return sizes
+
+
+def materialize_size(
+    profile: JobProfile, req: PlanRequest, limits: PlanLimits, proposed: int
+) -> int | None:
+    """Size of the subjob for a granted window: recomputed with the latest profile, never larger
+    than what was proposed, never unsafe."""
+    bounded = PlanRequest(
+        window=req.window,
+        now=req.now,
+        eps_mem=req.eps_mem,
+        eps_time=req.eps_time,
+        max_units=min(req.max_units, proposed),
+        min_units=req.min_units,
+        remaining_units=req.remaining_units,
+    )
+    return largest_safe_size(profile, bounded, limits)

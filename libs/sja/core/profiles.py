@@ -1,0 +1,251 @@
+"""Probabilistic job profiles: functional memory profile and temporal profile.
+
+Both are Bayesian linear regressions (Normal-inverse-gamma conjugate prior) on the job's size
+parameter ``k``: ``peak_mem(k) = a + b*k + noise`` and ``duration_full(k) = warmup + c*k + noise``,
+where ``duration_full`` is the duration on a full-speed slice. A slice profile's speed relative to the
+full GPU starts from its compute share and is learned per profile as a log-ratio.
+
+Quantiles use the posterior predictive, approximated by a normal with the Student-t variance
+(``nu / (nu - 2)``), which is conservative at the quantiles used here (eps in [0.01, 0.2]).
+
+An OOM or a timeout is a censored observation ("more than the cap at size k"): it is fed to the
+regression as a pseudo-observation above the cap and it sets a hard bound so that no size >= k is
+planned again on a slice with that much memory or time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+from sja.protocol.messages import MemoryDecl, ProfileState, TimeDecl
+
+_STD = NormalDist()
+
+CENSORED_INFLATION = 1.15
+"""A censored observation is recorded this far above the cap it broke."""
+
+
+def z_of(q: float) -> float:
+    return _STD.inv_cdf(min(max(q, 1e-12), 1 - 1e-12))
+
+
+@dataclass
+class LinearPosterior:
+    """NIG posterior over ``y = w0 + w1 * x`` with unknown noise variance."""
+
+    mu0: float
+    mu1: float
+    p00: float
+    p01: float
+    p11: float
+    """Precision matrix (scaled by the noise variance) of the weights."""
+    a: float
+    b: float
+
+    @classmethod
+    def prior(cls, intercept: float, slope: float, rel_sd: float, typical_x: float) -> LinearPosterior:
+        """A weak prior centred on a declaration.
+
+        The weights' prior sd is ``rel_sd`` of their value (with a floor), the noise sd is expected
+        around ``rel_sd`` of the prediction at ``typical_x``. ``a = 2`` keeps it weak: a handful of
+        observations dominate it.
+        """
+        rel_sd = max(rel_sd, 0.02)
+        typical_y = max(intercept + slope * typical_x, 1e-6)
+        noise_var = (rel_sd * typical_y) ** 2
+        a = 2.0
+        b = noise_var * (a - 1.0)
+        sd0 = max(rel_sd * abs(intercept), 0.05 * typical_y)
+        sd1 = max(rel_sd * abs(slope), 0.05 * typical_y / max(typical_x, 1.0))
+        return cls(
+            mu0=intercept,
+            mu1=slope,
+            p00=noise_var / sd0**2,
+            p01=0.0,
+            p11=noise_var / sd1**2,
+            a=a,
+            b=b,
+        )
+
+    def update(self, x: float, y: float) -> None:
+        p00, p01, p11 = self.p00 + 1.0, self.p01 + x, self.p11 + x * x
+        # new mu = P_new^-1 (P_old mu_old + X^T y)
+        r0 = self.p00 * self.mu0 + self.p01 * self.mu1 + y
+        r1 = self.p01 * self.mu0 + self.p11 * self.mu1 + x * y
+        det = p00 * p11 - p01 * p01
+        mu0 = (p11 * r0 - p01 * r1) / det
+        mu1 = (-p01 * r0 + p00 * r1) / det
+        quad_old = self.mu0 * (self.p00 * self.mu0 + self.p01 * self.mu1) + self.mu1 * (
+            self.p01 * self.mu0 + self.p11 * self.mu1
+        )
+        quad_new = mu0 * (p00 * mu0 + p01 * mu1) + mu1 * (p01 * mu0 + p11 * mu1)
+        self.b += 0.5 * max(y * y + quad_old - quad_new, 0.0)
+        self.a += 0.5
+        self.mu0, self.mu1, self.p00, self.p01, self.p11 = mu0, mu1, p00, p01, p11
+
+    def mean(self, x: float) -> float:
+        return self.mu0 + self.mu1 * x
+
+    def sd(self, x: float) -> float:
+        det = self.p00 * self.p11 - self.p01 * self.p01
+        # x^T P^-1 x with x = (1, x)
+        lev = (self.p11 - 2.0 * self.p01 * x + self.p00 * x * x) / det
+        noise = self.b / self.a
+        nu = 2.0 * self.a
+        t_inflation = nu / (nu - 2.0) if nu > 2.0 else 3.0
+        return math.sqrt(max(noise * (1.0 + lev) * t_inflation, 0.0))
+
+    def quantile(self, x: float, q: float) -> float:
+        return self.mean(x) + z_of(q) * self.sd(x)
+
+    def cdf(self, x: float, y: float) -> float:
+        sd = self.sd(x)
+        if sd <= 0.0:
+            return 1.0 if y >= self.mean(x) else 0.0
+        return _STD.cdf((y - self.mean(x)) / sd)
+
+    def to_list(self) -> list[float]:
+        return [self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b]
+
+    @classmethod
+    def from_list(cls, v: list[float]) -> LinearPosterior:
+        return cls(*v[:7])
+
+
+@dataclass
+class SpeedEstimate:
+    """Log of (observed duration / predicted full-speed duration * share) for one slice profile."""
+
+    mean: float = 0.0
+    var: float = 0.25
+    n: int = 0
+
+    OBS_VAR = 0.05
+
+    def update(self, log_ratio: float) -> None:
+        k = self.var / (self.var + self.OBS_VAR)
+        self.mean += k * (log_ratio - self.mean)
+        self.var = (1.0 - k) * self.var + 1e-4
+        self.n += 1
+
+
+@dataclass
+class JobProfile:
+    """A job's memory and time model. Pure; serialized to ``ProfileState`` in the job state."""
+
+    mem: LinearPosterior
+    time: LinearPosterior
+    speed: dict[str, SpeedEstimate] = field(default_factory=dict)
+    oom_bounds: list[tuple[int, float]] = field(default_factory=list)
+    """(size, cap): size ``>= k`` exceeded ``cap`` MiB once; never plan it again under that cap."""
+    timeout_bounds: list[tuple[int, float]] = field(default_factory=list)
+    """(size, seconds, full-speed-equivalent): size ``>= k`` overran this length once."""
+    observations: int = 0
+
+    @classmethod
+    def from_declaration(cls, mem: MemoryDecl, time: TimeDecl, typical_units: int) -> JobProfile:
+        return cls(
+            mem=LinearPosterior.prior(mem.base_mib, mem.per_unit_mib, mem.rel_sd, typical_units),
+            time=LinearPosterior.prior(time.warmup_s, time.per_unit_s, time.rel_sd, typical_units),
+        )
+
+    # --- predictions ------------------------------------------------------------------------------
+
+    def mem_quantile(self, k: int, q: float) -> float:
+        return max(self.mem.quantile(k, q), 0.0)
+
+    def mem_fit_probability(self, k: int, cap_mib: float) -> float:
+        return self.mem.cdf(k, cap_mib)
+
+    def slowdown(self, profile: str, share: float) -> tuple[float, float]:
+        """(mean, sd) of log(duration on this profile / full-speed duration)."""
+        est = self.speed.get(profile, SpeedEstimate())
+        return -math.log(share) + est.mean, math.sqrt(est.var)
+
+    def duration_mean(self, k: int, profile: str, share: float) -> float:
+        mu, _ = self.slowdown(profile, share)
+        return max(self.time.mean(k), 0.0) * math.exp(mu)
+
+    def duration_quantile(self, k: int, q: float, profile: str, share: float) -> float:
+        # Split the tail between the regression and the speed factor (conservative product).
+        q_each = 1.0 - (1.0 - q) / 2.0
+        mu, sd = self.slowdown(profile, share)
+        return max(self.time.quantile(k, q_each), 0.0) * math.exp(mu + z_of(q_each) * sd)
+
+    def time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
+        mu, sd = self.slowdown(profile, share)
+        # P(full * exp(s) <= T) evaluated at the speed factor's mean plus one sd of margin
+        full_cap = length_s / math.exp(mu + sd)
+        return self.time.cdf(k, full_cap)
+
+    def max_size_under_bounds(self, mem_cap_mib: float, length_s: float, share: float) -> int | None:
+        """Largest size allowed by past OOMs and timeouts for this cap (None: unbounded)."""
+        limit: int | None = None
+        for size, cap in self.oom_bounds:
+            if mem_cap_mib <= cap:
+                limit = size - 1 if limit is None else min(limit, size - 1)
+        for size, full_len in self.timeout_bounds:
+            if length_s * share <= full_len:
+                limit = size - 1 if limit is None else min(limit, size - 1)
+        return limit
+
+    # --- calibration ------------------------------------------------------------------------------
+
+    def observe(self, k: int, peak_mem_mib: float, duration_s: float, profile: str, share: float) -> None:
+        """A completed subjob: both measurements are exact observations."""
+        self.observe_memory(k, peak_mem_mib)
+        self.observe_duration(k, duration_s, profile, share)
+        self.observations += 1
+
+    def observe_memory(self, k: int, peak_mem_mib: float) -> None:
+        self.mem.update(k, peak_mem_mib)
+
+    def observe_duration(self, k: int, duration_s: float, profile: str, share: float) -> None:
+        predicted_full = max(self.time.mean(k), 1e-6)
+        est = self.speed.setdefault(profile, SpeedEstimate())
+        log_ratio = math.log(max(duration_s, 1e-6) / predicted_full) + math.log(share)
+        est.update(log_ratio)
+        mu, _ = self.slowdown(profile, share)
+        self.time.update(k, duration_s / math.exp(mu))
+
+    def observe_oom(self, k: int, cap_mib: float, peak_seen_mib: float = 0.0) -> None:
+        """Peak memory at size ``k`` exceeded ``cap_mib`` (censored from below)."""
+        self.oom_bounds.append((k, cap_mib))
+        self.mem.update(k, max(cap_mib, peak_seen_mib) * CENSORED_INFLATION)
+        self.observations += 1
+
+    def observe_timeout(self, k: int, cap_s: float, profile: str, share: float) -> None:
+        """Duration at size ``k`` exceeded ``cap_s`` on this profile (censored from below)."""
+        mu, _ = self.slowdown(profile, share)
+        full_len = cap_s / math.exp(mu)
+        self.timeout_bounds.append((k, cap_s * share))
+        self.time.update(k, full_len * CENSORED_INFLATION)
+        self.observations += 1
+
+    # --- serialization ----------------------------------------------------------------------------
+
+    def to_state(self) -> ProfileState:
+        return ProfileState(
+            mem=self.mem.to_list(),
+            time=self.time.to_list(),
+            speed={name: [s.mean, s.var, float(s.n)] for name, s in sorted(self.speed.items())},
+            oom_bounds=list(self.oom_bounds),
+            timeout_bounds=list(self.timeout_bounds),
+            observations=self.observations,
+        )
+
+    @classmethod
+    def from_state(cls, state: ProfileState) -> JobProfile:
+        return cls(
+            mem=LinearPosterior.from_list(state.mem),
+            time=LinearPosterior.from_list(state.time),
+            speed={
+                name: SpeedEstimate(mean=v[0], var=v[1], n=int(v[2]))
+                for name, v in state.speed.items()
+            },
+            oom_bounds=[(int(k), float(c)) for k, c in state.oom_bounds],
+            timeout_bounds=[(int(k), float(c)) for k, c in state.timeout_bounds],
+            observations=state.observations,
+        )

@@ -1,0 +1,62 @@
+"""Gap finding: which windows to offer, from slice states and the expected ends of running subjobs.
+
+Deterministic: windows are returned sorted by (start, slice id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sja.protocol.messages import SliceState, Window
+
+
+@dataclass(frozen=True)
+class WindowRequest:
+    now: float
+    horizon_s: float
+    """Length of a window with no known end (open-ended windows are bounded by it)."""
+    include_future: bool = False
+    """Also return windows that open when a running subjob is expected to end."""
+    reservations: Mapping[str, float] | None = None
+    """slice_id -> time a reservation starts: windows end there."""
+
+
+def window_of(s: SliceState, start: float, end: float | None) -> Window:
+    return Window(
+        slice_id=s.slice_id,
+        node=s.node,
+        pool=s.pool,
+        gpu_model=s.gpu_model,
+        profile=s.profile,
+        mem_mib=s.mem_mib,
+        compute_share=s.compute_share,
+        start_s=start,
+        end_s=end,
+    )
+
+
+def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Window]:
+    """Free slices give windows starting now; busy ones (optionally) give future windows.
+
+    A window ends at the slice's next reservation, else ``horizon_s`` after it starts.
+    A leased slice (granted, not yet started) and an offline slice give no window.
+    """
+    out: list[Window] = []
+    reservations = req.reservations or {}
+    for s in slices:
+        if s.status == "free":
+            start = req.now
+        elif s.status == "busy" and req.include_future and s.expected_end > 0:
+            start = max(s.expected_end, req.now)
+        else:
+            continue
+        end = start + req.horizon_s
+        reserved_at = reservations.get(s.slice_id)
+        if reserved_at is not None:
+            if reserved_at <= start:
+                continue
+            end = min(end, reserved_at)
+        out.append(window_of(s, start, end))
+    out.sort(key=lambda w: (w.start_s, w.slice_id))
+    return out

@@ -1,0 +1,1 @@
+"""Messages and subjects: the wire contract between SJA services."""

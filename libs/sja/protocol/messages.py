@@ -1,0 +1,419 @@
+"""Wire messages of SJA, one ``msgspec.Struct`` per message.
+
+Every message is frozen, keyword-only and tagged with a versioned wire id. Schema evolution follows
+msgspec's rules: new fields get defaults; no renames or type changes; a breaking change is a new
+``v2`` tag and subject.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+# --- constrained scalar types, validated at decode time -------------------------------------------
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
+Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Eps = Annotated[float, msgspec.Meta(gt=0.0, lt=0.5)]
+Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+Checkpoint = Annotated[bytes, msgspec.Meta(max_length=1 << 20)]
+
+SliceStatus = Literal["free", "leased", "busy", "offline"]
+JobStatus = Literal["pending", "running", "done", "failed", "cancelled"]
+SubjobStatus = Literal["ok", "oom", "timeout", "failed", "cancelled", "lost"]
+ReplyMode = Literal["sja", "jasda"]
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every wire message; the tag names the message and its version."""
+
+
+# --- slices and windows ---------------------------------------------------------------------------
+
+
+class SliceState(Message, tag="sja.slice_state.v1", kw_only=True):
+    """One schedulable slice as stored in the ``sja-slices`` KV bucket (key = ``slice_id``)."""
+
+    slice_id: Id
+    node: Name
+    pool: Name
+    gpu_index: NonNegInt
+    gpu_model: str
+    gpu_uuid: str = ""
+    profile: str
+    mem_mib: PosInt
+    compute_slots: PosInt
+    compute_share: Share
+    placement_start: NonNegInt = 0
+    source: Literal["declared", "nvml", "soft", "whole"] = "declared"
+    status: SliceStatus = "free"
+    fence: NonNegInt = 0
+    """Monotonic per slice; bumped on every grant. A holder with a lower fence is stale."""
+    holder_job: str = ""
+    grant_id: str = ""
+    lease_until: float = 0.0
+    expected_end: float = 0.0
+    updated_at: float = 0.0
+
+
+class Window(msgspec.Struct, frozen=True, kw_only=True):
+    """A slice plus a time interval ``[start_s, end_s)`` (wall-clock seconds since the epoch)."""
+
+    slice_id: Id
+    node: Name
+    pool: Name
+    gpu_model: str
+    profile: str
+    mem_mib: PosInt
+    compute_share: Share
+    start_s: float
+    end_s: float | None = None
+    """``None``: open-ended; planners bound it by their own horizon."""
+
+    @property
+    def length_s(self) -> float | None:
+        return None if self.end_s is None else max(0.0, self.end_s - self.start_s)
+
+
+# --- a round ----------------------------------------------------------------------------------------
+
+
+class Offer(Message, tag="sja.offer.v1", kw_only=True):
+    """Advertisement of one window in one negotiation round."""
+
+    offer_id: Id
+    round: NonNegInt
+    window: Window
+    slice_fence: NonNegInt
+    """The slice's fence when the offer was made: a grant for a stale offer is refused."""
+    slice_revision: NonNegInt
+    issued_at: float
+    reply_by: float
+    reply_to: str
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """One candidate subjob a job could cut for a window."""
+
+    size: PosInt
+    """Work units (rows, samples blocks, steps...) the subjob would cover."""
+    mem_q_mib: NonNegFloat
+    """Memory at the job's ``1 - eps_mem`` quantile for this size."""
+    p_fit_mem: Prob
+    duration_q_s: NonNegFloat
+    """Duration at the job's ``1 - eps_time`` quantile on this slice."""
+    duration_mean_s: NonNegFloat
+    p_fit_time: Prob
+    score: float = 0.0
+    bid: NonNegFloat = 0.0
+
+
+class Proposal(msgspec.Struct, frozen=True, kw_only=True):
+    """A job's answer to an offer: SJA interest (one candidate) or JASDA candidates (several)."""
+
+    job_id: Id
+    tenant: Name
+    mode: ReplyMode
+    candidates: Annotated[list[Candidate], msgspec.Meta(min_length=1, max_length=16)]
+    submitted_at: float
+    remaining_units: NonNegInt
+    total_units: PosInt
+    priority: int = 0
+    deadline_at: float | None = None
+    expected_remaining_s: NonNegFloat = 0.0
+
+
+class Reply(Message, tag="sja.reply.v1", kw_only=True):
+    """One agent process's reply to an offer: the proposals of all its jobs that can fit.
+
+    An agent answers every offer (possibly with no proposals) so the clearer can close the round as
+    soon as every live agent has spoken.
+    """
+
+    offer_id: Id
+    agent_id: Id
+    proposals: Annotated[list[Proposal], msgspec.Meta(max_length=10_000)] = []
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """The clearer's reason for one proposal: won, or why it lost."""
+
+    job_id: str
+    tenant: str
+    agent_id: str
+    won: bool
+    reason: str
+    score: float = 0.0
+    size: int = 0
+
+
+class Grant(Message, tag="sja.grant.v1", kw_only=True):
+    """The winner's lease on a window."""
+
+    grant_id: Id
+    offer_id: Id
+    round: NonNegInt
+    job_id: Id
+    tenant: Name
+    agent_id: Id
+    window: Window
+    candidate: Candidate
+    fence: PosInt
+    lease_until: float
+    policy: str
+    granted_at: float
+
+
+class Outcome(Message, tag="sja.outcome.v1", kw_only=True):
+    """Sent to each agent that replied: what happened to its proposals."""
+
+    offer_id: Id
+    verdicts: list[Verdict]
+
+
+class RoundRecord(Message, tag="sja.round_record.v1", kw_only=True):
+    """Audit record of a cleared round (stream ``SJA_ROUNDS``): replies, winner, reasons."""
+
+    offer_id: Id
+    round: NonNegInt
+    window: Window
+    policy: str
+    replies_from: list[str]
+    verdicts: list[Verdict]
+    winner_job: str = ""
+    grant_id: str = ""
+    fence: int = 0
+    closed_because: Literal["deadline", "all_replied"] = "deadline"
+    note: str = ""
+    trace_id: str = ""
+    opened_at: float = 0.0
+    cleared_at: float = 0.0
+
+
+# --- jobs and subjobs -------------------------------------------------------------------------------
+
+
+class MemoryDecl(msgspec.Struct, frozen=True, kw_only=True):
+    """Declared functional memory profile: ``peak = base + per_unit * size`` with a relative spread."""
+
+    base_mib: NonNegFloat
+    per_unit_mib: NonNegFloat
+    rel_sd: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.25
+
+
+class TimeDecl(msgspec.Struct, frozen=True, kw_only=True):
+    """Declared temporal profile on a full-speed slice: ``duration = warmup + per_unit * size``."""
+
+    warmup_s: NonNegFloat
+    per_unit_s: PosFloat
+    rel_sd: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.5
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a user submits (YAML or JSON)."""
+
+    name: Name
+    tenant: Name
+    workload: Name
+    params: dict[str, Any] = {}
+    mode: ReplyMode = "jasda"
+    eps_mem: Eps = 0.05
+    eps_time: Eps = 0.05
+    priority: int = 0
+    deadline_s: PosFloat | None = None
+    """Relative to submission."""
+    max_parallel: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    min_units: PosInt = 1
+    """Smallest subjob worth running (quantum of the work)."""
+    memory: MemoryDecl | None = None
+    time: TimeDecl | None = None
+
+
+class SubmitJob(Message, tag="sja.submit_job.v1", kw_only=True):
+    spec: JobSpec
+    request_id: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    """Client idempotency key: resubmitting the same id returns the same job."""
+
+
+class SubmitAck(Message, tag="sja.submit_ack.v1", kw_only=True):
+    job_id: Id
+    duplicate: bool = False
+
+
+class JobQuery(Message, tag="sja.job_query.v1", kw_only=True):
+    job_id: Id
+
+
+class JobListQuery(Message, tag="sja.job_list_query.v1", kw_only=True):
+    tenant: str = ""
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
+
+
+class ErrorReply(Message, tag="sja.error.v1", kw_only=True):
+    """Typed error answer to a request."""
+
+    code: Literal["bad_request", "not_found", "conflict", "internal", "forbidden"]
+    message: str
+    field: str = ""
+
+
+class Subjob(Message, tag="sja.subjob.v1", kw_only=True):
+    """A self-contained piece of a job, materialized for a grant (work queue ``SJA_SUBJOBS``)."""
+
+    subjob_id: Id
+    seq: NonNegInt
+    job_id: Id
+    tenant: Name
+    agent_id: Id
+    workload: Name
+    params: dict[str, Any]
+    unit_start: NonNegInt
+    units: PosInt
+    grant_id: Id
+    fence: PosInt
+    slice_id: Id
+    node: Name
+    mem_cap_mib: PosInt
+    time_cap_s: PosFloat
+    planned_mem_q_mib: NonNegFloat
+    planned_duration_q_s: NonNegFloat
+    input_checkpoint: Checkpoint = b""
+    created_at: float = 0.0
+
+
+class Completion(Message, tag="sja.completion.v1", kw_only=True):
+    """Outcome of a subjob (stream ``SJA_COMPLETIONS``)."""
+
+    subjob_id: Id
+    job_id: Id
+    grant_id: Id
+    fence: NonNegInt
+    slice_id: Id
+    status: SubjobStatus
+    unit_start: NonNegInt
+    units: NonNegInt
+    units_done: NonNegInt
+    peak_mem_mib: NonNegFloat
+    duration_s: NonNegFloat
+    mem_cap_mib: NonNegInt
+    time_cap_s: NonNegFloat
+    started_at: float
+    finished_at: float
+    output_checkpoint: Checkpoint = b""
+    error: str = ""
+    executor_id: str = ""
+
+
+class ProfileState(msgspec.Struct, frozen=True, kw_only=True):
+    """Serialized posterior of a job's profiles (see ``sja.core.profiles``)."""
+
+    mem: list[float]
+    time: list[float]
+    speed: dict[str, list[float]] = {}
+    oom_bounds: list[tuple[int, float]] = []
+    timeout_bounds: list[tuple[int, float]] = []
+    observations: int = 0
+
+
+class UnitRange(msgspec.Struct, frozen=True, kw_only=True):
+    start: NonNegInt
+    count: PosInt
+
+
+class InFlight(msgspec.Struct, frozen=True, kw_only=True):
+    subjob_id: str
+    grant_id: str
+    slice_id: str
+    unit_start: int
+    units: int
+    dispatched_at: float
+    time_cap_s: float
+    profile: str
+    compute_share: float
+    planned_mem_q_mib: float
+    planned_duration_q_s: float
+
+
+class SubjobSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One executed subjob as remembered in the job's state."""
+
+    subjob_id: str
+    slice_id: str
+    profile: str
+    status: str
+    unit_start: int
+    units: int
+    planned_mem_q_mib: float
+    peak_mem_mib: float
+    mem_cap_mib: int
+    planned_duration_q_s: float
+    duration_s: float
+    time_cap_s: float
+    started_at: float
+    finished_at: float
+
+
+class JobState(Message, tag="sja.job_state.v1", kw_only=True):
+    """Durable state of a job (KV ``sja-jobs``, key = ``job_id``)."""
+
+    job_id: Id
+    spec: JobSpec
+    total_units: PosInt
+    status: JobStatus = "pending"
+    submitted_at: float = 0.0
+    first_started_at: float | None = None
+    finished_at: float | None = None
+    owner_agent: str = ""
+    next_unit: NonNegInt = 0
+    """Units below ``next_unit`` were handed out at least once; see ``retry``."""
+    retry: list[UnitRange] = []
+    """Ranges whose subjob failed and that must be planned again."""
+    units_done: NonNegInt = 0
+    accumulator: Checkpoint = b""
+    """The workload's merged partial result (its checkpoint)."""
+    in_flight: list[InFlight] = []
+    next_seq: NonNegInt = 0
+    history: list[SubjobSummary] = []
+    profile: ProfileState | None = None
+    result: dict[str, Any] = {}
+    error: str = ""
+    cancel_requested: bool = False
+    rounds_won: NonNegInt = 0
+    attempt_failures: NonNegInt = 0
+
+
+class JobCancel(Message, tag="sja.job_cancel.v1", kw_only=True):
+    job_id: Id
+
+
+class JobView(Message, tag="sja.job_view.v1", kw_only=True):
+    """Answer to a status query."""
+
+    state: JobState
+
+
+class JobList(Message, tag="sja.job_list.v1", kw_only=True):
+    jobs: list[JobState]
+
+
+class RoundsQuery(Message, tag="sja.rounds_query.v1", kw_only=True):
+    job_id: Id
+
+
+class RoundsView(Message, tag="sja.rounds_view.v1", kw_only=True):
+    rounds: list[RoundRecord]
+
+
+class AgentHeartbeat(Message, tag="sja.agent_heartbeat.v1", kw_only=True):
+    """Agents announce themselves so the clearer knows whom to wait for."""
+
+    agent_id: Id
+    jobs: NonNegInt
+    sent_at: float
+    interval_s: PosFloat

@@ -1,0 +1,119 @@
+"""Subjects, streams and buckets of SJA: the one registry of where every message travels.
+
+Subjects read from broad to narrow: ``sja.v1.<entity>.<event>[.<key>]``; events are past tense,
+requests are verbs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sja.protocol import messages as m
+
+PREFIX = "sja.v1"
+TOKEN = re.compile(r"^[a-z0-9_-]+$")
+
+
+def _key(token: str) -> str:
+    """Make an id safe as a single subject token (ids may hold ``.``, which splits tokens)."""
+    return token.replace(".", "_").replace(":", "_")
+
+
+# Ephemeral (core NATS): a lost round costs only time.
+def offer_opened(pool: str) -> str:
+    return f"{PREFIX}.offer.opened.{_key(pool)}"
+
+
+def offer_replied(pool: str) -> str:
+    return f"{PREFIX}.offer.replied.{_key(pool)}"
+
+
+def grant_issued(agent_id: str) -> str:
+    return f"{PREFIX}.grant.issued.{_key(agent_id)}"
+
+
+def outcome_sent(agent_id: str) -> str:
+    return f"{PREFIX}.offer.outcome.{_key(agent_id)}"
+
+
+AGENT_HEARTBEAT = f"{PREFIX}.agent.heartbeat"
+JOB_CANCEL_REQUESTED = f"{PREFIX}.job.cancel_requested"
+
+# Durable (JetStream).
+def job_submitted(job_id: str) -> str:
+    return f"{PREFIX}.job.submitted.{_key(job_id)}"
+
+
+def subjob_dispatched(node: str, job_id: str) -> str:
+    return f"{PREFIX}.subjob.dispatched.{_key(node)}.{_key(job_id)}"
+
+
+def subjob_completed(job_id: str) -> str:
+    return f"{PREFIX}.subjob.completed.{_key(job_id)}"
+
+
+def round_cleared(pool: str) -> str:
+    return f"{PREFIX}.round.cleared.{_key(pool)}"
+
+
+# Requests (gateway, micro service ``sja-gateway``).
+JOB_SUBMIT = f"{PREFIX}.job.submit"
+JOB_STATUS = f"{PREFIX}.job.status"
+JOB_LIST = f"{PREFIX}.job.list"
+JOB_CANCEL = f"{PREFIX}.job.cancel"
+JOB_ROUNDS = f"{PREFIX}.job.rounds"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    work_queue: bool = False
+    duplicate_window_s: float = 120.0
+
+
+STREAM_JOBS = StreamSpec("SJA_JOBS", (f"{PREFIX}.job.submitted.>",))
+STREAM_SUBJOBS = StreamSpec("SJA_SUBJOBS", (f"{PREFIX}.subjob.dispatched.>",), work_queue=True)
+STREAM_COMPLETIONS = StreamSpec("SJA_COMPLETIONS", (f"{PREFIX}.subjob.completed.>",))
+STREAM_ROUNDS = StreamSpec("SJA_ROUNDS", (f"{PREFIX}.round.cleared.>",))
+STREAMS = (STREAM_JOBS, STREAM_SUBJOBS, STREAM_COMPLETIONS, STREAM_ROUNDS)
+
+BUCKET_SLICES = "sja-slices"
+BUCKET_JOBS = "sja-jobs"
+BUCKETS = (BUCKET_SLICES, BUCKET_JOBS)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one message type travels and whether the bus keeps it."""
+
+    message: type[m.Message]
+    subject: str
+    """Subject pattern, ``*`` standing for the key token."""
+    durable: bool
+
+
+REGISTRY: tuple[Route, ...] = (
+    Route(m.Offer, offer_opened("*"), durable=False),
+    Route(m.Reply, offer_replied("*"), durable=False),
+    Route(m.Grant, grant_issued("*"), durable=False),
+    Route(m.Outcome, outcome_sent("*"), durable=False),
+    Route(m.AgentHeartbeat, AGENT_HEARTBEAT, durable=False),
+    Route(m.JobCancel, JOB_CANCEL_REQUESTED, durable=False),
+    Route(m.SubmitJob, JOB_SUBMIT, durable=False),
+    Route(m.JobQuery, JOB_STATUS, durable=False),
+    Route(m.JobListQuery, JOB_LIST, durable=False),
+    Route(m.RoundsQuery, JOB_ROUNDS, durable=False),
+    Route(m.JobState, job_submitted("*"), durable=True),
+    Route(m.Subjob, subjob_dispatched("*", "*"), durable=True),
+    Route(m.Completion, subjob_completed("*"), durable=True),
+    Route(m.RoundRecord, round_cleared("*"), durable=True),
+)
+
+
+def route_of(message: type[m.Message]) -> Route:
+    for route in REGISTRY:
+        if route.message is message:
+            return route
+    raise KeyError(f"no route registered for {message.__name__}")

@@ -1,0 +1,29 @@
+"""Built-in atomizable workloads and their registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sja.workloads.base import SpecError, Workload
+from sja.workloads.matmul import MatMul
+from sja.workloads.montecarlo import MonteCarloPi
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (MatMul(), MonteCarloPi())}
+
+
+def workload(name: str) -> Workload:
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        known = ", ".join(sorted(WORKLOADS))
+        raise SpecError("workload", f"unknown workload {name!r} (known: {known})") from None
+
+
+def run_in_one_piece(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The reference result: the whole job computed as a single subjob."""
+    w = workload(name)
+    p = w.validate(params)
+    return w.finalize(p, w.merge(b"", w.run(p, 0, w.total_units(p), b"")))
+
+
+__all__ = ["WORKLOADS", "SpecError", "Workload", "run_in_one_piece", "workload"]
