@@ -132,6 +132,8 @@ def propose(state: JobState, offer: Offer, now: float, limits: PlanLimits) -> Pr
         priority=state.spec.priority,
         deadline_at=deadline,
         expected_remaining_s=round(expected_remaining_s(state, profile), 6),
+        capacity=state.spec.max_parallel - len(state.in_flight),
+        grants_seen=state.grants_seen,
     )
 
 
@@ -147,8 +149,9 @@ def materialize(
 ) -> Materialized:
     """Cut the subjob for a granted window, sized with the latest profile, never larger than the
     proposal; or decline (the caller releases the lease)."""
+    seen = msgspec.structs.replace(state, grants_seen=state.grants_seen + 1)
     if not can_take_more(state):
-        return Materialized(state, None, "job cannot take more work now")
+        return Materialized(seen, None, "job cannot take more work now")
     rng = next_range(state)
     assert rng is not None
     start, available = rng
@@ -156,7 +159,7 @@ def materialize(
     req = plan_request(state, grant.window, now, available)
     size = materialize_size(profile, req, limits, grant.candidate.size)
     if size is None:
-        return Materialized(state, None, "no safe size left in the granted window")
+        return Materialized(seen, None, "no safe size left in the granted window")
     retry = list(state.retry)
     next_unit = state.next_unit
     if retry:
@@ -216,6 +219,7 @@ def materialize(
         in_flight=[*state.in_flight, flight],
         next_seq=seq + 1,
         rounds_won=state.rounds_won + 1,
+        grants_seen=state.grants_seen + 1,
     )
     return Materialized(new_state, subjob)
 

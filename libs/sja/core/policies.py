@@ -36,6 +36,8 @@ class Ledger:
     """Target share per tenant (weights); tenants not listed weigh 1."""
     tenant_attained: dict[str, float] = field(default_factory=dict)
     job_attained: dict[str, float] = field(default_factory=dict)
+    job_grants: dict[str, list[float]] = field(default_factory=dict)
+    """Lease expiry of every grant issued per job, in issue order (the k-th grant is index k-1)."""
 
     def share(self, tenant: str) -> float:
         return self.tenant_shares.get(tenant, 1.0)
@@ -46,6 +48,38 @@ class Ledger:
     def charge(self, tenant: str, job_id: str, gpu_seconds: float) -> None:
         self.tenant_attained[tenant] = self.tenant_attained.get(tenant, 0.0) + gpu_seconds
         self.job_attained[job_id] = self.job_attained.get(job_id, 0.0) + gpu_seconds
+
+    def record_grant(self, job_id: str, lease_until: float) -> None:
+        self.job_grants.setdefault(job_id, []).append(lease_until)
+
+    def unseen_grants(self, job_id: str, grants_seen: int, now: float) -> int:
+        """Grants issued to a job that its agent had not received when it replied and whose lease
+        still runs (a grant lost on the way stops counting when its lease lapses)."""
+        issued = self.job_grants.get(job_id, [])
+        return sum(1 for lease_until in issued[grants_seen:] if lease_until > now)
+
+
+def split_by_capacity(
+    bids: Sequence[Bid], ledger: Ledger, now: float
+) -> tuple[list[Bid], list[Verdict]]:
+    """Bids whose job can still start a subjob, and a verdict for each that cannot."""
+    eligible: list[Bid] = []
+    out: list[Verdict] = []
+    for b in bids:
+        p = b.proposal
+        pending = ledger.unseen_grants(p.job_id, p.grants_seen, now)
+        if pending >= p.capacity:
+            out.append(
+                Verdict(
+                    job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=False,
+                    reason=f"excluded: already holds {pending} grant(s) not yet started "
+                    f"(can run {p.capacity} more)",
+                    size=p.candidates[0].size,
+                )
+            )
+        else:
+            eligible.append(b)
+    return eligible, sorted(out, key=lambda v: v.job_id)
 
 
 def grant_cost(offer: Offer, cand: Candidate) -> float:
@@ -176,5 +210,10 @@ def policy(name: str) -> PolicyFn:
 def clear(
     name: str, offer: Offer, bids: Sequence[Bid], ledger: Ledger, horizon_s: float = 30.0
 ) -> Decision:
-    """Clear one round under the named policy."""
-    return policy(name)(offer, bids, ledger, horizon_s)
+    """Clear one round under the named policy (after removing bids from jobs at capacity)."""
+    fn = policy(name)
+    eligible, excluded = split_by_capacity(bids, ledger, offer.reply_by)
+    d = fn(offer, eligible, ledger, horizon_s)
+    if not excluded:
+        return d
+    return Decision(d.policy, d.winner, d.candidate, d.verdicts + tuple(excluded))

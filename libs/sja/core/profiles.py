@@ -33,7 +33,13 @@ def z_of(q: float) -> float:
 
 @dataclass
 class LinearPosterior:
-    """NIG posterior over ``y = w0 + w1 * x`` with unknown noise variance."""
+    """NIG posterior over ``y = w0 + w1 * x`` with noise proportional to a reference scale.
+
+    Durations and memory vary multiplicatively (a 10x larger subjob varies about 10x more), so the
+    regression is run on ``y / s(x)`` with features ``(1 / s(x), x / s(x))`` where
+    ``s(x) = s0 + s1 * x`` is the prior's own prediction: the weights keep their meaning and the noise
+    is relative.
+    """
 
     mu0: float
     mu1: float
@@ -43,22 +49,24 @@ class LinearPosterior:
     """Precision matrix (scaled by the noise variance) of the weights."""
     a: float
     b: float
+    s0: float
+    s1: float
 
     @classmethod
     def prior(cls, intercept: float, slope: float, rel_sd: float, typical_x: float) -> LinearPosterior:
         """A weak prior centred on a declaration.
 
-        The weights' prior sd is ``rel_sd`` of their value (with a floor), the noise sd is expected
-        around ``rel_sd`` of the prediction at ``typical_x``. ``a = 2`` keeps it weak: a handful of
-        observations dominate it.
+        Weights have a prior sd of ``rel_sd`` of their value (with a floor) and the relative noise is
+        expected around ``rel_sd``; ``a = 2`` keeps it weak: a handful of observations dominate it.
         """
         rel_sd = max(rel_sd, 0.02)
-        typical_y = max(intercept + slope * typical_x, 1e-6)
-        noise_var = (rel_sd * typical_y) ** 2
+        typical_y = max(intercept + slope * typical_x, 1e-9)
+        s0 = max(intercept, 0.02 * typical_y)
+        s1 = max(slope, 0.0)
+        noise_var = rel_sd**2
         a = 2.0
-        b = noise_var * (a - 1.0)
-        sd0 = max(rel_sd * abs(intercept), 0.05 * typical_y)
-        sd1 = max(rel_sd * abs(slope), 0.05 * typical_y / max(typical_x, 1.0))
+        sd0 = max(rel_sd * abs(intercept), 0.02 * typical_y)
+        sd1 = max(rel_sd * abs(slope), 0.02 * typical_y / max(typical_x, 1.0))
         return cls(
             mu0=intercept,
             mu1=slope,
@@ -66,14 +74,20 @@ class LinearPosterior:
             p01=0.0,
             p11=noise_var / sd1**2,
             a=a,
-            b=b,
+            b=noise_var * (a - 1.0),
+            s0=s0,
+            s1=s1,
         )
 
+    def scale(self, x: float) -> float:
+        return self.s0 + self.s1 * max(x, 0.0)
+
     def update(self, x: float, y: float) -> None:
-        p00, p01, p11 = self.p00 + 1.0, self.p01 + x, self.p11 + x * x
-        # new mu = P_new^-1 (P_old mu_old + X^T y)
-        r0 = self.p00 * self.mu0 + self.p01 * self.mu1 + y
-        r1 = self.p01 * self.mu0 + self.p11 * self.mu1 + x * y
+        s = self.scale(x)
+        f0, f1, t = 1.0 / s, x / s, y / s
+        p00, p01, p11 = self.p00 + f0 * f0, self.p01 + f0 * f1, self.p11 + f1 * f1
+        r0 = self.p00 * self.mu0 + self.p01 * self.mu1 + f0 * t
+        r1 = self.p01 * self.mu0 + self.p11 * self.mu1 + f1 * t
         det = p00 * p11 - p01 * p01
         mu0 = (p11 * r0 - p01 * r1) / det
         mu1 = (-p01 * r0 + p00 * r1) / det
@@ -81,21 +95,25 @@ class LinearPosterior:
             self.p01 * self.mu0 + self.p11 * self.mu1
         )
         quad_new = mu0 * (p00 * mu0 + p01 * mu1) + mu1 * (p01 * mu0 + p11 * mu1)
-        self.b += 0.5 * max(y * y + quad_old - quad_new, 0.0)
+        self.b += 0.5 * max(t * t + quad_old - quad_new, 0.0)
         self.a += 0.5
         self.mu0, self.mu1, self.p00, self.p01, self.p11 = mu0, mu1, p00, p01, p11
 
     def mean(self, x: float) -> float:
         return self.mu0 + self.mu1 * x
 
-    def sd(self, x: float) -> float:
+    def rel_sd(self, x: float) -> float:
+        """Predictive sd relative to the reference scale at ``x``."""
+        s = self.scale(x)
+        f0, f1 = 1.0 / s, x / s
         det = self.p00 * self.p11 - self.p01 * self.p01
-        # x^T P^-1 x with x = (1, x)
-        lev = (self.p11 - 2.0 * self.p01 * x + self.p00 * x * x) / det
-        noise = self.b / self.a
+        lev = (self.p11 * f0 * f0 - 2.0 * self.p01 * f0 * f1 + self.p00 * f1 * f1) / det
         nu = 2.0 * self.a
         t_inflation = nu / (nu - 2.0) if nu > 2.0 else 3.0
-        return math.sqrt(max(noise * (1.0 + lev) * t_inflation, 0.0))
+        return math.sqrt(max((self.b / self.a) * (1.0 + lev) * t_inflation, 0.0))
+
+    def sd(self, x: float) -> float:
+        return self.scale(x) * self.rel_sd(x)
 
     def quantile(self, x: float, q: float) -> float:
         return self.mean(x) + z_of(q) * self.sd(x)
@@ -107,11 +125,11 @@ class LinearPosterior:
         return _STD.cdf((y - self.mean(x)) / sd)
 
     def to_list(self) -> list[float]:
-        return [self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b]
+        return [self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b, self.s0, self.s1]
 
     @classmethod
     def from_list(cls, v: list[float]) -> LinearPosterior:
-        return cls(*v[:7])
+        return cls(*v[:9])
 
 
 @dataclass
@@ -119,7 +137,7 @@ class SpeedEstimate:
     """Log of (observed duration / predicted full-speed duration * share) for one slice profile."""
 
     mean: float = 0.0
-    var: float = 0.25
+    var: float = 0.09
     n: int = 0
 
     OBS_VAR = 0.05
@@ -168,17 +186,23 @@ class JobProfile:
         mu, _ = self.slowdown(profile, share)
         return max(self.time.mean(k), 0.0) * math.exp(mu)
 
+    def _log_duration(self, k: int, profile: str, share: float) -> tuple[float, float]:
+        """(mean, sd) of log duration on this profile: regression (relative noise as a log sd)
+        combined with the profile's speed factor."""
+        mu, sd_speed = self.slowdown(profile, share)
+        full = max(self.time.mean(k), 1e-9)
+        rel = self.time.sd(k) / full
+        return math.log(full) + mu, math.sqrt(math.log1p(rel * rel) + sd_speed * sd_speed)
+
     def duration_quantile(self, k: int, q: float, profile: str, share: float) -> float:
-        # Split the tail between the regression and the speed factor (conservative product).
-        q_each = 1.0 - (1.0 - q) / 2.0
-        mu, sd = self.slowdown(profile, share)
-        return max(self.time.quantile(k, q_each), 0.0) * math.exp(mu + z_of(q_each) * sd)
+        m, s = self._log_duration(k, profile, share)
+        return math.exp(m + z_of(q) * s)
 
     def time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
-        mu, sd = self.slowdown(profile, share)
-        # P(full * exp(s) <= T) evaluated at the speed factor's mean plus one sd of margin
-        full_cap = length_s / math.exp(mu + sd)
-        return self.time.cdf(k, full_cap)
+        if length_s <= 0:
+            return 0.0
+        m, s = self._log_duration(k, profile, share)
+        return _STD.cdf((math.log(length_s) - m) / s) if s > 0 else float(math.log(length_s) >= m)
 
     def max_size_under_bounds(self, mem_cap_mib: float, length_s: float, share: float) -> int | None:
         """Largest size allowed by past OOMs and timeouts for this cap (None: unbounded)."""

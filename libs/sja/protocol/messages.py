@@ -127,6 +127,11 @@ class Proposal(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
     deadline_at: float | None = None
     expected_remaining_s: NonNegFloat = 0.0
+    capacity: NonNegInt = 1
+    """Subjobs the job could still start (``max_parallel`` minus those in flight)."""
+    grants_seen: NonNegInt = 0
+    """Grants the job's agent had received when it replied; the clearer subtracts the grants it
+    issued since, so one job is never granted more windows than it can use at once."""
 
 
 class Reply(Message, tag="sja.reply.v1", kw_only=True):
@@ -190,6 +195,8 @@ class RoundRecord(Message, tag="sja.round_record.v1", kw_only=True):
     grant_id: str = ""
     fence: int = 0
     closed_because: Literal["deadline", "all_replied"] = "deadline"
+    charged_gpu_s: float = 0.0
+    """What the clearer's fairness ledger charged the winner's tenant for this grant."""
     note: str = ""
     trace_id: str = ""
     opened_at: float = 0.0
@@ -386,6 +393,7 @@ class JobState(Message, tag="sja.job_state.v1", kw_only=True):
     cancel_requested: bool = False
     rounds_won: NonNegInt = 0
     attempt_failures: NonNegInt = 0
+    grants_seen: NonNegInt = 0
 
 
 class JobCancel(Message, tag="sja.job_cancel.v1", kw_only=True):

@@ -1,0 +1,1 @@
+"""NATS plumbing: codec, connection and JetStream set-up, trace propagation, service base."""

@@ -1,0 +1,58 @@
+"""Typed encode/decode of wire messages (MessagePack), failing with a clear error."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+class DecodeError(ValueError):
+    """A payload that is not a valid message of the expected type."""
+
+    def __init__(self, expected: str, detail: str) -> None:
+        super().__init__(f"invalid {expected}: {detail}")
+        self.expected = expected
+        self.detail = detail
+        self.field = _field_of(detail)
+
+
+def _field_of(detail: str) -> str:
+    # msgspec reports paths as "... - at `$.spec.tenant`"
+    marker = "at `$."
+    if marker in detail:
+        return detail.split(marker, 1)[1].split("`", 1)[0]
+    return ""
+
+
+def encode(msg: Any) -> bytes:
+    return _encoder.encode(msg)
+
+
+@lru_cache(maxsize=None)
+def _decoder(typ: Any) -> msgspec.msgpack.Decoder[Any]:
+    return msgspec.msgpack.Decoder(typ)
+
+
+def decode(data: bytes, typ: type[T]) -> T:
+    """Decode ``data`` as ``typ``; raise ``DecodeError`` naming the type and the bad field."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise DecodeError(typ.__name__, f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        result: T = _decoder(typ).decode(data)
+    except msgspec.ValidationError as e:
+        raise DecodeError(typ.__name__, str(e)) from None
+    except msgspec.DecodeError as e:
+        raise DecodeError(typ.__name__, f"malformed payload ({e})") from None
+    return result
+
+
+def to_builtins(msg: Any) -> Any:
+    return msgspec.to_builtins(msg)

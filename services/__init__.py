@@ -1,0 +1,1 @@
+"""SJA services: one folder per service with its entrypoint, settings and handlers."""

@@ -1,0 +1,131 @@
+"""Advertiser: turns free slices into offers, at once when a slice frees and again while unclaimed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from opentelemetry import trace
+
+from sja.bus.service import Service
+from sja.bus.settings import BaseSettings
+from sja.bus.tracing import publish
+from sja.bus.watch import KvView
+from sja.core.windows import WindowRequest, find_windows
+from sja.protocol import subjects
+from sja.protocol.messages import Offer, SliceState
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("sja.advertiser")
+
+
+class AdvertiserSettings(BaseSettings, frozen=True, kw_only=True):
+    pools: str = ""
+    """Comma-separated pools this replica advertises; empty: all."""
+    horizon_s: float = 8.0
+    """Length of an offered window when nothing bounds it (the planning horizon)."""
+    reply_window_s: float = 0.05
+    """How long the clearer waits for replies to one offer."""
+    reoffer_min_s: float = 0.2
+    reoffer_max_s: float = 2.0
+    """A free slice nobody took is offered again, backing off from min to max."""
+    tick_s: float = 0.05
+
+
+class AdvertiserService(Service):
+    name = "advertiser"
+
+    def __init__(self, settings: AdvertiserSettings) -> None:
+        super().__init__(settings)
+        self.cfg = settings
+        self.pools = {p for p in settings.pools.split(",") if p}
+        self.view: KvView[SliceState] | None = None
+        self.round = 0
+        self.offers_published = 0
+        # slice_id -> (fence offered at, next time it may be offered again, current backoff)
+        self._last: dict[str, tuple[int, float, float]] = {}
+        self._wake = asyncio.Event()
+
+    async def on_start(self) -> None:
+        assert self.js is not None
+        kv = await self.js.key_value(subjects.BUCKET_SLICES)
+        self.view = KvView(kv, SliceState, on_change=self._changed)
+        await self.view.start()
+        self.loop(self._advertise_forever())
+
+    async def on_stop(self) -> None:
+        if self.view is not None:
+            await self.view.stop()
+
+    async def _changed(self, key: str, value: SliceState | None, revision: int) -> None:
+        if value is not None and value.status == "free":
+            self._wake.set()
+
+    def _mine(self, s: SliceState) -> bool:
+        return not self.pools or s.pool in self.pools
+
+    async def _advertise_forever(self) -> None:
+        while True:
+            try:
+                await self.advertise_due(time.time())
+            except Exception:
+                log.exception("advertising failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.tick_s)
+            except TimeoutError:
+                pass
+
+    async def advertise_due(self, now: float) -> int:
+        """Offer every free window that is new (slice just freed: its fence changed) or due again."""
+        assert self.view is not None
+        slices = {s.slice_id: s for s in self.view.values() if self._mine(s)}
+        windows = find_windows(slices.values(), WindowRequest(now=now, horizon_s=self.cfg.horizon_s))
+        n = 0
+        for w in windows:
+            s = slices[w.slice_id]
+            rev = self.view.entries[w.slice_id][1]
+            last = self._last.get(w.slice_id)
+            if last is not None and last[0] == s.fence and now < last[1]:
+                continue
+            backoff = (
+                min(last[2] * 2, self.cfg.reoffer_max_s)
+                if last is not None and last[0] == s.fence
+                else self.cfg.reoffer_min_s
+            )
+            self._last[w.slice_id] = (s.fence, now + backoff, backoff)
+            await self._offer(s, rev, w, now)
+            n += 1
+        return n
+
+    async def _offer(self, s: SliceState, revision: int, window: object, now: float) -> None:
+        self.round += 1
+        offer_id = f"o-{uuid.uuid4().hex[:20]}"
+        with tracer.start_as_current_span(
+            "sja.round",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "sja.offer_id": offer_id,
+                "sja.round": self.round,
+                "sja.slice": s.slice_id,
+                "sja.pool": s.pool,
+                "sja.profile": s.profile,
+                "sja.mem_mib": s.mem_mib,
+                "messaging.system": "nats",
+                "messaging.destination.name": subjects.offer_opened(s.pool),
+            },
+        ):
+            offer = Offer(
+                offer_id=offer_id,
+                round=self.round,
+                window=window,  # type: ignore[arg-type]
+                slice_fence=s.fence,
+                slice_revision=revision,
+                issued_at=now,
+                reply_by=now + self.cfg.reply_window_s,
+                reply_to=subjects.offer_replied(s.pool),
+            )
+            await publish(self.bus, subjects.offer_opened(s.pool), offer)
+        self.offers_published += 1

@@ -1,0 +1,326 @@
+"""Job agents: many jobs per process. Claims submitted jobs, answers offers from each job's
+profiles, materializes a subjob on grant, and folds completions back into the job (calibrating its
+profiles). Every decision is a call into ``sja.core.jobs``; this module only moves state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.service import Service
+from sja.bus.settings import BaseSettings
+from sja.bus.tracing import extract, inject, publish
+from sja.core import jobs as J
+from sja.core import leases
+from sja.core.planner import PlanLimits
+from sja.protocol import subjects
+from sja.protocol.messages import (
+    AgentHeartbeat,
+    Completion,
+    Grant,
+    JobCancel,
+    JobState,
+    Offer,
+    Outcome,
+    Reply,
+)
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("sja.agent")
+
+JOBS_CONSUMER = "agents"
+
+
+class AgentSettings(BaseSettings, frozen=True, kw_only=True):
+    mem_reserve_mib: float = 256.0
+    start_overhead_s: float = 0.3
+    horizon_s: float = 8.0
+    heartbeat_s: float = 1.0
+    max_jobs: int = 10_000
+
+
+class AgentService(Service):
+    name = "agent"
+
+    def __init__(self, settings: AgentSettings) -> None:
+        super().__init__(settings)
+        self.cfg = settings
+        self.agent_id = self.instance
+        self.limits = PlanLimits(
+            mem_reserve_mib=settings.mem_reserve_mib,
+            start_overhead_s=settings.start_overhead_s,
+            horizon_s=settings.horizon_s,
+        )
+        self.owned: dict[str, tuple[JobState, int]] = {}
+        self.locks: dict[str, asyncio.Lock] = {}
+
+    # --- start-up ----------------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        await self.recover()
+        await self.subscribe(subjects.offer_opened("*"), self.on_offer)
+        await self.subscribe(subjects.grant_issued(self.agent_id), self.on_grant)
+        await self.subscribe(subjects.outcome_sent(self.agent_id), self.on_outcome)
+        await self.subscribe(subjects.JOB_CANCEL_REQUESTED, self.on_cancel)
+        js = self.jetstream
+        self._jobs_sub = await js.pull_subscribe(
+            f"{subjects.PREFIX}.job.submitted.>", durable=JOBS_CONSUMER,
+            stream=subjects.STREAM_JOBS.name,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1),
+        )
+        durable = "agent-" + subjects._key(self.agent_id)
+        self._done_sub = await js.pull_subscribe(
+            f"{subjects.PREFIX}.subjob.completed.>", durable=durable,
+            stream=subjects.STREAM_COMPLETIONS.name,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT, ack_wait=30, deliver_policy=DeliverPolicy.NEW,
+                max_deliver=-1,
+            ),
+        )
+        self.loop(self._pull_forever(self._jobs_sub, self.on_submitted, batch=16))
+        self.loop(self._pull_forever(self._done_sub, self.on_completed, batch=64))
+        self.loop(self._heartbeat_forever())
+
+    async def recover(self) -> None:
+        """Take back the jobs this agent owned before a restart."""
+        assert self.jobs is not None
+        for state, rev in await self.jobs.all():
+            assert isinstance(state, JobState)
+            if state.owner_agent == self.agent_id and not J.is_terminal(state):
+                self.owned[state.job_id] = (state, rev)
+        if self.owned:
+            log.info("recovered %d jobs", len(self.owned))
+
+    async def _pull_forever(self, sub: object, handler: Callable[[Msg], object], batch: int) -> None:
+        while True:
+            try:
+                msgs = await sub.fetch(batch, timeout=1.0)  # type: ignore[attr-defined]
+            except TimeoutError:
+                continue
+            except Exception as e:
+                if self.stopping.is_set():
+                    return
+                log.warning("fetch failed: %s", e)
+                await asyncio.sleep(0.2)
+                continue
+            for msg in msgs:
+                try:
+                    await handler(msg)  # type: ignore[misc]
+                except Exception:
+                    log.exception("handling %s failed", msg.subject)
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=1.0)
+
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            hb = AgentHeartbeat(
+                agent_id=self.agent_id, jobs=len(self.owned), sent_at=time.time(),
+                interval_s=self.cfg.heartbeat_s,
+            )
+            with contextlib.suppress(Exception):
+                await self.bus.publish(subjects.AGENT_HEARTBEAT, encode(hb))
+            await asyncio.sleep(self.cfg.heartbeat_s)
+
+    def lock(self, job_id: str) -> asyncio.Lock:
+        return self.locks.setdefault(job_id, asyncio.Lock())
+
+    # --- state persistence -------------------------------------------------------------------------
+
+    async def save(self, job_id: str, transition: Callable[[JobState], JobState | None]) -> JobState | None:
+        """Apply ``transition`` to the job and CAS it; on conflict reload and apply again."""
+        assert self.jobs is not None
+        for _ in range(20):
+            state, rev = self.owned[job_id]
+            new = transition(state)
+            if new is None or new == state:
+                return new
+            new_rev = await self.jobs.cas(job_id, new, rev)
+            if new_rev is not None:
+                self._remember(new, new_rev)
+                return new
+            got = await self.jobs.get(job_id)
+            if got is None:
+                self.owned.pop(job_id, None)
+                return None
+            self.owned[job_id] = got  # type: ignore[assignment]
+        raise RuntimeError(f"could not update job {job_id}: too much contention")
+
+    def _remember(self, state: JobState, rev: int) -> None:
+        if J.is_terminal(state):
+            self.owned.pop(state.job_id, None)
+            self.locks.pop(state.job_id, None)
+        else:
+            self.owned[state.job_id] = (state, rev)
+
+    # --- handlers ----------------------------------------------------------------------------------
+
+    async def on_submitted(self, msg: Msg) -> None:
+        """Claim a newly submitted job (shared durable consumer: one agent gets each)."""
+        assert self.jobs is not None
+        try:
+            submitted = decode(msg.data, JobState)
+        except DecodeError as e:
+            log.error("dropping malformed submission: %s", e)
+            await msg.term()
+            return
+        if len(self.owned) >= self.cfg.max_jobs:
+            await msg.nak(delay=1.0)
+            return
+        got = await self.jobs.get(submitted.job_id)
+        if got is None:
+            # The gateway writes the state before publishing; recreate it if the write was lost.
+            rev = await self.jobs.create(submitted.job_id, submitted)
+            got = (submitted, rev) if rev else await self.jobs.get(submitted.job_id)
+        if got is not None:
+            state, rev = got
+            assert isinstance(state, JobState)
+            if not state.owner_agent and not J.is_terminal(state):
+                claimed = J.settle(
+                    _replace(state, owner_agent=self.agent_id), time.time()
+                )
+                new_rev = await self.jobs.cas(state.job_id, claimed, rev)
+                if new_rev is not None:
+                    self._remember(claimed, new_rev)
+                    log.info("claimed job %s (%s, %d units)", state.job_id, state.spec.workload,
+                             state.total_units)
+        await msg.ack()
+
+    async def on_offer(self, msg: Msg) -> None:
+        offer = decode(msg.data, Offer)
+        now = time.time()
+        with tracer.start_as_current_span(
+            "sja.reply",
+            context=extract(msg),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={"sja.offer_id": offer.offer_id, "sja.slice": offer.window.slice_id,
+                        "sja.agent": self.agent_id},
+        ) as span:
+            proposals = []
+            for state, _ in list(self.owned.values()):
+                p = J.propose(state, offer, now, self.limits)
+                if p is not None:
+                    proposals.append(p)
+            span.set_attribute("sja.proposals", len(proposals))
+            span.set_attribute("sja.job_ids", ",".join(p.job_id for p in proposals))
+            reply = Reply(offer_id=offer.offer_id, agent_id=self.agent_id, proposals=proposals)
+            await publish(self.bus, offer.reply_to, reply)
+
+    async def on_outcome(self, msg: Msg) -> None:
+        outcome = decode(msg.data, Outcome)
+        for v in outcome.verdicts:
+            if not v.won:
+                log.debug("job %s lost offer %s: %s", v.job_id, outcome.offer_id, v.reason)
+
+    async def on_grant(self, msg: Msg) -> None:
+        grant = decode(msg.data, Grant)
+        ctx = extract(msg)
+        async with self.lock(grant.job_id):
+            with tracer.start_as_current_span(
+                "sja.materialize",
+                context=ctx,
+                attributes={"sja.job_id": grant.job_id, "sja.grant_id": grant.grant_id,
+                            "sja.slice": grant.window.slice_id, "sja.fence": grant.fence},
+            ) as span:
+                if grant.job_id not in self.owned:
+                    span.set_attribute("sja.note", "job not owned here")
+                    await self.release(grant, "job not owned here")
+                    return
+                now = time.time()
+                made: list[J.Materialized] = []
+
+                def transition(state: JobState) -> JobState | None:
+                    m = J.materialize(state, grant, now, self.limits, self.agent_id)
+                    made[:] = [m]
+                    return m.state
+
+                await self.save(grant.job_id, transition)
+                m = made[0] if made else None
+                if m is None or m.subjob is None:
+                    reason = m.reason if m else "job gone"
+                    span.set_attribute("sja.note", reason)
+                    await self.release(grant, reason)
+                    return
+                sj = m.subjob
+                span.set_attribute("sja.subjob_id", sj.subjob_id)
+                span.set_attribute("sja.units", sj.units)
+                span.set_attribute("sja.planned_mem_q_mib", sj.planned_mem_q_mib)
+                span.set_attribute("sja.planned_duration_q_s", sj.planned_duration_q_s)
+                await self.jetstream.publish(
+                    subjects.subjob_dispatched(sj.node, sj.job_id), encode(sj),
+                    headers=inject({"Nats-Msg-Id": sj.subjob_id}),
+                )
+
+    async def release(self, grant: Grant, reason: str) -> None:
+        """Give a granted slice back at once instead of letting its lease run out."""
+        assert self.slices is not None
+        got = await self.slices.get(grant.window.slice_id)
+        if got is None:
+            return
+        current, rev = got
+        try:
+            freed = leases.release(current, grant_id=grant.grant_id, fence=grant.fence,  # type: ignore[arg-type]
+                                   now=time.time())
+        except leases.LeaseConflict:
+            return
+        await self.slices.cas(grant.window.slice_id, freed, rev)
+        log.info("released %s for %s: %s", grant.window.slice_id, grant.job_id, reason)
+
+    async def on_completed(self, msg: Msg) -> None:
+        try:
+            c = decode(msg.data, Completion)
+        except DecodeError as e:
+            log.error("dropping malformed completion: %s", e)
+            await msg.term()
+            return
+        if c.job_id not in self.owned:
+            await msg.ack()
+            return
+        async with self.lock(c.job_id):
+            with tracer.start_as_current_span(
+                "sja.complete",
+                context=extract(msg),
+                kind=trace.SpanKind.CONSUMER,
+                attributes={"sja.job_id": c.job_id, "sja.subjob_id": c.subjob_id,
+                            "sja.status": c.status, "sja.units": c.units,
+                            "sja.peak_mem_mib": c.peak_mem_mib, "sja.duration_s": c.duration_s},
+            ) as span:
+                now = time.time()
+                applied: list[bool] = []
+
+                def transition(state: JobState) -> JobState | None:
+                    with tracer.start_as_current_span("sja.calibrate",
+                                                      attributes={"sja.job_id": c.job_id}):
+                        new, ok = J.apply_completion(state, c, now)
+                    applied[:] = [ok]
+                    return new if ok else None
+
+                if c.job_id in self.owned:
+                    state = await self.save(c.job_id, transition)
+                    span.set_attribute("sja.applied", bool(applied and applied[0]))
+                    if state is not None and J.is_terminal(state):
+                        log.info("job %s %s after %d subjobs", c.job_id, state.status,
+                                 state.next_seq)
+        await msg.ack()
+
+    async def on_cancel(self, msg: Msg) -> None:
+        req = decode(msg.data, JobCancel)
+        if req.job_id not in self.owned:
+            return
+        async with self.lock(req.job_id):
+            if req.job_id in self.owned:
+                await self.save(req.job_id, lambda s: J.request_cancel(s, time.time()))
+
+
+def _replace(state: JobState, **changes: object) -> JobState:
+    import msgspec
+
+    return msgspec.structs.replace(state, **changes)

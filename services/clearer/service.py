@@ -1,0 +1,322 @@
+"""Clearer: collects the replies to each offer, clears the round by policy, takes the slice with a
+compare-and-set on its KV entry, and publishes the grant, the outcomes and the round record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.service import Service
+from sja.bus.settings import BaseSettings
+from sja.bus.tracing import extract, inject, publish, trace_id_hex
+from sja.core import leases
+from sja.core.policies import POLICIES, Bid, Decision, Ledger, clear, grant_cost
+from sja.protocol import subjects
+from sja.protocol.messages import (
+    AgentHeartbeat,
+    ErrorReply,
+    Grant,
+    Offer,
+    Outcome,
+    Reply,
+    RoundRecord,
+    SliceState,
+)
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("sja.clearer")
+
+
+class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
+    pools: str = ""
+    """Comma-separated pools this replica clears; empty: all. Pools must not overlap between
+    replicas (a slice is still never granted twice: the KV compare-and-set decides)."""
+    policy: str = "fair"
+    tenant_shares: str = ""
+    """``tenant=weight,...`` target shares for fairness policies."""
+    lease_s: float = 5.0
+    """How long a winner has to start its subjob before the slice returns to the pool."""
+    agent_liveness_s: float = 3.0
+    horizon_s: float = 8.0
+
+
+@dataclass
+class OpenRound:
+    offer: Offer
+    ctx: otel_context.Context
+    opened_at: float
+    replies: dict[str, Reply] = field(default_factory=dict)
+    closed: bool = False
+    timer: asyncio.TimerHandle | None = None
+
+
+class ClearerService(Service):
+    name = "clearer"
+
+    def __init__(self, settings: ClearerSettings) -> None:
+        super().__init__(settings)
+        self.cfg = settings
+        if settings.policy not in POLICIES:
+            raise ValueError(f"unknown policy {settings.policy!r} (known: {', '.join(POLICIES)})")
+        self.policy = settings.policy
+        self.pools = [p for p in settings.pools.split(",") if p]
+        self.ledger = Ledger(tenant_shares=parse_shares(settings.tenant_shares))
+        self.rounds: dict[str, OpenRound] = {}
+        self.early: dict[str, list[Reply]] = {}
+        self.agents: dict[str, float] = {}
+        self.grants = 0
+        self.cleared = 0
+
+    async def on_start(self) -> None:
+        await self.replay_ledger()
+        pools = self.pools or ["*"]
+        for pool in pools:
+            await self.subscribe(subjects.offer_opened(pool), self.on_offer)
+            await self.subscribe(subjects.offer_replied(pool), self.on_reply)
+        await self.subscribe(subjects.AGENT_HEARTBEAT, self.on_heartbeat)
+
+    async def add_endpoints(self, micro: object) -> None:
+        async def set_policy(req: object) -> None:
+            name = req.data.decode().strip()  # type: ignore[attr-defined]
+            if name not in POLICIES:
+                err = ErrorReply(code="bad_request", message=f"unknown policy {name!r}", field="policy")
+                await req.respond(encode(err))  # type: ignore[attr-defined]
+                return
+            self.policy = name
+            log.info("policy switched to %s", name)
+            await req.respond(name.encode())  # type: ignore[attr-defined]
+
+        await micro.add_endpoint(  # type: ignore[attr-defined]
+            name="policy", subject=f"{subjects.PREFIX}.clearer.policy", handler=set_policy
+        )
+
+    async def replay_ledger(self) -> None:
+        """Rebuild attained service from the durable round records, so a restart keeps fairness."""
+        js = self.jetstream
+        info = await js.stream_info(subjects.STREAM_ROUNDS.name)
+        if not info.state.messages:
+            return
+        sub = await js.subscribe(
+            f"{subjects.PREFIX}.round.cleared.>", ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        n = 0
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=2.0)
+                except TimeoutError:
+                    break
+                with contextlib.suppress(DecodeError):
+                    rec = decode(msg.data, RoundRecord)
+                    if rec.winner_job and (not self.pools or rec.window.pool in self.pools):
+                        tenant = next((v.tenant for v in rec.verdicts if v.won), "")
+                        self.ledger.charge(tenant, rec.winner_job, rec.charged_gpu_s)
+                        self.ledger.record_grant(rec.winner_job, rec.cleared_at + self.cfg.lease_s)
+                n += 1
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+        log.info("ledger rebuilt from %d round records", n)
+
+    async def on_heartbeat(self, msg: Msg) -> None:
+        hb = decode(msg.data, AgentHeartbeat)
+        self.agents[hb.agent_id] = time.time()
+
+    def live_agents(self, now: float) -> set[str]:
+        return {a for a, seen in self.agents.items() if now - seen <= self.cfg.agent_liveness_s}
+
+    async def on_offer(self, msg: Msg) -> None:
+        offer = decode(msg.data, Offer)
+        now = time.time()
+        rnd = OpenRound(offer=offer, ctx=extract(msg), opened_at=now)
+        self.rounds[offer.offer_id] = rnd
+        for reply in self.early.pop(offer.offer_id, []):
+            rnd.replies[reply.agent_id] = reply
+        delay = max(0.0, offer.reply_by - now)
+        rnd.timer = asyncio.get_running_loop().call_later(
+            delay, lambda: self.spawn(self.close(offer.offer_id, "deadline"))
+        )
+        await self._maybe_close_early(rnd)
+
+    async def on_reply(self, msg: Msg) -> None:
+        reply = decode(msg.data, Reply)
+        rnd = self.rounds.get(reply.offer_id)
+        if rnd is None:
+            # The reply overtook its offer (no ordering across publishers): keep it briefly.
+            self.early.setdefault(reply.offer_id, []).append(reply)
+            if len(self.early) > 10_000:
+                self.early.pop(next(iter(self.early)))
+            return
+        if rnd.closed:
+            return
+        rnd.replies[reply.agent_id] = reply
+        await self._maybe_close_early(rnd)
+
+    async def _maybe_close_early(self, rnd: OpenRound) -> None:
+        live = self.live_agents(time.time())
+        if live and live.issubset(rnd.replies):
+            await self.close(rnd.offer.offer_id, "all_replied")
+
+    async def close(self, offer_id: str, because: str) -> None:
+        rnd = self.rounds.get(offer_id)
+        if rnd is None or rnd.closed:
+            return
+        rnd.closed = True
+        if rnd.timer is not None:
+            rnd.timer.cancel()
+        self.rounds.pop(offer_id, None)
+        offer = rnd.offer
+        bids = [
+            Bid(agent_id=r.agent_id, proposal=p)
+            for r in rnd.replies.values()
+            for p in r.proposals
+        ]
+        token = otel_context.attach(rnd.ctx)
+        try:
+            with tracer.start_as_current_span(
+                "sja.clear",
+                kind=trace.SpanKind.CONSUMER,
+                attributes={
+                    "sja.offer_id": offer_id,
+                    "sja.slice": offer.window.slice_id,
+                    "sja.policy": self.policy,
+                    "sja.replies": len(rnd.replies),
+                    "sja.bids": len(bids),
+                    "sja.closed_because": because,
+                },
+            ) as span:
+                decision = clear(self.policy, offer, bids, self.ledger, self.cfg.horizon_s)
+                grant, note = await self._grant(offer, decision) if decision.winner else (None, "")
+                span.set_attribute("sja.winner", grant.job_id if grant else "")
+                span.set_attribute(
+                    "sja.reason", "; ".join(f"{v.job_id}: {v.reason}" for v in decision.verdicts)
+                )
+                if note:
+                    span.set_attribute("sja.note", note)
+                await self._announce(rnd, decision, grant, note, because)
+        finally:
+            otel_context.detach(token)
+        self.cleared += 1
+
+    async def _grant(self, offer: Offer, decision: Decision) -> tuple[Grant | None, str]:
+        """CAS the slice from free to leased; only then does the winner hold it."""
+        assert decision.winner is not None and decision.candidate is not None and self.slices
+        win = decision.winner
+        now = time.time()
+        grant_id = f"g-{uuid.uuid4().hex[:20]}"
+        with tracer.start_as_current_span(
+            "sja.grant",
+            attributes={
+                "sja.offer_id": offer.offer_id,
+                "sja.job_id": win.proposal.job_id,
+                "sja.slice": offer.window.slice_id,
+                "sja.grant_id": grant_id,
+                "sja.size": decision.candidate.size,
+            },
+        ) as span:
+            got = await self.slices.get(offer.window.slice_id)
+            if got is None:
+                return None, "slice vanished"
+            current, rev = got
+            assert isinstance(current, SliceState)
+            try:
+                leased = leases.grant(
+                    current, offered_fence=offer.slice_fence, job_id=win.proposal.job_id,
+                    grant_id=grant_id, now=now, lease_s=self.cfg.lease_s,
+                )
+            except leases.LeaseConflict as e:
+                span.set_attribute("sja.note", str(e))
+                return None, f"not granted: {e}"
+            if await self.slices.cas(current.slice_id, leased, rev) is None:
+                span.set_attribute("sja.note", "lost the compare-and-set")
+                return None, "not granted: slice changed while clearing"
+            span.set_attribute("sja.fence", leased.fence)
+            grant = Grant(
+                grant_id=grant_id,
+                offer_id=offer.offer_id,
+                round=offer.round,
+                job_id=win.proposal.job_id,
+                tenant=win.proposal.tenant,
+                agent_id=win.agent_id,
+                window=offer.window,
+                candidate=decision.candidate,
+                fence=leased.fence,
+                lease_until=leased.lease_until,
+                policy=decision.policy,
+                granted_at=now,
+            )
+            self.ledger.charge(grant.tenant, grant.job_id, grant_cost(offer, decision.candidate))
+            self.ledger.record_grant(grant.job_id, grant.lease_until)
+            self.grants += 1
+            await publish(self.bus, subjects.grant_issued(win.agent_id), grant)
+            return grant, ""
+
+    async def _announce(
+        self, rnd: OpenRound, decision: Decision, grant: Grant | None, note: str, because: str
+    ) -> None:
+        offer = rnd.offer
+        verdicts = list(decision.verdicts)
+        if grant is None and decision.winner is not None:
+            verdicts = [
+                v if not v.won else type(v)(**{**_fields(v), "won": False, "reason": note})
+                for v in verdicts
+            ]
+        by_agent: dict[str, list[object]] = {}
+        for v in verdicts:
+            by_agent.setdefault(v.agent_id, []).append(v)
+        for agent_id, vs in by_agent.items():
+            await publish(
+                self.bus, subjects.outcome_sent(agent_id),
+                Outcome(offer_id=offer.offer_id, verdicts=vs),  # type: ignore[arg-type]
+            )
+        record = RoundRecord(
+            offer_id=offer.offer_id,
+            round=offer.round,
+            window=offer.window,
+            policy=decision.policy,
+            replies_from=sorted(rnd.replies),
+            verdicts=verdicts,
+            winner_job=grant.job_id if grant else "",
+            grant_id=grant.grant_id if grant else "",
+            fence=grant.fence if grant else 0,
+            closed_because=because,  # type: ignore[arg-type]
+            note=note,
+            trace_id=trace_id_hex(),
+            opened_at=rnd.opened_at,
+            cleared_at=time.time(),
+            charged_gpu_s=grant_cost(offer, grant.candidate) if grant else 0.0,
+        )
+        await self.jetstream.publish(
+            subjects.round_cleared(offer.window.pool), encode(record),
+            headers=inject({"Nats-Msg-Id": offer.offer_id}),
+        )
+
+
+def _fields(v: object) -> dict[str, object]:
+    return {f: getattr(v, f) for f in v.__struct_fields__}  # type: ignore[attr-defined]
+
+
+def parse_shares(text: str) -> dict[str, float]:
+    shares: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        tenant, _, weight = part.partition("=")
+        try:
+            value = float(weight)
+        except ValueError:
+            raise ValueError(f"bad tenant share {part!r}: expected tenant=weight") from None
+        if value <= 0:
+            raise ValueError(f"bad tenant share {part!r}: weight must be positive")
+        shares[tenant] = value
+    return shares

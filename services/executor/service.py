@@ -1,0 +1,257 @@
+"""Executor: one per node. Keeps a Ray actor per slice, runs the subjobs granted on this node's
+slices, enforces the time cap, and publishes completions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import ray
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig
+from opentelemetry import propagate, trace
+
+from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.service import Service
+from sja.bus.settings import BaseSettings
+from sja.core import leases
+from sja.execution.actor import SliceActor, slice_resource
+from sja.execution.runner import RunResult
+from sja.protocol import subjects
+from sja.protocol.messages import Completion, SliceState, Subjob
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("sja.executor")
+
+
+class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
+    node: str = "local"
+    ray_address: str = ""
+    """Empty: start a local Ray for this node. Otherwise the address of a Ray cluster."""
+    ray_num_cpus: int = 0
+    """CPUs to give a local Ray (0: Ray's default)."""
+    grace_s: float = 2.0
+    """Margin on a busy slice's lease past its time cap before the inventory reclaims it."""
+    kill_margin_s: float = 0.5
+    """How far past its time cap a subjob may run before it is stopped and reported ``timeout``."""
+    wait_for_slices_s: float = 30.0
+
+
+class ExecutorService(Service):
+    name = "executor"
+
+    def __init__(self, settings: ExecutorSettings) -> None:
+        super().__init__(settings)
+        self.cfg = settings
+        self.actors: dict[str, Any] = {}
+        self.slice_info: dict[str, SliceState] = {}
+        self.ran = 0
+
+    async def on_start(self) -> None:
+        await self._load_slices()
+        await asyncio.to_thread(self._init_ray)
+        for s in self.slice_info.values():
+            self.actors[s.slice_id] = self._new_actor(s)
+        durable = "executor-" + subjects._key(self.cfg.node)
+        self._sub = await self.jetstream.pull_subscribe(
+            f"{subjects.PREFIX}.subjob.dispatched.{subjects._key(self.cfg.node)}.>",
+            durable=durable,
+            stream=subjects.STREAM_SUBJOBS.name,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1),
+        )
+        self.loop(self._pull_forever())
+
+    async def on_stop(self) -> None:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+    async def _load_slices(self) -> None:
+        assert self.slices is not None
+        deadline = time.monotonic() + self.cfg.wait_for_slices_s
+        while True:
+            states = [s for s, _ in await self.slices.all() if s.node == self.cfg.node]
+            if states:
+                self.slice_info = {s.slice_id: s for s in states}  # type: ignore[misc]
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no slices for node {self.cfg.node!r} in the inventory")
+            await asyncio.sleep(0.2)
+
+    def _init_ray(self) -> None:
+        if ray.is_initialized():
+            return
+        resources = {slice_resource(s): 1.0 for s in self.slice_info}
+        if self.cfg.ray_address:
+            ray.init(address=self.cfg.ray_address, namespace="sja", log_to_driver=False)
+        else:
+            kwargs: dict[str, Any] = {}
+            if self.cfg.ray_num_cpus:
+                kwargs["num_cpus"] = self.cfg.ray_num_cpus
+            ray.init(
+                namespace="sja",
+                resources=resources,
+                include_dashboard=False,
+                log_to_driver=False,
+                object_store_memory=128 * 1024 * 1024,
+                **kwargs,
+            )
+
+    def _new_actor(self, s: SliceState) -> Any:
+        visible = s.gpu_uuid if s.source != "declared" else ""
+        env = {
+            "CUDA_VISIBLE_DEVICES": visible,
+            "SJA_SLICE_ID": s.slice_id,
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        return SliceActor.options(  # type: ignore[attr-defined]
+            resources={slice_resource(s.slice_id): 1.0},
+            runtime_env={"env_vars": env},
+            max_concurrency=1,
+        ).remote(s.slice_id, self.settings.out_dir)
+
+    async def _pull_forever(self) -> None:
+        while True:
+            try:
+                msgs = await self._sub.fetch(len(self.actors) or 1, timeout=1.0)
+            except TimeoutError:
+                continue
+            except Exception as e:
+                if self.stopping.is_set():
+                    return
+                log.warning("fetch failed: %s", e)
+                await asyncio.sleep(0.2)
+                continue
+            for msg in msgs:
+                self.spawn(self.handle(msg))
+
+    async def handle(self, msg: Msg) -> None:
+        try:
+            sj = decode(msg.data, Subjob)
+        except DecodeError as e:
+            log.error("dropping malformed subjob: %s", e)
+            await msg.term()
+            return
+        try:
+            await self._handle(msg, sj)
+        except Exception:
+            log.exception("subjob %s failed in the executor", sj.subjob_id)
+            await msg.nak(delay=1.0)
+
+    async def _handle(self, msg: Msg, sj: Subjob) -> None:
+        assert self.slices is not None
+        got = await self.slices.get(sj.slice_id)
+        now = time.time()
+        if got is None or sj.slice_id not in self.actors:
+            await self._complete(sj, _lost(now, "slice unknown to this executor"), {})
+            await msg.ack()
+            return
+        current, rev = got
+        assert isinstance(current, SliceState)
+        if not leases.holds(current, sj.grant_id, sj.fence):
+            # Stale: the lease lapsed (and the slice may be someone else's now). Never run it.
+            await self._complete(sj, _lost(now, "lease lapsed before start (stale fence)"), {})
+            await msg.ack()
+            return
+        if current.status == "busy":
+            # Redelivered after this executor died mid-run: that run is lost, re-plan its work.
+            await self._complete(sj, _lost(now, "executor restarted during the subjob"), {})
+            await self._free(sj)
+            await msg.ack()
+            return
+        started = leases.start(
+            current, grant_id=sj.grant_id, fence=sj.fence, now=now, time_cap_s=sj.time_cap_s,
+            expected_s=sj.planned_duration_q_s, grace_s=self.cfg.grace_s,
+        )
+        if await self.slices.cas(sj.slice_id, started, rev) is None:
+            await msg.nak(delay=0.05)  # the slice moved under us; look again
+            return
+        result, carrier = await self._run(msg, sj)
+        await self._complete(sj, result, carrier)
+        await self._free(sj)
+        await msg.ack()
+        self.ran += 1
+
+    async def _run(self, msg: Msg, sj: Subjob) -> tuple[RunResult, dict[str, str]]:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=propagate.extract(dict(msg.headers or {})))
+        actor = self.actors[sj.slice_id]
+        ref = actor.run.remote(msg.data, carrier)
+        started = time.time()
+        limit = sj.time_cap_s + self.cfg.kill_margin_s
+        keepalive = self.spawn(_keep_alive(msg))
+        try:
+            raw = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=limit)
+            result, carrier_out = decode(raw, tuple[RunResult, dict[str, str]])  # type: ignore[arg-type]
+            return result, carrier_out
+        except TimeoutError:
+            log.warning("subjob %s ran past its %.2fs window: stopped", sj.subjob_id, sj.time_cap_s)
+            await self._restart_actor(sj.slice_id)
+            now = time.time()
+            return RunResult(status="timeout", units_done=0, peak_mem_mib=0.0,
+                             duration_s=round(now - started, 6), started_at=started,
+                             finished_at=now, error=f"exceeded the window of {sj.time_cap_s:.2f}s"
+                             ), carrier
+        except ray.exceptions.RayError as e:
+            log.error("actor for %s failed: %s", sj.slice_id, e)
+            await self._restart_actor(sj.slice_id)
+            now = time.time()
+            status = "oom" if "OutOfMemory" in type(e).__name__ else "failed"
+            return RunResult(status=status, units_done=0, peak_mem_mib=0.0,
+                             duration_s=round(now - started, 6), started_at=started,
+                             finished_at=now, error=str(e)[:2000]), carrier
+        finally:
+            keepalive.cancel()
+
+    async def _restart_actor(self, slice_id: str) -> None:
+        old = self.actors.get(slice_id)
+        if old is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(old, no_restart=True)
+        self.actors[slice_id] = self._new_actor(self.slice_info[slice_id])
+
+    async def _complete(self, sj: Subjob, r: RunResult, carrier: dict[str, str]) -> None:
+        c = Completion(
+            subjob_id=sj.subjob_id, job_id=sj.job_id, grant_id=sj.grant_id, fence=sj.fence,
+            slice_id=sj.slice_id, status=r.status,  # type: ignore[arg-type]
+            unit_start=sj.unit_start, units=sj.units, units_done=r.units_done,
+            peak_mem_mib=r.peak_mem_mib, duration_s=r.duration_s, mem_cap_mib=sj.mem_cap_mib,
+            time_cap_s=sj.time_cap_s, started_at=r.started_at, finished_at=r.finished_at,
+            output_checkpoint=r.output, error=r.error[:4000], executor_id=self.instance,
+        )
+        headers = dict(carrier)
+        if not headers:
+            propagate.inject(headers)
+        headers["Nats-Msg-Id"] = f"{sj.subjob_id}:{sj.fence}"
+        await self.jetstream.publish(subjects.subjob_completed(sj.job_id), encode(c), headers=headers)
+
+    async def _free(self, sj: Subjob) -> None:
+        assert self.slices is not None
+        for _ in range(10):
+            got = await self.slices.get(sj.slice_id)
+            if got is None:
+                return
+            current, rev = got
+            try:
+                freed = leases.release(current, grant_id=sj.grant_id, fence=sj.fence,  # type: ignore[arg-type]
+                                       now=time.time())
+            except leases.LeaseConflict:
+                return
+            if await self.slices.cas(sj.slice_id, freed, rev) is not None:
+                return
+
+
+async def _keep_alive(msg: Msg) -> None:
+    while True:
+        await asyncio.sleep(10.0)
+        with contextlib.suppress(Exception):
+            await msg.in_progress()
+
+
+def _lost(now: float, why: str) -> RunResult:
+    return RunResult(status="lost", units_done=0, peak_mem_mib=0.0, duration_s=0.0,
+                     started_at=now, finished_at=now, error=why)

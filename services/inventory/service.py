@@ -1,0 +1,86 @@
+"""Inventory: publishes the node's slices to the ``sja-slices`` KV bucket and expires leases."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from sja.bus.service import Service
+from sja.bus.settings import BaseSettings
+from sja.core import leases
+from sja.inventory.declared import load_declared
+from sja.protocol.messages import SliceState
+
+log = logging.getLogger(__name__)
+
+
+class InventorySettings(BaseSettings, frozen=True, kw_only=True):
+    inventory: str = ""
+    """Declared inventory file; empty: the built-in default (one A100-40GB and one H100-80GB)."""
+    nodes: str = ""
+    """Comma-separated nodes this replica owns; empty: every node of the file."""
+    sweep_interval_s: float = 0.25
+
+
+class InventoryService(Service):
+    name = "inventory"
+
+    def __init__(self, settings: InventorySettings) -> None:
+        super().__init__(settings)
+        self.cfg = settings
+        self.declared: list[SliceState] = []
+
+    async def on_start(self) -> None:
+        wanted = {n for n in self.cfg.nodes.split(",") if n}
+        self.declared = [
+            s for s in load_declared(self.cfg.inventory) if not wanted or s.node in wanted
+        ]
+        await self.publish_inventory()
+        self.loop(self._sweep_forever())
+
+    async def publish_inventory(self) -> None:
+        assert self.slices is not None
+        now = time.time()
+        nodes = {s.node for s in self.declared}
+        declared_ids = {s.slice_id for s in self.declared}
+        for s in self.declared:
+            while True:
+                got = await self.slices.get(s.slice_id)
+                current, rev = got if got is not None else (None, 0)
+                merged = leases.merge_declared(current, s, now)  # type: ignore[arg-type]
+                if merged is None:
+                    break
+                ok = (await self.slices.create(s.slice_id, merged) if current is None
+                      else await self.slices.cas(s.slice_id, merged, rev))
+                if ok is not None:
+                    break
+        for current, rev in await self.slices.all():
+            if current.node in nodes and current.slice_id not in declared_ids and current.status != "offline":
+                log.warning("slice %s is gone from node %s: offline", current.slice_id, current.node)
+                await self.slices.cas(current.slice_id, leases.offline(current, now), rev)
+        log.info("inventory: %d slices on %s", len(self.declared), ",".join(sorted(nodes)))
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("lease sweep failed")
+            await asyncio.sleep(self.cfg.sweep_interval_s)
+
+    async def sweep(self) -> int:
+        """Free every slice of ours whose lease ran out; returns how many."""
+        assert self.slices is not None
+        ids = {s.slice_id for s in self.declared}
+        freed = 0
+        now = time.time()
+        for current, rev in await self.slices.all():
+            if current.slice_id not in ids:
+                continue
+            new = leases.expire(current, now)
+            if new is not None and await self.slices.cas(current.slice_id, new, rev) is not None:
+                log.warning("lease of %s (grant %s, %s) expired: slice freed",
+                            current.slice_id, current.grant_id, current.status)
+                freed += 1
+        return freed
