@@ -47,17 +47,26 @@ class AdvertiserService(Service):
         # slice_id -> (fence offered at, next time it may be offered again, current backoff)
         self._last: dict[str, tuple[int, float, float]] = {}
         self._wake = asyncio.Event()
+        self._demand = False
+        self._demand_reset_at = 0.0
 
     async def on_start(self) -> None:
         assert self.js is not None
         kv = await self.js.key_value(subjects.BUCKET_SLICES)
         self.view = KvView(kv, SliceState, on_change=self._changed)
         await self.view.start()
+        await self.subscribe(subjects.DEMAND_CHANGED, self._demand_changed)
         self.loop(self._advertise_forever())
 
     async def on_stop(self) -> None:
         if self.view is not None:
             await self.view.stop()
+
+    async def _demand_changed(self, msg: object) -> None:
+        """New work arrived: unclaimed windows are offered again without waiting for their backoff
+        (at most once per ``reoffer_min_s``, so a burst of submissions is one burst of offers)."""
+        self._demand = True
+        self._wake.set()
 
     async def _changed(self, key: str, value: SliceState | None, revision: int) -> None:
         if value is not None and value.status == "free":
@@ -81,6 +90,9 @@ class AdvertiserService(Service):
     async def advertise_due(self, now: float) -> int:
         """Offer every free window that is new (slice just freed: its fence changed) or due again."""
         assert self.view is not None
+        if self._demand and now - self._demand_reset_at >= self.cfg.reoffer_min_s:
+            self._demand, self._demand_reset_at = False, now
+            self._last.clear()
         slices = {s.slice_id: s for s in self.view.values() if self._mine(s)}
         windows = find_windows(slices.values(), WindowRequest(now=now, horizon_s=self.cfg.horizon_s))
         n = 0

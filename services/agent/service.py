@@ -26,6 +26,7 @@ from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
     Completion,
+    DemandChanged,
     Grant,
     JobCancel,
     JobState,
@@ -190,6 +191,10 @@ class AgentService(Service):
                 new_rev = await self.jobs.cas(state.job_id, claimed, rev)
                 if new_rev is not None:
                     self._remember(claimed, new_rev)
+                    await self.bus.publish(
+                        subjects.DEMAND_CHANGED,
+                        encode(DemandChanged(agent_id=self.agent_id, jobs=len(self.owned))),
+                    )
                     log.info("claimed job %s (%s, %d units)", state.job_id, state.spec.workload,
                              state.total_units)
         await msg.ack()

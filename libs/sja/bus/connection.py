@@ -46,6 +46,7 @@ async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Cli
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
         pending_size=64 * 1024 * 1024,
+        drain_timeout=5,
     )
 
 

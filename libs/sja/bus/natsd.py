@@ -67,8 +67,13 @@ class EmbeddedNats:
         if self.config_file:
             args += ["-c", self.config_file]
         args += self.extra_args
-        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        if self.log_file:
+            with open(self.log_file, "ab") as log:  # the child keeps its own descriptor
+                self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        else:
+            self.proc = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -418,6 +418,13 @@ class RoundsView(Message, tag="sja.rounds_view.v1", kw_only=True):
     rounds: list[RoundRecord]
 
 
+class DemandChanged(Message, tag="sja.demand_changed.v1", kw_only=True):
+    """An agent took on new work: free windows are worth offering again at once."""
+
+    agent_id: Id
+    jobs: NonNegInt
+
+
 class AgentHeartbeat(Message, tag="sja.agent_heartbeat.v1", kw_only=True):
     """Agents announce themselves so the clearer knows whom to wait for."""
 

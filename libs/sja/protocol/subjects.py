@@ -38,6 +38,7 @@ def outcome_sent(agent_id: str) -> str:
 
 
 AGENT_HEARTBEAT = f"{PREFIX}.agent.heartbeat"
+DEMAND_CHANGED = f"{PREFIX}.agent.demand_changed"
 JOB_CANCEL_REQUESTED = f"{PREFIX}.job.cancel_requested"
 
 # Durable (JetStream).
@@ -100,6 +101,7 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.Grant, grant_issued("*"), durable=False),
     Route(m.Outcome, outcome_sent("*"), durable=False),
     Route(m.AgentHeartbeat, AGENT_HEARTBEAT, durable=False),
+    Route(m.DemandChanged, DEMAND_CHANGED, durable=False),
     Route(m.JobCancel, JOB_CANCEL_REQUESTED, durable=False),
     Route(m.SubmitJob, JOB_SUBMIT, durable=False),
     Route(m.JobQuery, JOB_STATUS, durable=False),

@@ -1,0 +1,36 @@
+"""Shared fixtures: a real nats-server with JetStream per test, on a free port."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sja.bus.connection import connect, ensure_jetstream
+from sja.bus.natsd import EmbeddedNats
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(store_dir=str(tmp_path / "nats"), log_file=str(tmp_path / "nats.log"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: EmbeddedNats) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[object]:
+    client = await connect(nats_url, "test")
+    await ensure_jetstream(client.jetstream())
+    try:
+        yield client
+    finally:
+        await client.close()

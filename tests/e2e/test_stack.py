@@ -1,0 +1,209 @@
+"""End to end: every service as its own process (``LocalStack``), a real nats-server and a local Ray.
+
+Jobs from two tenants run to completion through real negotiation rounds; results equal the one-piece
+computation; one round's spans form the expected tree across processes; the CLI works against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sja.client import SjaClient
+from sja.protocol.messages import JobSpec, JobState
+from sja.stack import LocalStack
+from sja.telemetry.setup import read_spans
+from sja.workloads import run_in_one_piece
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = {
+    "SJA_HORIZON_S": "3.0",
+    "SJA_POLICY": "fair",
+    "SJA_LOG_LEVEL": "INFO",
+    "SJA_RAY_NUM_CPUS": "2",
+}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    out = tmp_path_factory.mktemp("stack")
+    s = LocalStack(out_dir=out, env=SETTINGS)
+    try:
+        s.start()
+        asyncio.run(s.wait_ready())
+        yield s
+    finally:
+        s.stop()
+
+
+async def wait_terminal(client: SjaClient, ids: list[str], timeout_s: float) -> list[JobState]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = [await client.status(j) for j in ids]
+        if all(s.status in ("done", "failed", "cancelled") for s in states):
+            return states
+        if time.monotonic() > deadline:
+            raise AssertionError(f"jobs not finished: {[(s.job_id, s.status) for s in states]}")
+        await asyncio.sleep(0.3)
+
+
+JOBS = [
+    JobSpec(name="mm-a", tenant="alpha", workload="matmul", max_parallel=2,
+            params={"rows": 3000, "inner": 1024, "cols": 1024, "seed": 11}),
+    JobSpec(name="mc-a", tenant="alpha", workload="montecarlo", mode="sja",
+            params={"units": 120, "samples_per_unit": 100_000, "seed": 12}),
+    JobSpec(name="mm-b", tenant="beta", workload="matmul", mode="sja",
+            params={"rows": 2000, "inner": 1024, "cols": 512, "seed": 13}),
+    JobSpec(name="mc-b", tenant="beta", workload="montecarlo", max_parallel=2,
+            params={"units": 200, "samples_per_unit": 100_000, "seed": 14}),
+]
+
+
+def test_jobs_complete_correctly_through_separate_processes(stack: LocalStack) -> None:
+    async def go() -> list[JobState]:
+        client = await SjaClient.connect(stack.nats_url)
+        try:
+            ids = [(await client.submit(spec)).job_id for spec in JOBS]
+            return await wait_terminal(client, ids, 240)
+        finally:
+            await client.close()
+
+    states = asyncio.run(go())
+    for s in states:
+        assert s.status == "done", (s.job_id, s.status, s.error)
+        assert s.result == run_in_one_piece(s.spec.workload, s.spec.params), s.job_id
+        assert s.units_done == s.total_units
+        ok = [h for h in s.history if h.status == "ok"]
+        assert sum(h.units for h in ok) == s.total_units
+        for h in ok:
+            assert h.peak_mem_mib <= h.mem_cap_mib
+            assert h.duration_s <= h.time_cap_s + 1.0
+    assert sum(len(s.history) for s in states) > len(states), "work was cut into subjobs"
+    names = {p.name for p in stack.procs}
+    assert names == {"inventory", "advertiser", "clearer", "agent", "executor", "gateway"}
+    assert all(p.proc.poll() is None for p in stack.procs), "no service died"
+
+
+def render_tree(spans: list[dict[str, object]], root_id: str) -> list[str]:
+    children: dict[object, list[dict[str, object]]] = {}
+    for s in spans:
+        children.setdefault(s["parent_id"], []).append(s)
+    lines: list[str] = []
+
+    def walk(span_id: object, depth: int) -> None:
+        for child in sorted(children.get(span_id, []), key=lambda s: str(s["name"])):
+            lines.append("  " * depth + str(child["name"]))
+            walk(child["span_id"], depth + 1)
+
+    root = next(s for s in spans if s["span_id"] == root_id)
+    lines.append(str(root["name"]))
+    walk(root_id, 1)
+    return lines
+
+
+EXPECTED_ROUND = [
+    "sja.round",
+    "  sja.clear",
+    "    sja.grant",
+    "      sja.materialize",
+    "        sja.execute",
+    "          sja.complete",
+    "            sja.calibrate",
+    "  sja.reply",
+]
+
+
+def test_one_round_is_one_trace_across_processes(stack: LocalStack) -> None:
+    """The round of a completed subjob: advertiser, agent, clearer, executor actor spans in one tree."""
+    deadline = time.monotonic() + 30
+    while True:
+        spans = read_spans(stack.out_dir)
+        trees = []
+        for root in (s for s in spans if s["name"] == "sja.round"):
+            in_trace = [s for s in spans if s["trace_id"] == root["trace_id"]]
+            if any(s["name"] == "sja.calibrate" for s in in_trace):
+                trees.append((root, in_trace))
+        if trees or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert trees, "no round trace reached its calibration"
+    root, in_trace = trees[0]
+    assert render_tree(in_trace, str(root["span_id"])) == EXPECTED_ROUND
+    services = {str(s["service"]) for s in in_trace}
+    assert {"sja-advertiser", "sja-clearer", "sja-agent", "sja-executor-actor"} <= services
+    clear = next(s for s in in_trace if s["name"] == "sja.clear")
+    attrs = clear["attributes"]
+    assert isinstance(attrs, dict)
+    assert attrs["sja.policy"] == "fair" and attrs["sja.winner"] and attrs["sja.reason"]
+
+
+def sja(*args: str, nats_url: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, SJA_NATS_URL=nats_url, COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "sja.cli.main", *args], capture_output=True, text=True, env=env,
+        timeout=60,
+    )
+
+
+def test_cli_submit_status_trace_cancel(stack: LocalStack, tmp_path: Path) -> None:
+    url = stack.nats_url
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: cli-job\ntenant: alpha\nworkload: montecarlo\n"
+        "params: {units: 60, samples_per_unit: 50000, seed: 5}\n"
+    )
+    r = sja("submit", str(spec), nats_url=url)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ntenant: alpha\nworkload: matmul\nparams: {rows: many}\n")
+    r = sja("submit", str(bad), nats_url=url)
+    assert r.returncode == 2 and "params.rows" in r.stderr
+    bad.write_text("name: bad\ntenant: alpha\nworkload: matmul\neps_mem: 2\n")
+    r = sja("submit", str(bad), nats_url=url)
+    assert r.returncode == 2 and "eps_mem" in r.stderr
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        r = sja("status", job_id, nats_url=url)
+        assert r.returncode == 0, r.stderr
+        if "status=done" in r.stdout:
+            break
+        time.sleep(0.5)
+    assert "status=done" in r.stdout and "pi" in r.stdout
+
+    r = sja("trace", job_id, nats_url=url)
+    assert r.returncode == 0, r.stderr
+    assert "won" in r.stdout and "replies from: agent-0" in r.stdout
+
+    r = sja("jobs", nats_url=url)
+    assert r.returncode == 0 and job_id in r.stdout
+
+    r = sja("status", "no-such-job", nats_url=url)
+    assert r.returncode == 2 and "not_found" in r.stderr
+
+    big = tmp_path / "big.yaml"
+    big.write_text(
+        "name: long-job\ntenant: beta\nworkload: matmul\n"
+        "params: {rows: 400000, inner: 1024, cols: 1024}\n"
+    )
+    r = sja("submit", str(big), nats_url=url)
+    big_id = r.stdout.strip()
+    r = sja("cancel", big_id, nats_url=url)
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = sja("status", big_id, nats_url=url)
+        if "status=cancelled" in r.stdout:
+            break
+        time.sleep(0.5)
+    assert "status=cancelled" in r.stdout

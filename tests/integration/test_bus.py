@@ -1,0 +1,95 @@
+"""The bus layer against a real nats-server: JetStream set-up, KV compare-and-set, trace context."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.connection import Store, ensure_jetstream, stores
+from sja.bus.tracing import extract, publish
+from sja.bus.watch import KvView
+from sja.inventory.declared import load_declared
+from sja.protocol import subjects
+from sja.protocol.messages import JobCancel, SliceState
+
+
+async def test_jetstream_setup_is_idempotent(nc) -> None:
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    await ensure_jetstream(js)
+    names = {s.config.name for s in await js.streams_info()}
+    assert {s.name for s in subjects.STREAMS} <= names
+    for bucket in subjects.BUCKETS:
+        await js.key_value(bucket)
+
+
+async def test_kv_compare_and_set_lets_one_writer_win(nc) -> None:
+    slices, _ = await stores(nc.jetstream())
+    s = load_declared(None)[0]
+    rev = await slices.create(s.slice_id, s)
+    assert rev is not None
+    assert await slices.create(s.slice_id, s) is None, "create must not overwrite"
+    import msgspec
+
+    a = msgspec.structs.replace(s, status="leased", fence=1, grant_id="g-a")
+    b = msgspec.structs.replace(s, status="leased", fence=1, grant_id="g-b")
+    results = await asyncio.gather(slices.cas(s.slice_id, a, rev), slices.cas(s.slice_id, b, rev))
+    assert sum(r is not None for r in results) == 1
+    got = await slices.get(s.slice_id)
+    assert got is not None and got[0].grant_id in ("g-a", "g-b")
+
+
+async def test_kv_view_follows_updates(nc) -> None:
+    js = nc.jetstream()
+    slices, _ = await stores(js)
+    seen: list[str] = []
+    changed = asyncio.Event()
+
+    async def on_change(key: str, value: SliceState | None, rev: int) -> None:
+        seen.append(key)
+        changed.set()
+
+    view = KvView(await js.key_value(subjects.BUCKET_SLICES), SliceState, on_change)
+    await view.start()
+    try:
+        s = load_declared(None)[1]
+        await slices.put(s.slice_id, s)
+        await asyncio.wait_for(changed.wait(), 5)
+        assert s.slice_id in view.entries
+        assert view.entries[s.slice_id][0] == s
+    finally:
+        await view.stop()
+
+
+async def test_store_rejects_foreign_payload_with_clear_error(nc) -> None:
+    js = nc.jetstream()
+    kv = await js.key_value(subjects.BUCKET_SLICES)
+    await kv.put("junk", b"\x01\x02not msgpack")
+    store = Store(kv, SliceState)
+    with pytest.raises(DecodeError, match="invalid SliceState"):
+        await store.get("junk")
+
+
+async def test_trace_context_crosses_nats_headers(nc) -> None:
+    provider = TracerProvider()
+    tracer = provider.get_tracer("test")
+    got: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+    async def cb(msg) -> None:
+        got.set_result(msg)
+
+    await nc.subscribe("sja.v1.test.trace", cb=cb)
+    with tracer.start_as_current_span("parent") as span:
+        await publish(nc, "sja.v1.test.trace", JobCancel(job_id="j-1"))
+        sent = span.get_span_context()
+    msg = await asyncio.wait_for(got, 5)
+    ctx = extract(msg)
+    remote = trace.get_current_span(ctx).get_span_context()
+    assert remote.trace_id == sent.trace_id
+    assert remote.span_id == sent.span_id
+    assert decode(msg.data, JobCancel).job_id == "j-1"
+    assert encode(decode(msg.data, JobCancel)) == msg.data

@@ -1,0 +1,252 @@
+"""Subjob planning: every planned size fits its window with the stated probability."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sja.core.planner import (
+    PlanLimits,
+    PlanRequest,
+    is_safe,
+    largest_safe_size,
+    materialize_size,
+    plan_candidates,
+    usable_memory,
+    usable_time,
+)
+from sja.core.profiles import JobProfile
+from sja.protocol.messages import MemoryDecl, TimeDecl, Window
+
+LIMITS = PlanLimits()
+NOW = 10_000.0
+
+
+def make_window(mem_mib: int, length_s: float | None, share7: int, start: float = NOW) -> Window:
+    return Window(
+        slice_id=f"n-g0-{share7}g-0",
+        node="n",
+        pool="p",
+        gpu_model="A100-40GB",
+        profile=f"{share7}g",
+        mem_mib=mem_mib,
+        compute_share=share7 / 7,
+        start_s=start,
+        end_s=None if length_s is None else start + length_s,
+    )
+
+
+def make_profile(
+    base: float, per_unit: float, mem_sd: float, warmup: float, per_unit_s: float, time_sd: float,
+    typical: int,
+) -> JobProfile:
+    return JobProfile.from_declaration(
+        MemoryDecl(base_mib=base, per_unit_mib=per_unit, rel_sd=mem_sd),
+        TimeDecl(warmup_s=warmup, per_unit_s=per_unit_s, rel_sd=time_sd),
+        typical_units=typical,
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    profile: JobProfile
+    req: PlanRequest
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    window = make_window(
+        mem_mib=draw(st.integers(1000, 80_000)),
+        length_s=draw(st.floats(1.0, 60.0)),
+        share7=draw(st.integers(1, 7)),
+    )
+    profile = make_profile(
+        base=draw(st.floats(0.0, 5000.0)),
+        per_unit=draw(st.floats(0.0, 500.0)),
+        mem_sd=draw(st.floats(0.0, 1.0)),
+        warmup=draw(st.floats(0.0, 5.0)),
+        per_unit_s=draw(st.floats(1e-4, 2.0)),
+        time_sd=draw(st.floats(0.0, 1.0)),
+        typical=draw(st.integers(1, 500)),
+    )
+    max_units = draw(st.integers(1, 2000))
+    min_units = draw(st.integers(1, max_units))
+    req = PlanRequest(
+        window=window,
+        now=NOW,
+        eps_mem=draw(st.sampled_from([0.01, 0.05, 0.1, 0.2])),
+        eps_time=draw(st.sampled_from([0.01, 0.05, 0.1, 0.2])),
+        max_units=max_units,
+        min_units=min_units,
+        remaining_units=draw(st.integers(max_units, 4000)),
+    )
+    return Case(profile, req)
+
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(case=cases(), mode=st.sampled_from(["sja", "jasda"]))
+def test_every_candidate_fits_its_window(case: Case, mode: str) -> None:
+    cands = plan_candidates(case.profile, case.req, LIMITS, mode)
+    mem_cap = case.req.window.mem_mib - LIMITS.mem_reserve_mib
+    length = usable_time(case.req.window, NOW, LIMITS)
+    for c in cands:
+        assert case.req.min_units <= c.size <= case.req.max_units
+        assert c.mem_q_mib <= mem_cap, c
+        assert c.duration_q_s <= length, c
+        assert 0.0 <= c.p_fit_mem <= 1.0 and 0.0 <= c.p_fit_time <= 1.0
+        # the planner's own safety check agrees with the numbers it reports
+        assert is_safe(case.profile, c.size, case.req, LIMITS), c
+
+
+@PROPERTY
+@given(case=cases())
+def test_sja_mode_returns_the_largest_safe_size(case: Case) -> None:
+    cands = plan_candidates(case.profile, case.req, LIMITS, "sja")
+    k = largest_safe_size(case.profile, case.req, LIMITS)
+    if k is None:
+        assert cands == []
+    else:
+        assert [c.size for c in cands] == [k]
+        assert is_safe(case.profile, k, case.req, LIMITS)
+        if k < case.req.max_units:
+            assert not is_safe(case.profile, k + 1, case.req, LIMITS)
+
+
+@PROPERTY
+@given(case=cases())
+def test_jasda_candidates_are_distinct_sorted_and_led_by_the_largest(case: Case) -> None:
+    cands = plan_candidates(case.profile, case.req, LIMITS, "jasda")
+    k = largest_safe_size(case.profile, case.req, LIMITS)
+    if k is None:
+        assert cands == []
+        return
+    sizes = [c.size for c in cands]
+    assert len(sizes) == len(set(sizes))
+    assert k in sizes
+    assert max(sizes) == k
+    assert len(cands) <= len(LIMITS.candidate_fractions)
+    keys = [(-c.score, -c.size) for c in cands]
+    assert keys == sorted(keys)
+
+
+@PROPERTY
+@given(case=cases(), mode=st.sampled_from(["sja", "jasda"]))
+def test_planning_is_deterministic(case: Case, mode: str) -> None:
+    first = plan_candidates(case.profile, case.req, LIMITS, mode)
+    again = plan_candidates(case.profile, case.req, LIMITS, mode)
+    assert first == again
+    clone = JobProfile.from_state(case.profile.to_state())
+    assert plan_candidates(clone, case.req, LIMITS, mode) == first
+
+
+@PROPERTY
+@given(case=cases(), proposed=st.integers(1, 2000))
+def test_materialize_never_exceeds_the_proposal(case: Case, proposed: int) -> None:
+    size = materialize_size(case.profile, case.req, LIMITS, proposed)
+    if size is not None:
+        assert case.req.min_units <= size <= min(proposed, case.req.max_units)
+        assert is_safe(case.profile, size, case.req, LIMITS)
+
+
+def test_materialize_shrinks_after_the_profile_learns_of_an_oom() -> None:
+    profile = make_profile(100.0, 100.0, 0.1, 0.1, 0.001, 0.3, typical=16)
+    req = PlanRequest(
+        window=make_window(4864, 30.0, 1), now=NOW, eps_mem=0.05, eps_time=0.05, max_units=500
+    )
+    proposed = largest_safe_size(profile, req, LIMITS)
+    assert proposed is not None and proposed > 10
+    assert materialize_size(profile, req, LIMITS, proposed) == proposed
+    # before the grant arrives, a subjob of size 10 ran out of memory on a slice this size
+    profile.observe_oom(10, usable_memory(req.window, LIMITS))
+    after = materialize_size(profile, req, LIMITS, proposed)
+    assert after is None or after < 10
+
+
+def test_bigger_windows_allow_bigger_subjobs() -> None:
+    profile = make_profile(500.0, 50.0, 0.2, 0.5, 0.05, 0.3, typical=32)
+    sizes = []
+    for mem in (2000, 5000, 10_000, 20_000, 40_000):
+        req = PlanRequest(
+            window=make_window(mem, 600.0, 7), now=NOW, eps_mem=0.05, eps_time=0.05,
+            max_units=10_000,
+        )
+        k = largest_safe_size(profile, req, LIMITS)
+        assert k is not None
+        sizes.append(k)
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
+def test_smaller_eps_plans_smaller_subjobs() -> None:
+    profile = make_profile(500.0, 50.0, 0.3, 0.5, 0.05, 0.5, typical=32)
+    window = make_window(20_000, 20.0, 3)
+    sizes = [
+        largest_safe_size(
+            profile,
+            PlanRequest(window=window, now=NOW, eps_mem=eps, eps_time=eps, max_units=10_000),
+            LIMITS,
+        )
+        for eps in (0.01, 0.05, 0.2)
+    ]
+    assert all(s is not None for s in sizes)
+    assert sizes == sorted(sizes)  # type: ignore[type-var]
+    assert sizes[0] < sizes[-1]  # type: ignore[operator]
+
+
+def test_nothing_fits_a_window_smaller_than_the_reserve_or_the_overhead() -> None:
+    profile = make_profile(0.0, 1.0, 0.1, 0.0, 0.001, 0.1, typical=1)
+    tiny_mem = PlanRequest(
+        window=make_window(200, 30.0, 1), now=NOW, eps_mem=0.05, eps_time=0.05, max_units=10
+    )
+    assert plan_candidates(profile, tiny_mem, LIMITS, "jasda") == []
+    short = PlanRequest(
+        window=make_window(40_000, 0.2, 7), now=NOW, eps_mem=0.05, eps_time=0.05, max_units=10
+    )
+    assert plan_candidates(profile, short, LIMITS, "sja") == []
+
+
+def test_min_units_larger_than_what_fits_gives_nothing() -> None:
+    profile = make_profile(100.0, 100.0, 0.1, 0.1, 0.001, 0.3, typical=16)
+    req = PlanRequest(
+        window=make_window(4864, 30.0, 1), now=NOW, eps_mem=0.05, eps_time=0.05,
+        max_units=500, min_units=400,
+    )
+    assert largest_safe_size(profile, req, LIMITS) is None
+    assert plan_candidates(profile, req, LIMITS, "jasda") == []
+
+
+def test_open_ended_window_is_bounded_by_the_horizon() -> None:
+    open_window = make_window(40_000, None, 7)
+    assert usable_time(open_window, NOW, LIMITS) == pytest.approx(
+        LIMITS.horizon_s - LIMITS.start_overhead_s
+    )
+    bounded = make_window(40_000, LIMITS.horizon_s, 7)
+    profile = make_profile(100.0, 1.0, 0.1, 0.1, 0.05, 0.3, typical=16)
+
+    def req(w: Window) -> PlanRequest:
+        return PlanRequest(window=w, now=NOW, eps_mem=0.05, eps_time=0.05, max_units=100_000)
+
+    assert largest_safe_size(profile, req(open_window), LIMITS) == largest_safe_size(
+        profile, req(bounded), LIMITS
+    )
+
+
+def test_window_already_partly_elapsed_counts_from_now() -> None:
+    w = make_window(40_000, 30.0, 7, start=NOW - 20.0)
+    assert usable_time(w, NOW, LIMITS) == pytest.approx(10.0 - LIMITS.start_overhead_s)
+    future = make_window(40_000, 30.0, 7, start=NOW + 100.0)
+    assert usable_time(future, NOW, LIMITS) == pytest.approx(30.0 - LIMITS.start_overhead_s)
+
+
+def test_a_candidate_that_finishes_the_job_is_preferred() -> None:
+    profile = make_profile(100.0, 1.0, 0.1, 0.1, 0.001, 0.3, typical=16)
+    base = dict(window=make_window(40_000, 30.0, 7), now=NOW, eps_mem=0.05, eps_time=0.05)
+    finishing = plan_candidates(
+        profile, PlanRequest(**base, max_units=40, remaining_units=40), LIMITS, "jasda"  # type: ignore[arg-type]
+    )
+    assert finishing[0].size == 40

@@ -1,0 +1,249 @@
+"""Bayesian job profiles: calibration from observations, censored OOM/timeout observations, and
+serialization."""
+
+from __future__ import annotations
+
+import math
+import random
+from statistics import NormalDist
+
+import msgspec
+import pytest
+
+from sja.core.profiles import JobProfile, LinearPosterior, z_of
+from sja.protocol.messages import MemoryDecl, ProfileState, TimeDecl
+
+EPS = 0.05
+Q = 1 - EPS
+
+
+def true_mem(k: int) -> float:
+    return 100.0 + 10.0 * k
+
+
+def true_full_time(k: int) -> float:
+    return 0.5 + 0.05 * k
+
+
+def overestimating_profile() -> JobProfile:
+    """A prior that believes the job needs twice its real memory (and time)."""
+    return JobProfile.from_declaration(
+        MemoryDecl(base_mib=200.0, per_unit_mib=20.0, rel_sd=0.3),
+        TimeDecl(warmup_s=1.0, per_unit_s=0.1, rel_sd=0.5),
+        typical_units=16,
+    )
+
+
+def test_prior_centres_on_the_declaration() -> None:
+    p = overestimating_profile()
+    assert p.mem.mean(50) == pytest.approx(200.0 + 20.0 * 50)
+    assert p.time.mean(50) == pytest.approx(1.0 + 0.1 * 50)
+    assert p.mem_quantile(50, Q) > p.mem.mean(50)
+    assert p.mem_quantile(50, 0.5) == pytest.approx(p.mem.mean(50))
+    assert p.observations == 0
+
+
+def test_memory_quantile_moves_toward_the_truth() -> None:
+    rng = random.Random(7)
+    p = overestimating_profile()
+    k_probe = 50
+    truth_q = true_mem(k_probe) * (1 + NormalDist().inv_cdf(Q) * 0.02)
+    gaps = [abs(p.mem_quantile(k_probe, Q) - truth_q)]
+    for i in range(40):
+        k = rng.randint(5, 100)
+        p.observe_memory(k, true_mem(k) * (1 + rng.gauss(0.0, 0.02)))
+        if i % 5 == 4:
+            gaps.append(abs(p.mem_quantile(k_probe, Q) - truth_q))
+    assert gaps == sorted(gaps, reverse=True), gaps
+    assert gaps[-1] < 0.3 * gaps[0]
+    # the posterior mean has found the truth; the quantile stays on the safe side of it
+    assert p.mem.mean(k_probe) == pytest.approx(true_mem(k_probe), rel=0.05)
+    assert p.mem_quantile(k_probe, Q) >= true_mem(k_probe)
+    # the learned slope, not just one point: a size never observed is predicted too
+    assert p.mem.mean(150) == pytest.approx(true_mem(150), rel=0.08)
+
+
+def test_underestimating_prior_is_corrected_upwards() -> None:
+    rng = random.Random(3)
+    p = JobProfile.from_declaration(
+        MemoryDecl(base_mib=50.0, per_unit_mib=5.0, rel_sd=0.3),
+        TimeDecl(warmup_s=0.1, per_unit_s=0.01, rel_sd=0.5),
+        typical_units=16,
+    )
+    before = p.mem_quantile(50, Q)
+    assert before < true_mem(50)
+    for _ in range(30):
+        k = rng.randint(5, 100)
+        p.observe_memory(k, true_mem(k) * (1 + rng.gauss(0.0, 0.02)))
+    assert p.mem_quantile(50, Q) >= true_mem(50)
+    assert p.mem.mean(50) == pytest.approx(true_mem(50), rel=0.05)
+
+
+def test_duration_quantile_moves_toward_the_truth_and_learns_slice_speed() -> None:
+    rng = random.Random(11)
+    p = overestimating_profile()
+    share = 3 / 7
+    # this profile runs 1.5x slower than its compute share suggests
+    slow = 1.5
+
+    def observed(k: int) -> float:
+        return true_full_time(k) / share * slow * math.exp(rng.gauss(0.0, 0.03))
+
+    truth = true_full_time(40) / share * slow
+    first = p.duration_quantile(40, Q, "3g.20gb", share)
+    for _ in range(30):
+        k = rng.randint(5, 80)
+        p.observe(k, true_mem(k), observed(k), "3g.20gb", share)
+    last = p.duration_quantile(40, Q, "3g.20gb", share)
+    assert abs(last - truth) < 0.5 * abs(first - truth)
+    assert p.duration_mean(40, "3g.20gb", share) == pytest.approx(truth, rel=0.1)
+    assert p.observations == 30
+    # the learned slowdown is specific to that profile; a profile never seen keeps share scaling
+    assert p.speed["3g.20gb"].n == 30
+    assert "7g.40gb" not in p.speed
+    assert p.duration_mean(40, "7g.40gb", 1.0) == pytest.approx(max(p.time.mean(40), 0.0))
+
+
+def test_oom_forbids_sizes_at_and_above_k_under_smaller_caps() -> None:
+    p = overestimating_profile()
+    assert p.max_size_under_bounds(4608.0, 10.0, 1.0) is None
+    q_before = p.mem_quantile(40, Q)
+    p.observe_oom(40, 4608.0, peak_seen_mib=4700.0)
+    assert p.observations == 1
+    assert p.max_size_under_bounds(4608.0, 10.0, 1.0) == 39
+    assert p.max_size_under_bounds(1000.0, 10.0, 1.0) == 39
+    # a bigger slice is not bound by an OOM seen on a smaller one
+    assert p.max_size_under_bounds(4609.0, 10.0, 1.0) is None
+    assert p.max_size_under_bounds(19712.0, 10.0, 1.0) is None
+    assert p.mem_quantile(40, Q) > q_before
+    # a later, smaller OOM tightens the bound; the tightest one wins
+    p.observe_oom(25, 4608.0)
+    assert p.max_size_under_bounds(4608.0, 10.0, 1.0) == 24
+    p.observe_oom(60, 9000.0)
+    assert p.max_size_under_bounds(4608.0, 10.0, 1.0) == 24
+    assert p.max_size_under_bounds(9000.0, 10.0, 1.0) == 59
+
+
+def test_oom_pulls_the_memory_prediction_above_the_cap() -> None:
+    p = JobProfile.from_declaration(
+        MemoryDecl(base_mib=100.0, per_unit_mib=10.0, rel_sd=0.1),
+        TimeDecl(warmup_s=0.1, per_unit_s=0.01, rel_sd=0.5),
+        typical_units=16,
+    )
+    cap = 500.0
+    k = 60  # believed to need ~700 MiB... the OOM says it needs more than 1.5x that
+    for _ in range(3):
+        p.observe_oom(k, 1050.0)
+    assert p.mem.mean(k) > 1000.0
+    assert p.mem_fit_probability(k, cap) < 0.05
+
+
+def test_timeout_forbids_sizes_at_and_above_k_for_shorter_windows() -> None:
+    p = overestimating_profile()
+    share = 1 / 7
+    q_before = p.duration_quantile(30, Q, "1g.5gb", share)
+    p.observe_timeout(30, 70.0, "1g.5gb", share)
+    assert p.observations == 1
+    assert p.duration_quantile(30, Q, "1g.5gb", share) > q_before
+    assert p.max_size_under_bounds(1e9, 70.0, share) == 29
+    assert p.max_size_under_bounds(1e9, 20.0, share) == 29
+    assert p.max_size_under_bounds(1e9, 71.0, share) is None
+    # the bound is in full-speed seconds: 70 s at 1/7 is 10 s on a whole GPU
+    assert p.max_size_under_bounds(1e9, 10.0, 1.0) == 29
+    assert p.max_size_under_bounds(1e9, 10.5, 1.0) is None
+
+
+def test_oom_and_timeout_bounds_combine() -> None:
+    p = overestimating_profile()
+    p.observe_oom(50, 4608.0)
+    p.observe_timeout(20, 10.0, "7g.40gb", 1.0)
+    assert p.max_size_under_bounds(4608.0, 5.0, 1.0) == 19
+    assert p.max_size_under_bounds(4608.0, 50.0, 1.0) == 49
+    assert p.max_size_under_bounds(40000.0, 5.0, 1.0) == 19
+    assert p.max_size_under_bounds(40000.0, 50.0, 1.0) is None
+
+
+def test_fit_probabilities_are_monotone_in_the_cap() -> None:
+    p = overestimating_profile()
+    caps = [100.0, 500.0, 1000.0, 1500.0, 3000.0, 1e6]
+    probs = [p.mem_fit_probability(40, c) for c in caps]
+    assert probs == sorted(probs)
+    assert probs[0] < 0.05 and probs[-1] > 0.999
+    lengths = [0.0, 1.0, 10.0, 30.0, 1e5]
+    tprobs = [p.time_fit_probability(40, t, "3g.20gb", 3 / 7) for t in lengths]
+    assert tprobs == sorted(tprobs)
+    assert tprobs[0] == 0.0 and tprobs[-1] > 0.999
+    # the quantile and the fit probability agree
+    q = p.mem_quantile(40, Q)
+    assert p.mem_fit_probability(40, q) == pytest.approx(Q, abs=1e-6)
+    dq = p.duration_quantile(40, Q, "3g.20gb", 3 / 7)
+    assert p.time_fit_probability(40, dq, "3g.20gb", 3 / 7) == pytest.approx(Q, abs=1e-6)
+
+
+def test_smaller_compute_share_predicts_longer_durations() -> None:
+    p = overestimating_profile()
+    full = p.duration_mean(40, "7g.40gb", 1.0)
+    assert p.duration_mean(40, "1g.5gb", 1 / 7) == pytest.approx(7 * full)
+    assert p.duration_quantile(40, Q, "1g.5gb", 1 / 7) > p.duration_quantile(40, Q, "7g.40gb", 1)
+
+
+def _trained_profile() -> JobProfile:
+    rng = random.Random(5)
+    p = overestimating_profile()
+    for _ in range(12):
+        k = rng.randint(1, 64)
+        p.observe(k, true_mem(k) * 1.01, true_full_time(k) * 7 / 3, "3g.20gb", 3 / 7)
+        p.observe(k, true_mem(k) * 0.99, true_full_time(k) * 7, "1g.5gb", 1 / 7)
+    p.observe_oom(70, 4608.0, 4700.0)
+    p.observe_timeout(90, 12.5, "1g.5gb", 1 / 7)
+    return p
+
+
+def _predictions(p: JobProfile) -> list[float | int | None]:
+    out: list[float | int | None] = []
+    for k in (1, 10, 33, 64, 100):
+        out.append(p.mem_quantile(k, 0.95))
+        out.append(p.mem_fit_probability(k, 1000.0))
+        for prof, share in (("3g.20gb", 3 / 7), ("1g.5gb", 1 / 7), ("2g.10gb", 2 / 7)):
+            out.append(p.duration_quantile(k, 0.9, prof, share))
+            out.append(p.duration_mean(k, prof, share))
+            out.append(p.time_fit_probability(k, 5.0, prof, share))
+    out.append(p.max_size_under_bounds(4608.0, 12.5, 1 / 7))
+    out.append(p.max_size_under_bounds(20000.0, 100.0, 1.0))
+    return out
+
+
+def test_state_round_trip_preserves_predictions_exactly() -> None:
+    p = _trained_profile()
+    state = p.to_state()
+    # through the wire, as it is stored in the job state
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=ProfileState)
+    for restored in (JobProfile.from_state(state), JobProfile.from_state(wire)):
+        assert _predictions(restored) == _predictions(p)
+        assert restored.observations == p.observations
+        assert restored.oom_bounds == p.oom_bounds
+        assert restored.timeout_bounds == p.timeout_bounds
+        assert restored.to_state() == state
+
+
+def test_state_round_trip_then_learning_matches_uninterrupted_learning() -> None:
+    a = _trained_profile()
+    b = JobProfile.from_state(a.to_state())
+    for prof in (a, b):
+        prof.observe(20, 300.0, 5.0, "2g.10gb", 2 / 7)
+        prof.observe_oom(80, 4608.0)
+    assert _predictions(a) == _predictions(b)
+    assert a.to_state() == b.to_state()
+
+
+def test_linear_posterior_list_round_trip() -> None:
+    post = LinearPosterior.prior(10.0, 2.0, 0.2, 8)
+    post.update(4, 20.0)
+    assert LinearPosterior.from_list(post.to_list()) == post
+
+
+def test_z_of_is_clamped() -> None:
+    assert z_of(0.5) == pytest.approx(0.0)
+    assert math.isfinite(z_of(1.0))
+    assert math.isfinite(z_of(0.0))
+    assert z_of(0.95) == pytest.approx(1.6448536, rel=1e-6)
