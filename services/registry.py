@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from sja.bus.service import Service
-from sja.bus.settings import BaseSettings
 from services.advertiser.service import AdvertiserService, AdvertiserSettings
 from services.agent.service import AgentService, AgentSettings
 from services.clearer.service import ClearerService, ClearerSettings
 from services.executor.service import ExecutorService, ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
+from sja.bus.service import Service
+from sja.bus.settings import BaseSettings
 
 SERVICES: dict[str, tuple[type[Service], type[BaseSettings]]] = {
     "inventory": (InventoryService, InventorySettings),

@@ -7,7 +7,7 @@ from typing import TypeVar
 import msgspec
 from nats.aio.client import Client as Nats
 
-from sja.bus.codec import decode, encode
+from sja.bus.codec import decode_union, encode
 from sja.bus.connection import connect
 from sja.protocol import subjects
 from sja.protocol.messages import (
@@ -49,14 +49,14 @@ class SjaClient:
 
     async def _call(self, subject: str, req: msgspec.Struct, typ: type[T]) -> T:
         msg = await self.nc.request(subject, encode(req), timeout=self.timeout_s)
-        reply = decode(msg.data, typ | ErrorReply)  # type: ignore[operator]
+        reply = decode_union(msg.data, typ | ErrorReply)
         if isinstance(reply, ErrorReply):
             raise ApiError(reply)
-        return reply  # type: ignore[no-any-return]
+        result: T = reply
+        return result
 
     async def submit(self, spec: JobSpec, request_id: str = "") -> SubmitAck:
-        return await self._call(subjects.JOB_SUBMIT, SubmitJob(spec=spec, request_id=request_id),
-                                SubmitAck)
+        return await self._call(subjects.JOB_SUBMIT, SubmitJob(spec=spec, request_id=request_id), SubmitAck)
 
     async def status(self, job_id: str) -> JobState:
         return (await self._call(subjects.JOB_STATUS, JobQuery(job_id=job_id), JobView)).state

@@ -113,7 +113,7 @@ class LocalStack:
                 while time.monotonic() < end:
                     try:
                         msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
-                    except (TimeoutError, asyncio.TimeoutError):
+                    except TimeoutError:
                         break
                     with contextlib.suppress(ValueError, KeyError):
                         seen.add(json.loads(msg.data)["metadata"]["instance"])

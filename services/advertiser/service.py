@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -82,10 +83,8 @@ class AdvertiserService(Service):
             except Exception:
                 log.exception("advertising failed")
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.tick_s)
-            except TimeoutError:
-                pass
 
     async def advertise_due(self, now: float) -> int:
         """Offer every free window that is new (slice just freed: its fence changed) or due again."""

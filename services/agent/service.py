@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from sja.bus.codec import DecodeError, decode, encode
@@ -74,16 +73,20 @@ class AgentService(Service):
         await self.subscribe(subjects.JOB_CANCEL_REQUESTED, self.on_cancel)
         js = self.jetstream
         self._jobs_sub = await js.pull_subscribe(
-            f"{subjects.PREFIX}.job.submitted.>", durable=JOBS_CONSUMER,
+            f"{subjects.PREFIX}.job.submitted.>",
+            durable=JOBS_CONSUMER,
             stream=subjects.STREAM_JOBS.name,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1),
         )
         durable = "agent-" + subjects._key(self.agent_id)
         self._done_sub = await js.pull_subscribe(
-            f"{subjects.PREFIX}.subjob.completed.>", durable=durable,
+            f"{subjects.PREFIX}.subjob.completed.>",
+            durable=durable,
             stream=subjects.STREAM_COMPLETIONS.name,
             config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT, ack_wait=30, deliver_policy=DeliverPolicy.NEW,
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=30,
+                deliver_policy=DeliverPolicy.NEW,
                 max_deliver=-1,
             ),
         )
@@ -124,7 +127,9 @@ class AgentService(Service):
     async def _heartbeat_forever(self) -> None:
         while True:
             hb = AgentHeartbeat(
-                agent_id=self.agent_id, jobs=len(self.owned), sent_at=time.time(),
+                agent_id=self.agent_id,
+                jobs=len(self.owned),
+                sent_at=time.time(),
                 interval_s=self.cfg.heartbeat_s,
             )
             with contextlib.suppress(Exception):
@@ -152,7 +157,7 @@ class AgentService(Service):
             if got is None:
                 self.owned.pop(job_id, None)
                 return None
-            self.owned[job_id] = got  # type: ignore[assignment]
+            self.owned[job_id] = got
         raise RuntimeError(f"could not update job {job_id}: too much contention")
 
     def _remember(self, state: JobState, rev: int) -> None:
@@ -185,9 +190,7 @@ class AgentService(Service):
             state, rev = got
             assert isinstance(state, JobState)
             if not state.owner_agent and not J.is_terminal(state):
-                claimed = J.settle(
-                    _replace(state, owner_agent=self.agent_id), time.time()
-                )
+                claimed = J.settle(_replace(state, owner_agent=self.agent_id), time.time())
                 new_rev = await self.jobs.cas(state.job_id, claimed, rev)
                 if new_rev is not None:
                     self._remember(claimed, new_rev)
@@ -195,8 +198,12 @@ class AgentService(Service):
                         subjects.DEMAND_CHANGED,
                         encode(DemandChanged(agent_id=self.agent_id, jobs=len(self.owned))),
                     )
-                    log.info("claimed job %s (%s, %d units)", state.job_id, state.spec.workload,
-                             state.total_units)
+                    log.info(
+                        "claimed job %s (%s, %d units)",
+                        state.job_id,
+                        state.spec.workload,
+                        state.total_units,
+                    )
         await msg.ack()
 
     async def on_offer(self, msg: Msg) -> None:
@@ -206,8 +213,11 @@ class AgentService(Service):
             "sja.reply",
             context=extract(msg),
             kind=trace.SpanKind.CONSUMER,
-            attributes={"sja.offer_id": offer.offer_id, "sja.slice": offer.window.slice_id,
-                        "sja.agent": self.agent_id},
+            attributes={
+                "sja.offer_id": offer.offer_id,
+                "sja.slice": offer.window.slice_id,
+                "sja.agent": self.agent_id,
+            },
         ) as span:
             proposals = []
             for state, _ in list(self.owned.values()):
@@ -232,8 +242,12 @@ class AgentService(Service):
             with tracer.start_as_current_span(
                 "sja.materialize",
                 context=ctx,
-                attributes={"sja.job_id": grant.job_id, "sja.grant_id": grant.grant_id,
-                            "sja.slice": grant.window.slice_id, "sja.fence": grant.fence},
+                attributes={
+                    "sja.job_id": grant.job_id,
+                    "sja.grant_id": grant.grant_id,
+                    "sja.slice": grant.window.slice_id,
+                    "sja.fence": grant.fence,
+                },
             ) as span:
                 if grant.job_id not in self.owned:
                     span.set_attribute("sja.note", "job not owned here")
@@ -260,7 +274,8 @@ class AgentService(Service):
                 span.set_attribute("sja.planned_mem_q_mib", sj.planned_mem_q_mib)
                 span.set_attribute("sja.planned_duration_q_s", sj.planned_duration_q_s)
                 await self.jetstream.publish(
-                    subjects.subjob_dispatched(sj.node, sj.job_id), encode(sj),
+                    subjects.subjob_dispatched(sj.node, sj.job_id),
+                    encode(sj),
                     headers=inject({"Nats-Msg-Id": sj.subjob_id}),
                 )
 
@@ -272,8 +287,12 @@ class AgentService(Service):
             return
         current, rev = got
         try:
-            freed = leases.release(current, grant_id=grant.grant_id, fence=grant.fence,  # type: ignore[arg-type]
-                                   now=time.time())
+            freed = leases.release(
+                current,
+                grant_id=grant.grant_id,
+                fence=grant.fence,
+                now=time.time(),
+            )
         except leases.LeaseConflict:
             return
         await self.slices.cas(grant.window.slice_id, freed, rev)
@@ -294,16 +313,20 @@ class AgentService(Service):
                 "sja.complete",
                 context=extract(msg),
                 kind=trace.SpanKind.CONSUMER,
-                attributes={"sja.job_id": c.job_id, "sja.subjob_id": c.subjob_id,
-                            "sja.status": c.status, "sja.units": c.units,
-                            "sja.peak_mem_mib": c.peak_mem_mib, "sja.duration_s": c.duration_s},
+                attributes={
+                    "sja.job_id": c.job_id,
+                    "sja.subjob_id": c.subjob_id,
+                    "sja.status": c.status,
+                    "sja.units": c.units,
+                    "sja.peak_mem_mib": c.peak_mem_mib,
+                    "sja.duration_s": c.duration_s,
+                },
             ) as span:
                 now = time.time()
                 applied: list[bool] = []
 
                 def transition(state: JobState) -> JobState | None:
-                    with tracer.start_as_current_span("sja.calibrate",
-                                                      attributes={"sja.job_id": c.job_id}):
+                    with tracer.start_as_current_span("sja.calibrate", attributes={"sja.job_id": c.job_id}):
                         new, ok = J.apply_completion(state, c, now)
                     applied[:] = [ok]
                     return new if ok else None
@@ -312,8 +335,7 @@ class AgentService(Service):
                     state = await self.save(c.job_id, transition)
                     span.set_attribute("sja.applied", bool(applied and applied[0]))
                     if state is not None and J.is_terminal(state):
-                        log.info("job %s %s after %d subjobs", c.job_id, state.status,
-                                 state.next_seq)
+                        log.info("job %s %s after %d subjobs", c.job_id, state.status, state.next_seq)
         await msg.ack()
 
     async def on_cancel(self, msg: Msg) -> None:

@@ -10,6 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from opentelemetry import context as otel_context
@@ -107,7 +108,8 @@ class ClearerService(Service):
         if not info.state.messages:
             return
         sub = await js.subscribe(
-            f"{subjects.PREFIX}.round.cleared.>", ordered_consumer=True,
+            f"{subjects.PREFIX}.round.cleared.>",
+            ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL,
         )
         n = 0
@@ -178,11 +180,7 @@ class ClearerService(Service):
             rnd.timer.cancel()
         self.rounds.pop(offer_id, None)
         offer = rnd.offer
-        bids = [
-            Bid(agent_id=r.agent_id, proposal=p)
-            for r in rnd.replies.values()
-            for p in r.proposals
-        ]
+        bids = [Bid(agent_id=r.agent_id, proposal=p) for r in rnd.replies.values() for p in r.proposals]
         token = otel_context.attach(rnd.ctx)
         try:
             with tracer.start_as_current_span(
@@ -233,8 +231,12 @@ class ClearerService(Service):
             assert isinstance(current, SliceState)
             try:
                 leased = leases.grant(
-                    current, offered_fence=offer.slice_fence, job_id=win.proposal.job_id,
-                    grant_id=grant_id, now=now, lease_s=self.cfg.lease_s,
+                    current,
+                    offered_fence=offer.slice_fence,
+                    job_id=win.proposal.job_id,
+                    grant_id=grant_id,
+                    now=now,
+                    lease_s=self.cfg.lease_s,
                 )
             except leases.LeaseConflict as e:
                 span.set_attribute("sja.note", str(e))
@@ -270,15 +272,15 @@ class ClearerService(Service):
         verdicts = list(decision.verdicts)
         if grant is None and decision.winner is not None:
             verdicts = [
-                v if not v.won else type(v)(**{**_fields(v), "won": False, "reason": note})
-                for v in verdicts
+                v if not v.won else msgspec.structs.replace(v, won=False, reason=note) for v in verdicts
             ]
         by_agent: dict[str, list[object]] = {}
         for v in verdicts:
             by_agent.setdefault(v.agent_id, []).append(v)
         for agent_id, vs in by_agent.items():
             await publish(
-                self.bus, subjects.outcome_sent(agent_id),
+                self.bus,
+                subjects.outcome_sent(agent_id),
                 Outcome(offer_id=offer.offer_id, verdicts=vs),  # type: ignore[arg-type]
             )
         record = RoundRecord(
@@ -299,13 +301,10 @@ class ClearerService(Service):
             charged_gpu_s=grant_cost(offer, grant.candidate) if grant else 0.0,
         )
         await self.jetstream.publish(
-            subjects.round_cleared(offer.window.pool), encode(record),
+            subjects.round_cleared(offer.window.pool),
+            encode(record),
             headers=inject({"Nats-Msg-Id": offer.offer_id}),
         )
-
-
-def _fields(v: object) -> dict[str, object]:
-    return {f: getattr(v, f) for f in v.__struct_fields__}  # type: ignore[attr-defined]
 
 
 def parse_shares(text: str) -> dict[str, float]:

@@ -74,7 +74,7 @@ class ExecutorService(Service):
         while True:
             states = [s for s, _ in await self.slices.all() if s.node == self.cfg.node]
             if states:
-                self.slice_info = {s.slice_id: s for s in states}  # type: ignore[misc]
+                self.slice_info = {s.slice_id: s for s in states}
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no slices for node {self.cfg.node!r} in the inventory")
@@ -164,8 +164,13 @@ class ExecutorService(Service):
             await msg.ack()
             return
         started = leases.start(
-            current, grant_id=sj.grant_id, fence=sj.fence, now=now, time_cap_s=sj.time_cap_s,
-            expected_s=sj.planned_duration_q_s, grace_s=self.cfg.grace_s,
+            current,
+            grant_id=sj.grant_id,
+            fence=sj.fence,
+            now=now,
+            time_cap_s=sj.time_cap_s,
+            expected_s=sj.planned_duration_q_s,
+            grace_s=self.cfg.grace_s,
         )
         if await self.slices.cas(sj.slice_id, started, rev) is None:
             await msg.nak(delay=0.05)  # the slice moved under us; look again
@@ -186,24 +191,35 @@ class ExecutorService(Service):
         keepalive = self.spawn(_keep_alive(msg))
         try:
             raw = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=limit)
-            result, carrier_out = decode(raw, tuple[RunResult, dict[str, str]])  # type: ignore[arg-type]
+            result, carrier_out = decode(raw, tuple[RunResult, dict[str, str]])
             return result, carrier_out
         except TimeoutError:
             log.warning("subjob %s ran past its %.2fs window: stopped", sj.subjob_id, sj.time_cap_s)
             await self._restart_actor(sj.slice_id)
             now = time.time()
-            return RunResult(status="timeout", units_done=0, peak_mem_mib=0.0,
-                             duration_s=round(now - started, 6), started_at=started,
-                             finished_at=now, error=f"exceeded the window of {sj.time_cap_s:.2f}s"
-                             ), carrier
+            return RunResult(
+                status="timeout",
+                units_done=0,
+                peak_mem_mib=0.0,
+                duration_s=round(now - started, 6),
+                started_at=started,
+                finished_at=now,
+                error=f"exceeded the window of {sj.time_cap_s:.2f}s",
+            ), carrier
         except ray.exceptions.RayError as e:
             log.error("actor for %s failed: %s", sj.slice_id, e)
             await self._restart_actor(sj.slice_id)
             now = time.time()
             status = "oom" if "OutOfMemory" in type(e).__name__ else "failed"
-            return RunResult(status=status, units_done=0, peak_mem_mib=0.0,
-                             duration_s=round(now - started, 6), started_at=started,
-                             finished_at=now, error=str(e)[:2000]), carrier
+            return RunResult(
+                status=status,
+                units_done=0,
+                peak_mem_mib=0.0,
+                duration_s=round(now - started, 6),
+                started_at=started,
+                finished_at=now,
+                error=str(e)[:2000],
+            ), carrier
         finally:
             keepalive.cancel()
 
@@ -216,12 +232,24 @@ class ExecutorService(Service):
 
     async def _complete(self, sj: Subjob, r: RunResult, carrier: dict[str, str]) -> None:
         c = Completion(
-            subjob_id=sj.subjob_id, job_id=sj.job_id, grant_id=sj.grant_id, fence=sj.fence,
-            slice_id=sj.slice_id, status=r.status,  # type: ignore[arg-type]
-            unit_start=sj.unit_start, units=sj.units, units_done=r.units_done,
-            peak_mem_mib=r.peak_mem_mib, duration_s=r.duration_s, mem_cap_mib=sj.mem_cap_mib,
-            time_cap_s=sj.time_cap_s, started_at=r.started_at, finished_at=r.finished_at,
-            output_checkpoint=r.output, error=r.error[:4000], executor_id=self.instance,
+            subjob_id=sj.subjob_id,
+            job_id=sj.job_id,
+            grant_id=sj.grant_id,
+            fence=sj.fence,
+            slice_id=sj.slice_id,
+            status=r.status,  # type: ignore[arg-type]
+            unit_start=sj.unit_start,
+            units=sj.units,
+            units_done=r.units_done,
+            peak_mem_mib=r.peak_mem_mib,
+            duration_s=r.duration_s,
+            mem_cap_mib=sj.mem_cap_mib,
+            time_cap_s=sj.time_cap_s,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            output_checkpoint=r.output,
+            error=r.error[:4000],
+            executor_id=self.instance,
         )
         headers = dict(carrier)
         if not headers:
@@ -237,8 +265,12 @@ class ExecutorService(Service):
                 return
             current, rev = got
             try:
-                freed = leases.release(current, grant_id=sj.grant_id, fence=sj.fence,  # type: ignore[arg-type]
-                                       now=time.time())
+                freed = leases.release(
+                    current,
+                    grant_id=sj.grant_id,
+                    fence=sj.fence,
+                    now=time.time(),
+                )
             except leases.LeaseConflict:
                 return
             if await self.slices.cas(sj.slice_id, freed, rev) is not None:
@@ -253,5 +285,12 @@ async def _keep_alive(msg: Msg) -> None:
 
 
 def _lost(now: float, why: str) -> RunResult:
-    return RunResult(status="lost", units_done=0, peak_mem_mib=0.0, duration_s=0.0,
-                     started_at=now, finished_at=now, error=why)
+    return RunResult(
+        status="lost",
+        units_done=0,
+        peak_mem_mib=0.0,
+        duration_s=0.0,
+        started_at=now,
+        finished_at=now,
+        error=why,
+    )

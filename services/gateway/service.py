@@ -89,16 +89,16 @@ class GatewayService(Service):
         got = await self.jobs.get(q.job_id)
         if got is None:
             return ErrorReply(code="not_found", message=f"no job {q.job_id}", field="job_id")
-        return JobView(state=got[0])  # type: ignore[arg-type]
+        return JobView(state=got[0])
 
     async def list_jobs(self, data: bytes) -> msgspec.Struct:
         q = decode(data, JobListQuery)
         assert self.jobs is not None
         states = [s for s, _ in await self.jobs.all()]
         if q.tenant:
-            states = [s for s in states if s.spec.tenant == q.tenant]  # type: ignore[attr-defined]
-        states.sort(key=lambda s: (s.submitted_at, s.job_id))  # type: ignore[attr-defined]
-        return JobList(jobs=states[: q.limit])  # type: ignore[arg-type]
+            states = [s for s in states if s.spec.tenant == q.tenant]
+        states.sort(key=lambda s: (s.submitted_at, s.job_id))
+        return JobList(jobs=states[: q.limit])
 
     async def cancel(self, data: bytes) -> msgspec.Struct:
         q = decode(data, JobQuery)
@@ -122,7 +122,8 @@ class GatewayService(Service):
         info = await js.stream_info(subjects.STREAM_ROUNDS.name)
         if info.state.messages:
             sub = await js.subscribe(
-                f"{subjects.PREFIX}.round.cleared.>", ordered_consumer=True,
+                f"{subjects.PREFIX}.round.cleared.>",
+                ordered_consumer=True,
                 deliver_policy=DeliverPolicy.ALL,
             )
             try:
@@ -157,8 +158,10 @@ def _typed(handler: Any) -> Any:
             result = ErrorReply(code="internal", message=f"{type(e).__name__}: {e}")
         headers = None
         if isinstance(result, ErrorReply):
-            headers = {"Nats-Service-Error": result.message[:256],
-                       "Nats-Service-Error-Code": "400" if result.code == "bad_request" else "500"}
+            headers = {
+                "Nats-Service-Error": result.message[:256],
+                "Nats-Service-Error-Code": "400" if result.code == "bad_request" else "500",
+            }
         await req.respond(encode(result), headers=headers)
 
     return endpoint

@@ -33,9 +33,7 @@ class InventoryService(Service):
 
     async def on_start(self) -> None:
         wanted = {n for n in self.cfg.nodes.split(",") if n}
-        self.declared = [
-            s for s in load_declared(self.cfg.inventory) if not wanted or s.node in wanted
-        ]
+        self.declared = [s for s in load_declared(self.cfg.inventory) if not wanted or s.node in wanted]
         await self.publish_inventory()
         self.loop(self._sweep_forever())
 
@@ -48,11 +46,14 @@ class InventoryService(Service):
             while True:
                 got = await self.slices.get(s.slice_id)
                 current, rev = got if got is not None else (None, 0)
-                merged = leases.merge_declared(current, s, now)  # type: ignore[arg-type]
+                merged = leases.merge_declared(current, s, now)
                 if merged is None:
                     break
-                ok = (await self.slices.create(s.slice_id, merged) if current is None
-                      else await self.slices.cas(s.slice_id, merged, rev))
+                ok = (
+                    await self.slices.create(s.slice_id, merged)
+                    if current is None
+                    else await self.slices.cas(s.slice_id, merged, rev)
+                )
                 if ok is not None:
                     break
         for current, rev in await self.slices.all():
@@ -80,7 +81,11 @@ class InventoryService(Service):
                 continue
             new = leases.expire(current, now)
             if new is not None and await self.slices.cas(current.slice_id, new, rev) is not None:
-                log.warning("lease of %s (grant %s, %s) expired: slice freed",
-                            current.slice_id, current.grant_id, current.status)
+                log.warning(
+                    "lease of %s (grant %s, %s) expired: slice freed",
+                    current.slice_id,
+                    current.grant_id,
+                    current.status,
+                )
                 freed += 1
         return freed

@@ -17,7 +17,10 @@ def test_demo_runs_every_job_correctly_and_writes_its_report(tmp_path: Path) -> 
     out = tmp_path / "demo"
     r = subprocess.run(
         [sys.executable, "-m", "sja.cli.main", "demo", "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, env=dict(os.environ, COLUMNS="200"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, COLUMNS="200"),
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

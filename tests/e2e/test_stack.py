@@ -56,14 +56,34 @@ async def wait_terminal(client: SjaClient, ids: list[str], timeout_s: float) -> 
 
 
 JOBS = [
-    JobSpec(name="mm-a", tenant="alpha", workload="matmul", max_parallel=2,
-            params={"rows": 3000, "inner": 1024, "cols": 1024, "seed": 11}),
-    JobSpec(name="mc-a", tenant="alpha", workload="montecarlo", mode="sja",
-            params={"units": 120, "samples_per_unit": 100_000, "seed": 12}),
-    JobSpec(name="mm-b", tenant="beta", workload="matmul", mode="sja",
-            params={"rows": 2000, "inner": 1024, "cols": 512, "seed": 13}),
-    JobSpec(name="mc-b", tenant="beta", workload="montecarlo", max_parallel=2,
-            params={"units": 200, "samples_per_unit": 100_000, "seed": 14}),
+    JobSpec(
+        name="mm-a",
+        tenant="alpha",
+        workload="matmul",
+        max_parallel=2,
+        params={"rows": 3000, "inner": 1024, "cols": 1024, "seed": 11},
+    ),
+    JobSpec(
+        name="mc-a",
+        tenant="alpha",
+        workload="montecarlo",
+        mode="sja",
+        params={"units": 120, "samples_per_unit": 100_000, "seed": 12},
+    ),
+    JobSpec(
+        name="mm-b",
+        tenant="beta",
+        workload="matmul",
+        mode="sja",
+        params={"rows": 2000, "inner": 1024, "cols": 512, "seed": 13},
+    ),
+    JobSpec(
+        name="mc-b",
+        tenant="beta",
+        workload="montecarlo",
+        max_parallel=2,
+        params={"units": 200, "samples_per_unit": 100_000, "seed": 14},
+    ),
 ]
 
 
@@ -148,7 +168,10 @@ def test_one_round_is_one_trace_across_processes(stack: LocalStack) -> None:
 def sja(*args: str, nats_url: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, SJA_NATS_URL=nats_url, COLUMNS="200")
     return subprocess.run(
-        [sys.executable, "-m", "sja.cli.main", *args], capture_output=True, text=True, env=env,
+        [sys.executable, "-m", "sja.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=60,
     )
 
@@ -193,8 +216,7 @@ def test_cli_submit_status_trace_cancel(stack: LocalStack, tmp_path: Path) -> No
 
     big = tmp_path / "big.yaml"
     big.write_text(
-        "name: long-job\ntenant: beta\nworkload: matmul\n"
-        "params: {rows: 400000, inner: 1024, cols: 1024}\n"
+        "name: long-job\ntenant: beta\nworkload: matmul\nparams: {rows: 400000, inner: 1024, cols: 1024}\n"
     )
     r = sja("submit", str(big), nats_url=url)
     big_id = r.stdout.strip()

@@ -43,9 +43,7 @@ async def test_gateway_validates_and_answers_with_typed_errors(nats_url: str, tm
             await client.submit(JobSpec(name="x", tenant="t", workload="nope"))
         assert bad_workload.value.error.field == "workload"
         with pytest.raises(ApiError) as bad_param:
-            await client.submit(
-                JobSpec(name="x", tenant="t", workload="matmul", params={"rows": -3})
-            )
+            await client.submit(JobSpec(name="x", tenant="t", workload="matmul", params={"rows": -3}))
         assert bad_param.value.error.field == "params.rows"
 
         # A payload that is not a SubmitJob at all: a typed error reply, with the micro headers.
@@ -54,8 +52,10 @@ async def test_gateway_validates_and_answers_with_typed_errors(nats_url: str, tm
         assert err.code == "bad_request"
         assert msg.headers and msg.headers.get("Nats-Service-Error-Code") == "400"
         # Structurally valid, semantically out of range: the error names the field.
-        raw = {"type": "sja.submit_job.v1",
-               "spec": {"name": "x", "tenant": "t", "workload": "matmul", "eps_mem": 0.9}}
+        raw = {
+            "type": "sja.submit_job.v1",
+            "spec": {"name": "x", "tenant": "t", "workload": "matmul", "eps_mem": 0.9},
+        }
         import msgspec
 
         msg = await nc.request(subjects.JOB_SUBMIT, msgspec.msgpack.encode(raw), timeout=5)
@@ -77,9 +77,7 @@ async def test_gateway_validates_and_answers_with_typed_errors(nats_url: str, tm
         assert cancelled.status == "cancelled"
 
 
-async def test_rounds_grant_each_slice_once_and_dispatch_subjobs(
-    nats_url: str, tmp_path: Path, nc
-) -> None:
+async def test_rounds_grant_each_slice_once_and_dispatch_subjobs(nats_url: str, tmp_path: Path, nc) -> None:
     """Two clearers on the same pool race for every offer; the KV compare-and-set lets one win."""
     c = lambda name: common(nats_url, tmp_path, name)  # noqa: E731
     inventory = InventoryService(InventorySettings(**c("inventory-t")))
@@ -99,16 +97,21 @@ async def test_rounds_grant_each_slice_once_and_dispatch_subjobs(
     async with running(inventory, gateway, *clearers, agent, advertiser):
         client = SjaClient(nc)
         specs = [
-            JobSpec(name=f"j{i}", tenant=("a" if i % 2 else "b"), workload="montecarlo",
-                    max_parallel=2,
-                    params={"units": 2000, "samples_per_unit": 100_000, "seed": i})
+            JobSpec(
+                name=f"j{i}",
+                tenant=("a" if i % 2 else "b"),
+                workload="montecarlo",
+                max_parallel=2,
+                params={"units": 2000, "samples_per_unit": 100_000, "seed": i},
+            )
             for i in range(4)
         ]
         for s in specs:
             await client.submit(s)
         js = nc.jetstream()
         sub = await js.pull_subscribe(
-            f"{subjects.PREFIX}.subjob.dispatched.>", durable="test-exec",
+            f"{subjects.PREFIX}.subjob.dispatched.>",
+            durable="test-exec",
             stream=subjects.STREAM_SUBJOBS.name,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT),
         )
@@ -142,21 +145,20 @@ async def test_rounds_grant_each_slice_once_and_dispatch_subjobs(
         assert sum(cl.grants for cl in clearers) == len(grants)
 
 
-async def test_unstarted_grant_lease_lapses_and_the_slice_returns(
-    nats_url: str, tmp_path: Path, nc
-) -> None:
+async def test_unstarted_grant_lease_lapses_and_the_slice_returns(nats_url: str, tmp_path: Path, nc) -> None:
     """An agent that got a grant and never started the subjob: the inventory frees the slice."""
     c = lambda name: common(nats_url, tmp_path, name)  # noqa: E731
     inventory = InventoryService(InventorySettings(**c("inventory-t"), sweep_interval_s=0.05))
     async with running(inventory):
         slices, _ = await stores(nc.jetstream())
         s, rev = await slices.get("local-g0-1g.5gb-2")  # type: ignore[misc]
-        from sja.core import leases
-
         import time
 
-        leased = leases.grant(s, offered_fence=s.fence, job_id="j", grant_id="g-x",
-                              now=time.time(), lease_s=0.3)
+        from sja.core import leases
+
+        leased = leases.grant(
+            s, offered_fence=s.fence, job_id="j", grant_id="g-x", now=time.time(), lease_s=0.3
+        )
         assert await slices.cas(s.slice_id, leased, rev) is not None
         for _ in range(100):
             cur, _ = await slices.get(s.slice_id)  # type: ignore[misc]

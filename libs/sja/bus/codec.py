@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any, TypeVar
 
 import msgspec
@@ -36,7 +36,7 @@ def encode(msg: Any) -> bytes:
     return _encoder.encode(msg)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _decoder(typ: Any) -> msgspec.msgpack.Decoder[Any]:
     return msgspec.msgpack.Decoder(typ)
 
@@ -44,14 +44,23 @@ def _decoder(typ: Any) -> msgspec.msgpack.Decoder[Any]:
 def decode(data: bytes, typ: type[T]) -> T:
     """Decode ``data`` as ``typ``; raise ``DecodeError`` naming the type and the bad field."""
     if len(data) > MAX_MESSAGE_BYTES:
-        raise DecodeError(typ.__name__, f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+        raise DecodeError(_name(typ), f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
-        result: T = _decoder(typ).decode(data)
+        result: T = _decoder(typ).decode(data)  # type: ignore[arg-type]
     except msgspec.ValidationError as e:
-        raise DecodeError(typ.__name__, str(e)) from None
+        raise DecodeError(_name(typ), str(e)) from None
     except msgspec.DecodeError as e:
-        raise DecodeError(typ.__name__, f"malformed payload ({e})") from None
+        raise DecodeError(_name(typ), f"malformed payload ({e})") from None
     return result
+
+
+def decode_union(data: bytes, typ: Any) -> Any:
+    """Decode a tagged union (``A | B``) of message types."""
+    return decode(data, typ)
+
+
+def _name(typ: Any) -> str:
+    return str(getattr(typ, "__name__", typ))
 
 
 def to_builtins(msg: Any) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -14,7 +14,7 @@ from nats.js.kv import KeyValue
 
 from sja.bus.codec import decode, encode
 from sja.protocol import subjects
-from sja.protocol.messages import Message
+from sja.protocol.messages import JobState, Message, SliceState
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ async def ensure_jetstream(js: JetStreamContext, replicas: int = 1) -> None:
             )
 
 
-class Store:
+class Store(Generic[M]):
     """Typed access to a KV bucket with compare-and-set."""
 
     def __init__(self, kv: KeyValue, typ: type[M]) -> None:
@@ -90,7 +90,7 @@ class Store:
             return None
         if entry.value is None or not entry.value:
             return None
-        return decode(entry.value, self.typ), int(entry.revision or 0)  # type: ignore[return-value]
+        return decode(entry.value, self.typ), int(entry.revision or 0)
 
     async def create(self, key: str, value: M) -> int | None:
         """Create if absent; ``None`` when the key already exists."""
@@ -124,7 +124,7 @@ class Store:
             return []
 
     async def all(self) -> list[tuple[M, int]]:
-        out = []
+        out: list[tuple[M, int]] = []
         for key in await self.keys():
             got = await self.get(key)
             if got is not None:
@@ -132,9 +132,7 @@ class Store:
         return out
 
 
-async def stores(js: JetStreamContext) -> tuple[Store, Store]:
-    from sja.protocol.messages import JobState, SliceState
-
+async def stores(js: JetStreamContext) -> tuple[Store[SliceState], Store[JobState]]:
     slices = Store(await js.key_value(subjects.BUCKET_SLICES), SliceState)
     jobs = Store(await js.key_value(subjects.BUCKET_JOBS), JobState)
-    return slices, jobs  # type: ignore[return-value]
+    return slices, jobs

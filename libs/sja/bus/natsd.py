@@ -78,9 +78,10 @@ class EmbeddedNats:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nats-server exited with {self.proc.returncode}: {' '.join(args)}")
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=0.2
-            ) as sock:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock,
+            ):
                 if sock.recv(4096).startswith(b"INFO"):
                     return self
             time.sleep(0.05)

@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 from sja import __version__
 from sja.bus.connection import Store, connect, ensure_jetstream, stores
 from sja.bus.settings import BaseSettings
+from sja.protocol.messages import JobState, SliceState
 from sja.telemetry.setup import flush_tracing, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,8 @@ class Service:
         self.instance = settings.instance or f"{self.name}-{socket.gethostname()}-{os.getpid()}"
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
-        self.slices: Store | None = None
-        self.jobs: Store | None = None
+        self.slices: Store[SliceState] | None = None
+        self.jobs: Store[JobState] | None = None
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
@@ -74,12 +75,12 @@ class Service:
         self.stopping.set()
         for sub in self._subs:
             with contextlib.suppress(Exception):
-                await sub.drain()
+                await sub.drain()  # type: ignore[no-untyped-call]
         for t in self._loops:
             t.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         if self._tasks:
-            done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_timeout_s)
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_timeout_s)
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)

@@ -26,9 +26,7 @@ def extract(msg: Msg | None = None, carrier: dict[str, str] | None = None) -> ot
     return propagate.extract(carrier)
 
 
-async def publish(
-    nc: Client, subject: str, message: Any, headers: dict[str, str] | None = None
-) -> None:
+async def publish(nc: Client, subject: str, message: Any, headers: dict[str, str] | None = None) -> None:
     """Publish a message on core NATS with the current trace context in its headers."""
     await nc.publish(subject, encode(message), headers=inject(headers))
 

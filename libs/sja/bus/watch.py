@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from nats.js.kv import KeyValue
 
@@ -33,7 +33,7 @@ class KvView(Generic[M]):
         self.entries: dict[str, tuple[M, int]] = {}
         self.ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._watcher = None
+        self._watcher: Any = None
 
     async def start(self) -> None:
         self._watcher = await self.kv.watchall()

@@ -36,22 +36,60 @@ def demo_jobs(quick: bool = False) -> list[JobSpec]:
         return max(1, int(x * s))
 
     return [
-        JobSpec(name="train-embed", tenant="research", workload="matmul", max_parallel=2,
-                params={"rows": n(16000), "inner": 2048, "cols": 2048, "seed": 1}),
-        JobSpec(name="pi-sweep", tenant="research", workload="montecarlo", max_parallel=2,
-                params={"units": n(500), "samples_per_unit": 200_000, "seed": 2}),
-        JobSpec(name="wide-proj", tenant="research", workload="matmul",
-                params={"rows": n(2500), "inner": 4096, "cols": 4096, "seed": 3}),
-        JobSpec(name="mc-risk", tenant="research", workload="montecarlo", mode="sja",
-                params={"units": n(300), "samples_per_unit": 100_000, "seed": 4}),
-        JobSpec(name="score-batch", tenant="prod", workload="matmul",
-                params={"rows": n(8000), "inner": 1024, "cols": 1024, "seed": 5}),
-        JobSpec(name="pi-check", tenant="prod", workload="montecarlo", deadline_s=120.0,
-                params={"units": n(150), "samples_per_unit": 200_000, "seed": 6}),
-        JobSpec(name="rank-update", tenant="prod", workload="matmul", mode="sja",
-                params={"rows": n(10000), "inner": 2048, "cols": 1024, "seed": 7}),
-        JobSpec(name="mc-var", tenant="prod", workload="montecarlo", max_parallel=2,
-                params={"units": n(400), "samples_per_unit": 100_000, "seed": 8}),
+        JobSpec(
+            name="train-embed",
+            tenant="research",
+            workload="matmul",
+            max_parallel=2,
+            params={"rows": n(16000), "inner": 2048, "cols": 2048, "seed": 1},
+        ),
+        JobSpec(
+            name="pi-sweep",
+            tenant="research",
+            workload="montecarlo",
+            max_parallel=2,
+            params={"units": n(500), "samples_per_unit": 200_000, "seed": 2},
+        ),
+        JobSpec(
+            name="wide-proj",
+            tenant="research",
+            workload="matmul",
+            params={"rows": n(2500), "inner": 4096, "cols": 4096, "seed": 3},
+        ),
+        JobSpec(
+            name="mc-risk",
+            tenant="research",
+            workload="montecarlo",
+            mode="sja",
+            params={"units": n(300), "samples_per_unit": 100_000, "seed": 4},
+        ),
+        JobSpec(
+            name="score-batch",
+            tenant="prod",
+            workload="matmul",
+            params={"rows": n(8000), "inner": 1024, "cols": 1024, "seed": 5},
+        ),
+        JobSpec(
+            name="pi-check",
+            tenant="prod",
+            workload="montecarlo",
+            deadline_s=120.0,
+            params={"units": n(150), "samples_per_unit": 200_000, "seed": 6},
+        ),
+        JobSpec(
+            name="rank-update",
+            tenant="prod",
+            workload="matmul",
+            mode="sja",
+            params={"rows": n(10000), "inner": 2048, "cols": 1024, "seed": 7},
+        ),
+        JobSpec(
+            name="mc-var",
+            tenant="prod",
+            workload="montecarlo",
+            max_parallel=2,
+            params={"units": n(400), "samples_per_unit": 100_000, "seed": 8},
+        ),
     ]
 
 
@@ -63,9 +101,15 @@ def progress_table(states: list[JobState], started: float) -> Table:
         pct = 100.0 * s.units_done / s.total_units
         bar = "█" * int(pct / 5) + "·" * (20 - int(pct / 5))
         style = {"done": "green", "failed": "red", "cancelled": "yellow"}.get(s.status, "")
-        t.add_row(s.job_id.rsplit("-", 1)[0], s.spec.tenant, s.spec.workload,
-                  f"[{style}]{s.status}[/]" if style else s.status, f"{bar} {pct:5.1f}%",
-                  str(len(s.history)), ", ".join(f.slice_id for f in s.in_flight))
+        t.add_row(
+            s.job_id.rsplit("-", 1)[0],
+            s.spec.tenant,
+            s.spec.workload,
+            f"[{style}]{s.status}[/]" if style else s.status,
+            f"{bar} {pct:5.1f}%",
+            str(len(s.history)),
+            ", ".join(f.slice_id for f in s.in_flight),
+        )
     return t
 
 
@@ -77,8 +121,11 @@ async def read_rounds(url: str) -> list[RoundRecord]:
         info = await js.stream_info(subjects.STREAM_ROUNDS.name)
         if not info.state.messages:
             return out
-        sub = await js.subscribe(f"{subjects.PREFIX}.round.cleared.>", ordered_consumer=True,
-                                 deliver_policy=DeliverPolicy.ALL)
+        sub = await js.subscribe(
+            f"{subjects.PREFIX}.round.cleared.>",
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
         while True:
             msg = await sub.next_msg(timeout=5.0)
             out.append(decode(msg.data, RoundRecord))
@@ -96,7 +143,7 @@ async def read_slices(url: str) -> list[SliceState]:
     nc = await connect(url, "sja-demo-reader")
     try:
         slices, _ = await stores(nc.jetstream())
-        return sorted((s for s, _ in await slices.all()), key=lambda s: s.slice_id)  # type: ignore[misc]
+        return sorted((s for s, _ in await slices.all()), key=lambda s: s.slice_id)
     finally:
         await nc.close()
 
@@ -122,38 +169,45 @@ async def drive(url: str, specs: list[JobSpec], timeout_s: float) -> tuple[list[
 
 
 def summarize(
-    states: list[JobState], rounds: list[RoundRecord], slices: list[SliceState],
-    started: float, ended: float,
+    states: list[JobState],
+    rounds: list[RoundRecord],
+    slices: list[SliceState],
+    started: float,
+    ended: float,
 ) -> dict[str, Any]:
     jobs = []
     for s in states:
         expected = run_in_one_piece(s.spec.workload, s.spec.params)
         ok_runs = [h for h in s.history if h.status == "ok"]
         correct = s.status == "done" and s.result == expected
-        jobs.append({
-            "job_id": s.job_id,
-            "tenant": s.spec.tenant,
-            "workload": s.spec.workload,
-            "mode": s.spec.mode,
-            "state": s.status,
-            "correct": correct,
-            "result": s.result,
-            "expected": expected,
-            "units": s.total_units,
-            "subjobs": len(ok_runs),
-            "attempts": len(s.history),
-            "failed_attempts": {st: sum(1 for h in s.history if h.status == st)
-                                for st in ("oom", "timeout", "failed", "lost")
-                                if any(h.status == st for h in s.history)},
-            "wait_s": round((s.first_started_at or ended) - s.submitted_at, 3),
-            "jct_s": round((s.finished_at or ended) - s.submitted_at, 3),
-            "peak_mem_mib": round(max((h.peak_mem_mib for h in s.history), default=0.0), 1),
-            "max_planned_mem_q_mib": round(max((h.planned_mem_q_mib for h in s.history), default=0.0), 1),
-            "mem_within_plan": sum(1 for h in ok_runs if h.peak_mem_mib <= h.planned_mem_q_mib),
-            "time_within_plan": sum(1 for h in ok_runs if h.duration_s <= h.planned_duration_q_s),
-            "slices_used": sorted({h.slice_id for h in s.history}),
-            "min_slice_mem_cap_mib": min((h.mem_cap_mib for h in s.history), default=0),
-        })
+        jobs.append(
+            {
+                "job_id": s.job_id,
+                "tenant": s.spec.tenant,
+                "workload": s.spec.workload,
+                "mode": s.spec.mode,
+                "state": s.status,
+                "correct": correct,
+                "result": s.result,
+                "expected": expected,
+                "units": s.total_units,
+                "subjobs": len(ok_runs),
+                "attempts": len(s.history),
+                "failed_attempts": {
+                    st: sum(1 for h in s.history if h.status == st)
+                    for st in ("oom", "timeout", "failed", "lost")
+                    if any(h.status == st for h in s.history)
+                },
+                "wait_s": round((s.first_started_at or ended) - s.submitted_at, 3),
+                "jct_s": round((s.finished_at or ended) - s.submitted_at, 3),
+                "peak_mem_mib": round(max((h.peak_mem_mib for h in s.history), default=0.0), 1),
+                "max_planned_mem_q_mib": round(max((h.planned_mem_q_mib for h in s.history), default=0.0), 1),
+                "mem_within_plan": sum(1 for h in ok_runs if h.peak_mem_mib <= h.planned_mem_q_mib),
+                "time_within_plan": sum(1 for h in ok_runs if h.duration_s <= h.planned_duration_q_s),
+                "slices_used": sorted({h.slice_id for h in s.history}),
+                "min_slice_mem_cap_mib": min((h.mem_cap_mib for h in s.history), default=0),
+            }
+        )
     span = max(ended - started, 1e-9)
     busy: dict[str, float] = {}
     for s in states:
@@ -161,9 +215,13 @@ def summarize(
             lo, hi = max(h.started_at, started), min(h.finished_at, ended)
             busy[h.slice_id] = busy.get(h.slice_id, 0.0) + max(0.0, hi - lo)
     slice_rows = [
-        {"slice": sl.slice_id, "profile": sl.profile, "mem_mib": sl.mem_mib,
-         "utilization": round(busy.get(sl.slice_id, 0.0) / span, 4),
-         "busy_s": round(busy.get(sl.slice_id, 0.0), 3)}
+        {
+            "slice": sl.slice_id,
+            "profile": sl.profile,
+            "mem_mib": sl.mem_mib,
+            "utilization": round(busy.get(sl.slice_id, 0.0) / span, 4),
+            "busy_s": round(busy.get(sl.slice_id, 0.0), 3),
+        }
         for sl in slices
     ]
     in_run = [r for r in rounds if r.opened_at >= started - 1.0]
@@ -197,9 +255,14 @@ def draw_timeline(states: list[JobState], slices: list[SliceState], started: flo
                 continue
             y = names.index(h.slice_id)
             hatch = "" if h.status == "ok" else "xx"
-            ax.broken_barh([(h.started_at - started, max(h.finished_at - h.started_at, 0.01))],
-                           (y - 0.4, 0.8), facecolors=color, edgecolor="black", linewidth=0.3,
-                           hatch=hatch)
+            ax.broken_barh(
+                [(h.started_at - started, max(h.finished_at - h.started_at, 0.01))],
+                (y - 0.4, 0.8),
+                facecolors=color,
+                edgecolor="black",
+                linewidth=0.3,
+                hatch=hatch,
+            )
     ax.set_yticks(range(len(names)))
     ax.set_yticklabels([f"{sl.slice_id} ({sl.mem_mib} MiB)" for sl in slices], fontsize=8)
     ax.set_xlabel("seconds since the first submission")
@@ -213,24 +276,51 @@ def draw_timeline(states: list[JobState], slices: list[SliceState], started: flo
 
 def print_summary(summary: dict[str, Any]) -> None:
     t = Table(title="jobs")
-    for col in ("job", "tenant", "state", "correct", "subjobs", "attempts", "wait s", "jct s",
-                "peak MiB", "planned q MiB", "slice cap MiB"):
+    for col in (
+        "job",
+        "tenant",
+        "state",
+        "correct",
+        "subjobs",
+        "attempts",
+        "wait s",
+        "jct s",
+        "peak MiB",
+        "planned q MiB",
+        "slice cap MiB",
+    ):
         t.add_column(col)
     for j in summary["jobs"]:
-        t.add_row(j["job_id"], j["tenant"], j["state"], "yes" if j["correct"] else "[red]NO[/]",
-                  str(j["subjobs"]), str(j["attempts"]), f"{j['wait_s']:.1f}", f"{j['jct_s']:.1f}",
-                  f"{j['peak_mem_mib']:.0f}", f"{j['max_planned_mem_q_mib']:.0f}",
-                  str(j["min_slice_mem_cap_mib"]))
+        t.add_row(
+            j["job_id"],
+            j["tenant"],
+            j["state"],
+            "yes" if j["correct"] else "[red]NO[/]",
+            str(j["subjobs"]),
+            str(j["attempts"]),
+            f"{j['wait_s']:.1f}",
+            f"{j['jct_s']:.1f}",
+            f"{j['peak_mem_mib']:.0f}",
+            f"{j['max_planned_mem_q_mib']:.0f}",
+            str(j["min_slice_mem_cap_mib"]),
+        )
     console.print(t)
     ts = Table(title="slices")
     for col in ("slice", "profile", "MiB", "busy s", "utilization"):
         ts.add_column(col)
     for s in summary["slices"]:
-        ts.add_row(s["slice"], s["profile"], str(s["mem_mib"]), f"{s['busy_s']:.1f}",
-                   f"{100 * s['utilization']:.1f}%")
+        ts.add_row(
+            s["slice"],
+            s["profile"],
+            str(s["mem_mib"]),
+            f"{s['busy_s']:.1f}",
+            f"{100 * s['utilization']:.1f}%",
+        )
     console.print(ts)
-    console.print(f"rounds: {summary['rounds']} ({summary['rounds_with_bids']} with bids), "
-                  f"grants: {summary['grants']}, makespan {summary['makespan_s']:.1f}s")
+    console.print(
+        f"rounds: {summary['rounds']} ({summary['rounds_with_bids']} with bids), "
+        f"grants: {summary['grants']}, makespan {summary['makespan_s']:.1f}s"
+    )
 
 
 def run_demo(out: Path, policy: str = "fair", quick: bool = False, timeout_s: float = 900.0) -> int:
@@ -253,8 +343,9 @@ def run_demo(out: Path, policy: str = "fair", quick: bool = False, timeout_s: fl
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
     draw_timeline(states, slices, started, out / "timeline.png")
     print_summary(summary)
-    console.print(f"summary: {out / 'summary.json'}, timeline: {out / 'timeline.png'}, "
-                  f"traces: {out / 'traces'}")
+    console.print(
+        f"summary: {out / 'summary.json'}, timeline: {out / 'timeline.png'}, traces: {out / 'traces'}"
+    )
     if not summary["all_correct"]:
         bad = [j["job_id"] for j in summary["jobs"] if not j["correct"]]
         console.print(f"[bold red]FAILED[/]: {', '.join(bad)} did not complete correctly")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,9 @@ def run_async(coro: Any) -> Any:
 
 
 @app.command()
-def service(name: Annotated[str, typer.Argument(help="inventory|advertiser|clearer|agent|executor|gateway")]) -> None:
+def service(
+    name: Annotated[str, typer.Argument(help="inventory|advertiser|clearer|agent|executor|gateway")],
+) -> None:
     """Run one service in the foreground (settings from SJA_* environment variables)."""
     from services.registry import SERVICES
     from sja.bus.service import configure_logging, run_service
@@ -52,14 +53,16 @@ def service(name: Annotated[str, typer.Argument(help="inventory|advertiser|clear
         return
     configure_logging(settings.log_level)
     try:
-        run_async(run_service(svc_cls(settings)))  # type: ignore[call-arg]
+        run_async(run_service(svc_cls(settings)))
     except ValueError as e:
         fail(str(e))
 
 
 @app.command()
 def up(
-    out: Annotated[Path, typer.Option(help="Directory for logs, traces and the NATS store.")] = Path("out/stack"),
+    out: Annotated[Path, typer.Option(help="Directory for logs, traces and the NATS store.")] = Path(
+        "out/stack"
+    ),
     inventory: Annotated[str, typer.Option(help="Declared inventory file (default: built-in).")] = "",
     policy: Annotated[str, typer.Option(help="Clearing policy.")] = "fair",
     agents: Annotated[int, typer.Option(help="Agent processes.")] = 1,
@@ -167,18 +170,38 @@ def status(
             d.pop("profile", None)
             console.print_json(json.dumps(d))
             return
-        console.print(f"[bold]{s.job_id}[/] {s.spec.workload} tenant={s.spec.tenant} "
-                      f"status=[bold]{s.status}[/] {s.units_done}/{s.total_units} units, "
-                      f"{len(s.history)} subjobs, {len(s.in_flight)} running")
+        console.print(
+            f"[bold]{s.job_id}[/] {s.spec.workload} tenant={s.spec.tenant} "
+            f"status=[bold]{s.status}[/] {s.units_done}/{s.total_units} units, "
+            f"{len(s.history)} subjobs, {len(s.in_flight)} running"
+        )
         if s.result:
             console.print(f"result: {s.result}")
         if s.error:
             console.print(f"[red]error:[/] {s.error}")
-        t = Table("subjob", "slice", "status", "units", "plan mem q", "peak mem", "cap", "plan s", "took s")
+        t = Table(
+            "subjob",
+            "slice",
+            "status",
+            "units",
+            "plan mem q",
+            "peak mem",
+            "cap",
+            "plan s",
+            "took s",
+        )
         for h in s.history[-20:]:
-            t.add_row(h.subjob_id, h.slice_id, h.status, str(h.units), f"{h.planned_mem_q_mib:.0f}",
-                      f"{h.peak_mem_mib:.0f}", str(h.mem_cap_mib), f"{h.planned_duration_q_s:.2f}",
-                      f"{h.duration_s:.2f}")
+            t.add_row(
+                h.subjob_id,
+                h.slice_id,
+                h.status,
+                str(h.units),
+                f"{h.planned_mem_q_mib:.0f}",
+                f"{h.peak_mem_mib:.0f}",
+                str(h.mem_cap_mib),
+                f"{h.planned_duration_q_s:.2f}",
+                f"{h.duration_s:.2f}",
+            )
         console.print(t)
 
     _with_connection_errors(go)
@@ -200,8 +223,14 @@ def list_jobs(
             await c.close()
         t = Table("job", "tenant", "workload", "status", "progress", "subjobs")
         for s in states:
-            t.add_row(s.job_id, s.spec.tenant, s.spec.workload, s.status,
-                      f"{s.units_done}/{s.total_units}", str(len(s.history)))
+            t.add_row(
+                s.job_id,
+                s.spec.tenant,
+                s.spec.workload,
+                s.status,
+                f"{s.units_done}/{s.total_units}",
+                str(len(s.history)),
+            )
         console.print(t)
 
     _with_connection_errors(go)

@@ -144,9 +144,7 @@ class Materialized:
     reason: str = ""
 
 
-def materialize(
-    state: JobState, grant: Grant, now: float, limits: PlanLimits, agent_id: str
-) -> Materialized:
+def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, agent_id: str) -> Materialized:
     """Cut the subjob for a granted window, sized with the latest profile, never larger than the
     proposal; or decline (the caller releases the lease)."""
     seen = msgspec.structs.replace(state, grants_seen=state.grants_seen + 1)
@@ -189,9 +187,7 @@ def materialize(
         time_cap_s=round(max(time_cap, 0.001), 6),
         planned_mem_q_mib=round(profile.mem_quantile(size, 1 - state.spec.eps_mem), 3),
         planned_duration_q_s=round(
-            profile.duration_quantile(
-                size, 1 - state.spec.eps_time, window.profile, window.compute_share
-            ),
+            profile.duration_quantile(size, 1 - state.spec.eps_time, window.profile, window.compute_share),
             6,
         ),
         input_checkpoint=state.accumulator if workload(state.spec.workload).sequential else b"",

@@ -15,15 +15,22 @@ class LeaseConflict(Exception):
     """The slice is not in the state the transition expects (someone else got there first)."""
 
 
-def grant(s: SliceState, *, offered_fence: int, job_id: str, grant_id: str, now: float,
-          lease_s: float) -> SliceState:
+def grant(
+    s: SliceState, *, offered_fence: int, job_id: str, grant_id: str, now: float, lease_s: float
+) -> SliceState:
     if s.status != "free":
         raise LeaseConflict(f"slice {s.slice_id} is {s.status}")
     if s.fence != offered_fence:
         raise LeaseConflict(f"slice {s.slice_id} fence moved {offered_fence} -> {s.fence}")
     return msgspec.structs.replace(
-        s, status="leased", fence=s.fence + 1, holder_job=job_id, grant_id=grant_id,
-        lease_until=now + lease_s, expected_end=0.0, updated_at=now,
+        s,
+        status="leased",
+        fence=s.fence + 1,
+        holder_job=job_id,
+        grant_id=grant_id,
+        lease_until=now + lease_s,
+        expected_end=0.0,
+        updated_at=now,
     )
 
 
@@ -31,12 +38,23 @@ def holds(s: SliceState, grant_id: str, fence: int) -> bool:
     return s.grant_id == grant_id and s.fence == fence and s.status in ("leased", "busy")
 
 
-def start(s: SliceState, *, grant_id: str, fence: int, now: float, time_cap_s: float,
-          expected_s: float, grace_s: float) -> SliceState:
+def start(
+    s: SliceState,
+    *,
+    grant_id: str,
+    fence: int,
+    now: float,
+    time_cap_s: float,
+    expected_s: float,
+    grace_s: float,
+) -> SliceState:
     if not holds(s, grant_id, fence) or s.status != "leased":
         raise LeaseConflict(f"slice {s.slice_id} not leased to grant {grant_id} (fence {fence})")
     return msgspec.structs.replace(
-        s, status="busy", lease_until=now + time_cap_s + grace_s, expected_end=now + expected_s,
+        s,
+        status="busy",
+        lease_until=now + time_cap_s + grace_s,
+        expected_end=now + expected_s,
         updated_at=now,
     )
 
@@ -57,7 +75,12 @@ def expire(s: SliceState, now: float) -> SliceState | None:
 
 def _freed(s: SliceState, now: float) -> SliceState:
     return msgspec.structs.replace(
-        s, status="free", holder_job="", grant_id="", lease_until=0.0, expected_end=0.0,
+        s,
+        status="free",
+        holder_job="",
+        grant_id="",
+        lease_until=0.0,
+        expected_end=0.0,
         updated_at=now,
     )
 
@@ -71,10 +94,17 @@ def merge_declared(current: SliceState | None, declared: SliceState, now: float)
     if current is None:
         return msgspec.structs.replace(declared, updated_at=now)
     static = msgspec.structs.replace(
-        current, node=declared.node, pool=declared.pool, gpu_index=declared.gpu_index,
-        gpu_model=declared.gpu_model, gpu_uuid=declared.gpu_uuid, profile=declared.profile,
-        mem_mib=declared.mem_mib, compute_slots=declared.compute_slots,
-        compute_share=declared.compute_share, placement_start=declared.placement_start,
+        current,
+        node=declared.node,
+        pool=declared.pool,
+        gpu_index=declared.gpu_index,
+        gpu_model=declared.gpu_model,
+        gpu_uuid=declared.gpu_uuid,
+        profile=declared.profile,
+        mem_mib=declared.mem_mib,
+        compute_slots=declared.compute_slots,
+        compute_share=declared.compute_share,
+        placement_start=declared.placement_start,
         source=declared.source,
     )
     if static.status == "offline":

@@ -157,9 +157,7 @@ def place_layout(gpu: GpuModel, profiles: Sequence[str]) -> tuple[Placement, ...
     Larger instances are placed first; the search is exhaustive (layouts have at most 7 entries),
     and the first valid assignment in start order is returned, so the result is deterministic.
     """
-    wanted = sorted(
-        (gpu.profile(name) for name in profiles), key=lambda p: (-p.mem_slots, -p.compute_slots)
-    )
+    wanted = sorted((gpu.profile(name) for name in profiles), key=lambda p: (-p.mem_slots, -p.compute_slots))
     counts: dict[str, int] = {}
     for p in wanted:
         counts[p.name] = counts.get(p.name, 0) + 1

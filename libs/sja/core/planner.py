@@ -101,18 +101,14 @@ def candidate(profile: JobProfile, k: int, req: PlanRequest, limits: PlanLimits)
         size=k,
         mem_q_mib=round(mem_q, 3),
         p_fit_mem=round(p_mem, 6),
-        duration_q_s=round(
-            profile.duration_quantile(k, 1.0 - req.eps_time, w.profile, w.compute_share), 6
-        ),
+        duration_q_s=round(profile.duration_quantile(k, 1.0 - req.eps_time, w.profile, w.compute_share), 6),
         duration_mean_s=round(duration_mean, 6),
         p_fit_time=round(p_time, 6),
         score=round(score, 6),
     )
 
 
-def plan_candidates(
-    profile: JobProfile, req: PlanRequest, limits: PlanLimits, mode: str
-) -> list[Candidate]:
+def plan_candidates(profile: JobProfile, req: PlanRequest, limits: PlanLimits, mode: str) -> list[Candidate]:
     """SJA: one candidate (the largest safe size). JASDA: several safe sizes, best score first."""
     k_max = largest_safe_size(profile, req, limits)
     if k_max is None:
@@ -134,9 +130,7 @@ def _candidate_sizes(k_max: int, k_min: int, fractions: Sequence[float]) -> list
     return sizes
 
 
-def materialize_size(
-    profile: JobProfile, req: PlanRequest, limits: PlanLimits, proposed: int
-) -> int | None:
+def materialize_size(profile: JobProfile, req: PlanRequest, limits: PlanLimits, proposed: int) -> int | None:
     """Size of the subjob for a granted window: recomputed with the latest profile, never larger
     than what was proposed, never unsafe."""
     bounded = PlanRequest(

@@ -59,9 +59,7 @@ class Ledger:
         return sum(1 for lease_until in issued[grants_seen:] if lease_until > now)
 
 
-def split_by_capacity(
-    bids: Sequence[Bid], ledger: Ledger, now: float
-) -> tuple[list[Bid], list[Verdict]]:
+def split_by_capacity(bids: Sequence[Bid], ledger: Ledger, now: float) -> tuple[list[Bid], list[Verdict]]:
     """Bids whose job can still start a subjob, and a verdict for each that cannot."""
     eligible: list[Bid] = []
     out: list[Verdict] = []
@@ -71,7 +69,10 @@ def split_by_capacity(
         if pending >= p.capacity:
             out.append(
                 Verdict(
-                    job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=False,
+                    job_id=p.job_id,
+                    tenant=p.tenant,
+                    agent_id=b.agent_id,
+                    won=False,
                     reason=f"excluded: already holds {pending} grant(s) not yet started "
                     f"(can run {p.capacity} more)",
                     size=p.candidates[0].size,
@@ -130,7 +131,7 @@ def _rank(
     if not ordered:
         return Decision(policy, None, None, ())
     keyed = [(key_of(b), b) for b in ordered]
-    (best_key, best_cand, best_why), winner = min(keyed, key=lambda kb: kb[0][0])
+    (_best_key, best_cand, best_why), winner = min(keyed, key=lambda kb: kb[0][0])
     verdicts = []
     for (key, cand, why), b in keyed:
         p = b.proposal
@@ -207,9 +208,7 @@ def policy(name: str) -> PolicyFn:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})") from None
 
 
-def clear(
-    name: str, offer: Offer, bids: Sequence[Bid], ledger: Ledger, horizon_s: float = 30.0
-) -> Decision:
+def clear(name: str, offer: Offer, bids: Sequence[Bid], ledger: Ledger, horizon_s: float = 30.0) -> Decision:
     """Clear one round under the named policy (after removing bids from jobs at capacity)."""
     fn = policy(name)
     eligible, excluded = split_by_capacity(bids, ledger, offer.reply_by)

@@ -265,10 +265,7 @@ class JobProfile:
         return cls(
             mem=LinearPosterior.from_list(state.mem),
             time=LinearPosterior.from_list(state.time),
-            speed={
-                name: SpeedEstimate(mean=v[0], var=v[1], n=int(v[2]))
-                for name, v in state.speed.items()
-            },
+            speed={name: SpeedEstimate(mean=v[0], var=v[1], n=int(v[2])) for name, v in state.speed.items()},
             oom_bounds=[(int(k), float(c)) for k, c in state.oom_bounds],
             timeout_bounds=[(int(k), float(c)) for k, c in state.timeout_bounds],
             observations=state.observations,

@@ -9,8 +9,8 @@ slice would have failed it. A ``MemoryError`` is an OOM too. Any other exception
 from __future__ import annotations
 
 import time
-import tracemalloc
 import traceback
+import tracemalloc
 
 import msgspec
 

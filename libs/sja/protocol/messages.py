@@ -37,7 +37,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 # --- slices and windows ---------------------------------------------------------------------------
 
 
-class SliceState(Message, tag="sja.slice_state.v1", kw_only=True):
+class SliceState(Message, tag="sja.slice_state.v1", frozen=True, kw_only=True):
     """One schedulable slice as stored in the ``sja-slices`` KV bucket (key = ``slice_id``)."""
 
     slice_id: Id
@@ -84,7 +84,7 @@ class Window(msgspec.Struct, frozen=True, kw_only=True):
 # --- a round ----------------------------------------------------------------------------------------
 
 
-class Offer(Message, tag="sja.offer.v1", kw_only=True):
+class Offer(Message, tag="sja.offer.v1", frozen=True, kw_only=True):
     """Advertisement of one window in one negotiation round."""
 
     offer_id: Id
@@ -134,7 +134,7 @@ class Proposal(msgspec.Struct, frozen=True, kw_only=True):
     issued since, so one job is never granted more windows than it can use at once."""
 
 
-class Reply(Message, tag="sja.reply.v1", kw_only=True):
+class Reply(Message, tag="sja.reply.v1", frozen=True, kw_only=True):
     """One agent process's reply to an offer: the proposals of all its jobs that can fit.
 
     An agent answers every offer (possibly with no proposals) so the clearer can close the round as
@@ -158,7 +158,7 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     size: int = 0
 
 
-class Grant(Message, tag="sja.grant.v1", kw_only=True):
+class Grant(Message, tag="sja.grant.v1", frozen=True, kw_only=True):
     """The winner's lease on a window."""
 
     grant_id: Id
@@ -175,14 +175,14 @@ class Grant(Message, tag="sja.grant.v1", kw_only=True):
     granted_at: float
 
 
-class Outcome(Message, tag="sja.outcome.v1", kw_only=True):
+class Outcome(Message, tag="sja.outcome.v1", frozen=True, kw_only=True):
     """Sent to each agent that replied: what happened to its proposals."""
 
     offer_id: Id
     verdicts: list[Verdict]
 
 
-class RoundRecord(Message, tag="sja.round_record.v1", kw_only=True):
+class RoundRecord(Message, tag="sja.round_record.v1", frozen=True, kw_only=True):
     """Audit record of a cleared round (stream ``SJA_ROUNDS``): replies, winner, reasons."""
 
     offer_id: Id
@@ -242,27 +242,27 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     time: TimeDecl | None = None
 
 
-class SubmitJob(Message, tag="sja.submit_job.v1", kw_only=True):
+class SubmitJob(Message, tag="sja.submit_job.v1", frozen=True, kw_only=True):
     spec: JobSpec
     request_id: Annotated[str, msgspec.Meta(max_length=128)] = ""
     """Client idempotency key: resubmitting the same id returns the same job."""
 
 
-class SubmitAck(Message, tag="sja.submit_ack.v1", kw_only=True):
+class SubmitAck(Message, tag="sja.submit_ack.v1", frozen=True, kw_only=True):
     job_id: Id
     duplicate: bool = False
 
 
-class JobQuery(Message, tag="sja.job_query.v1", kw_only=True):
+class JobQuery(Message, tag="sja.job_query.v1", frozen=True, kw_only=True):
     job_id: Id
 
 
-class JobListQuery(Message, tag="sja.job_list_query.v1", kw_only=True):
+class JobListQuery(Message, tag="sja.job_list_query.v1", frozen=True, kw_only=True):
     tenant: str = ""
     limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
 
 
-class ErrorReply(Message, tag="sja.error.v1", kw_only=True):
+class ErrorReply(Message, tag="sja.error.v1", frozen=True, kw_only=True):
     """Typed error answer to a request."""
 
     code: Literal["bad_request", "not_found", "conflict", "internal", "forbidden"]
@@ -270,7 +270,7 @@ class ErrorReply(Message, tag="sja.error.v1", kw_only=True):
     field: str = ""
 
 
-class Subjob(Message, tag="sja.subjob.v1", kw_only=True):
+class Subjob(Message, tag="sja.subjob.v1", frozen=True, kw_only=True):
     """A self-contained piece of a job, materialized for a grant (work queue ``SJA_SUBJOBS``)."""
 
     subjob_id: Id
@@ -294,7 +294,7 @@ class Subjob(Message, tag="sja.subjob.v1", kw_only=True):
     created_at: float = 0.0
 
 
-class Completion(Message, tag="sja.completion.v1", kw_only=True):
+class Completion(Message, tag="sja.completion.v1", frozen=True, kw_only=True):
     """Outcome of a subjob (stream ``SJA_COMPLETIONS``)."""
 
     subjob_id: Id
@@ -366,7 +366,7 @@ class SubjobSummary(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: float
 
 
-class JobState(Message, tag="sja.job_state.v1", kw_only=True):
+class JobState(Message, tag="sja.job_state.v1", frozen=True, kw_only=True):
     """Durable state of a job (KV ``sja-jobs``, key = ``job_id``)."""
 
     job_id: Id
@@ -396,36 +396,36 @@ class JobState(Message, tag="sja.job_state.v1", kw_only=True):
     grants_seen: NonNegInt = 0
 
 
-class JobCancel(Message, tag="sja.job_cancel.v1", kw_only=True):
+class JobCancel(Message, tag="sja.job_cancel.v1", frozen=True, kw_only=True):
     job_id: Id
 
 
-class JobView(Message, tag="sja.job_view.v1", kw_only=True):
+class JobView(Message, tag="sja.job_view.v1", frozen=True, kw_only=True):
     """Answer to a status query."""
 
     state: JobState
 
 
-class JobList(Message, tag="sja.job_list.v1", kw_only=True):
+class JobList(Message, tag="sja.job_list.v1", frozen=True, kw_only=True):
     jobs: list[JobState]
 
 
-class RoundsQuery(Message, tag="sja.rounds_query.v1", kw_only=True):
+class RoundsQuery(Message, tag="sja.rounds_query.v1", frozen=True, kw_only=True):
     job_id: Id
 
 
-class RoundsView(Message, tag="sja.rounds_view.v1", kw_only=True):
+class RoundsView(Message, tag="sja.rounds_view.v1", frozen=True, kw_only=True):
     rounds: list[RoundRecord]
 
 
-class DemandChanged(Message, tag="sja.demand_changed.v1", kw_only=True):
+class DemandChanged(Message, tag="sja.demand_changed.v1", frozen=True, kw_only=True):
     """An agent took on new work: free windows are worth offering again at once."""
 
     agent_id: Id
     jobs: NonNegInt
 
 
-class AgentHeartbeat(Message, tag="sja.agent_heartbeat.v1", kw_only=True):
+class AgentHeartbeat(Message, tag="sja.agent_heartbeat.v1", frozen=True, kw_only=True):
     """Agents announce themselves so the clearer knows whom to wait for."""
 
     agent_id: Id

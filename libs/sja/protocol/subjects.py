@@ -41,6 +41,7 @@ AGENT_HEARTBEAT = f"{PREFIX}.agent.heartbeat"
 DEMAND_CHANGED = f"{PREFIX}.agent.demand_changed"
 JOB_CANCEL_REQUESTED = f"{PREFIX}.job.cancel_requested"
 
+
 # Durable (JetStream).
 def job_submitted(job_id: str) -> str:
     return f"{PREFIX}.job.submitted.{_key(job_id)}"

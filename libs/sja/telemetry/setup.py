@@ -87,11 +87,9 @@ def setup_tracing(
 
             exporter = OTLPSpanExporter()
         else:
-            exporter = JsonLinesSpanExporter(
-                Path(out_dir) / "traces" / f"{service_name}-{os.getpid()}.jsonl"
-            )
-    processor = SimpleSpanProcessor(exporter) if simple else BatchSpanProcessor(
-        exporter, schedule_delay_millis=500
+            exporter = JsonLinesSpanExporter(Path(out_dir) / "traces" / f"{service_name}-{os.getpid()}.jsonl")
+    processor = (
+        SimpleSpanProcessor(exporter) if simple else BatchSpanProcessor(exporter, schedule_delay_millis=500)
     )
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)

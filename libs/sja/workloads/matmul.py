@@ -68,9 +68,7 @@ class MatMul:
     def declared_time(self, params: dict[str, Any]) -> TimeDecl:
         inner, cols = params["inner"], params["cols"]
         flops_per_row = 2.0 * inner * cols
-        return TimeDecl(
-            warmup_s=0.05 + inner * cols * 4e-8, per_unit_s=flops_per_row / 1e10, rel_sd=0.5
-        )
+        return TimeDecl(warmup_s=0.05 + inner * cols * 4e-8, per_unit_s=flops_per_row / 1e10, rel_sd=0.5)
 
     def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
         inner, cols, seed = params["inner"], params["cols"], params["seed"]
