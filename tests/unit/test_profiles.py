@@ -237,7 +237,7 @@ def test_state_round_trip_then_learning_matches_uninterrupted_learning() -> None
 
 
 def test_linear_posterior_list_round_trip() -> None:
-    post = LinearPosterior.prior(10.0, 2.0, 0.2, 8)
+    post = LinearPosterior.prior_from(10.0, 2.0, 0.2, 8)
     post.update(4, 20.0)
     assert LinearPosterior.from_list(post.to_list()) == post
 

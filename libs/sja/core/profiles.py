@@ -31,29 +31,41 @@ def z_of(q: float) -> float:
     return _STD.inv_cdf(min(max(q, 1e-12), 1 - 1e-12))
 
 
+WEIGHT_PRIOR_REL_SD = 0.5
+
+MAX_OBSERVATIONS = 64
+"""Observations kept per regression (the oldest are dropped; the prior always stays)."""
+
+
 @dataclass
 class LinearPosterior:
-    """NIG posterior over ``y = w0 + w1 * x`` with noise proportional to a reference scale.
+    """NIG posterior over ``y = w0 + w1 * x`` with noise proportional to the prediction.
 
     Durations and memory vary multiplicatively (a 10x larger subjob varies about 10x more), so the
-    regression is run on ``y / s(x)`` with features ``(1 / s(x), x / s(x))`` where
-    ``s(x) = s0 + s1 * x`` is the prior's own prediction: the weights keep their meaning and the noise
-    is relative.
+    regression runs on ``y / s(x)`` with features ``(1 / s(x), x / s(x))``: the weights keep their
+    meaning and the noise is relative to ``s(x)``. The reference ``s(x)`` starts as the prior's
+    prediction and is re-anchored to the posterior mean after every observation (the posterior is
+    refitted from the prior and the kept observations), so a prior that was 5x off does not leave a
+    5x-inflated spread behind.
     """
 
-    mu0: float
-    mu1: float
-    p00: float
-    p01: float
-    p11: float
-    """Precision matrix (scaled by the noise variance) of the weights."""
-    a: float
-    b: float
-    s0: float
-    s1: float
+    prior: tuple[float, float, float, float, float, float, float]
+    """(mu0, mu1, p00, p01, p11, a, b) of the prior; precision scaled by the noise variance."""
+    floor: float
+    """Smallest reference scale (keeps ``s(x) > 0``)."""
+    obs: list[tuple[float, float]] = field(default_factory=list)
+    s0: float = 1.0
+    s1: float = 0.0
+    mu0: float = 0.0
+    mu1: float = 0.0
+    p00: float = 1.0
+    p01: float = 0.0
+    p11: float = 1.0
+    a: float = 2.0
+    b: float = 1.0
 
     @classmethod
-    def prior(cls, intercept: float, slope: float, rel_sd: float, typical_x: float) -> LinearPosterior:
+    def prior_from(cls, intercept: float, slope: float, rel_sd: float, typical_x: float) -> LinearPosterior:
         """A weak prior centred on a declaration.
 
         Weights have a prior sd of ``rel_sd`` of their value (with a floor) and the relative noise is
@@ -61,43 +73,51 @@ class LinearPosterior:
         """
         rel_sd = max(rel_sd, 0.02)
         typical_y = max(intercept + slope * typical_x, 1e-9)
-        s0 = max(intercept, 0.02 * typical_y)
-        s1 = max(slope, 0.0)
         noise_var = rel_sd**2
         a = 2.0
-        sd0 = max(rel_sd * abs(intercept), 0.02 * typical_y)
-        sd1 = max(rel_sd * abs(slope), 0.02 * typical_y / max(typical_x, 1.0))
-        return cls(
-            mu0=intercept,
-            mu1=slope,
-            p00=noise_var / sd0**2,
-            p01=0.0,
-            p11=noise_var / sd1**2,
-            a=a,
-            b=noise_var * (a - 1.0),
-            s0=s0,
-            s1=s1,
+        # The weights' prior is kept wide (at least 50 % of their value) whatever the declared noise:
+        # in a NIG model the weight prior scales with the noise, and a declaration that is 2x off
+        # must not outweigh a few dozen precise observations.
+        w_rel = max(rel_sd, WEIGHT_PRIOR_REL_SD)
+        sd0 = max(w_rel * abs(intercept), 0.05 * typical_y)
+        sd1 = max(w_rel * abs(slope), 0.05 * typical_y / max(typical_x, 1.0))
+        post = cls(
+            prior=(intercept, slope, noise_var / sd0**2, 0.0, noise_var / sd1**2, a, noise_var * (a - 1.0)),
+            floor=0.02 * typical_y,
+            s0=max(intercept, 0.02 * typical_y),
+            s1=max(slope, 0.0),
         )
+        post._fit()
+        return post
 
     def scale(self, x: float) -> float:
         return self.s0 + self.s1 * max(x, 0.0)
 
+    def _fit(self) -> None:
+        mu0, mu1, p00, p01, p11, a, b = self.prior
+        for x, y in self.obs:
+            s = self.scale(x)
+            f0, f1, t = 1.0 / s, x / s, y / s
+            n00, n01, n11 = p00 + f0 * f0, p01 + f0 * f1, p11 + f1 * f1
+            r0 = p00 * mu0 + p01 * mu1 + f0 * t
+            r1 = p01 * mu0 + p11 * mu1 + f1 * t
+            det = n00 * n11 - n01 * n01
+            m0 = (n11 * r0 - n01 * r1) / det
+            m1 = (-n01 * r0 + n00 * r1) / det
+            quad_old = mu0 * (p00 * mu0 + p01 * mu1) + mu1 * (p01 * mu0 + p11 * mu1)
+            quad_new = m0 * (n00 * m0 + n01 * m1) + m1 * (n01 * m0 + n11 * m1)
+            b += 0.5 * max(t * t + quad_old - quad_new, 0.0)
+            a += 0.5
+            mu0, mu1, p00, p01, p11 = m0, m1, n00, n01, n11
+        self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b = mu0, mu1, p00, p01, p11, a, b
+
     def update(self, x: float, y: float) -> None:
-        s = self.scale(x)
-        f0, f1, t = 1.0 / s, x / s, y / s
-        p00, p01, p11 = self.p00 + f0 * f0, self.p01 + f0 * f1, self.p11 + f1 * f1
-        r0 = self.p00 * self.mu0 + self.p01 * self.mu1 + f0 * t
-        r1 = self.p01 * self.mu0 + self.p11 * self.mu1 + f1 * t
-        det = p00 * p11 - p01 * p01
-        mu0 = (p11 * r0 - p01 * r1) / det
-        mu1 = (-p01 * r0 + p00 * r1) / det
-        quad_old = self.mu0 * (self.p00 * self.mu0 + self.p01 * self.mu1) + self.mu1 * (
-            self.p01 * self.mu0 + self.p11 * self.mu1
-        )
-        quad_new = mu0 * (p00 * mu0 + p01 * mu1) + mu1 * (p01 * mu0 + p11 * mu1)
-        self.b += 0.5 * max(t * t + quad_old - quad_new, 0.0)
-        self.a += 0.5
-        self.mu0, self.mu1, self.p00, self.p01, self.p11 = mu0, mu1, p00, p01, p11
+        self.obs.append((float(x), float(y)))
+        del self.obs[:-MAX_OBSERVATIONS]
+        self._fit()
+        # Re-anchor the noise reference on what we now believe, and refit once with it.
+        self.s0, self.s1 = max(self.mu0, self.floor), max(self.mu1, 0.0)
+        self._fit()
 
     def mean(self, x: float) -> float:
         return self.mu0 + self.mu1 * x
@@ -125,11 +145,15 @@ class LinearPosterior:
         return _STD.cdf((y - self.mean(x)) / sd)
 
     def to_list(self) -> list[float]:
-        return [self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b, self.s0, self.s1]
+        flat = [v for pair in self.obs for v in pair]
+        return [*self.prior, self.floor, self.s0, self.s1, *flat]
 
     @classmethod
     def from_list(cls, v: list[float]) -> LinearPosterior:
-        return cls(*v[:9])
+        obs = [(v[i], v[i + 1]) for i in range(10, len(v) - 1, 2)]
+        post = cls(prior=tuple(v[:7]), floor=v[7], s0=v[8], s1=v[9], obs=obs)  # type: ignore[arg-type]
+        post._fit()
+        return post
 
 
 @dataclass
@@ -165,8 +189,8 @@ class JobProfile:
     @classmethod
     def from_declaration(cls, mem: MemoryDecl, time: TimeDecl, typical_units: int) -> JobProfile:
         return cls(
-            mem=LinearPosterior.prior(mem.base_mib, mem.per_unit_mib, mem.rel_sd, typical_units),
-            time=LinearPosterior.prior(time.warmup_s, time.per_unit_s, time.rel_sd, typical_units),
+            mem=LinearPosterior.prior_from(mem.base_mib, mem.per_unit_mib, mem.rel_sd, typical_units),
+            time=LinearPosterior.prior_from(time.warmup_s, time.per_unit_s, time.rel_sd, typical_units),
         )
 
     # --- predictions ------------------------------------------------------------------------------

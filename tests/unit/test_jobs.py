@@ -1,0 +1,435 @@
+"""A job's life through the pure transitions, with subjobs executed in-process (no bus)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from sja.core.jobs import (
+    MAX_CONSECUTIVE_FAILURES,
+    apply_completion,
+    can_take_more,
+    materialize,
+    new_job,
+    next_range,
+    propose,
+    request_cancel,
+    settle,
+    validate_spec,
+)
+from sja.core.planner import PlanLimits
+from sja.protocol.messages import (
+    Completion,
+    Grant,
+    JobSpec,
+    JobState,
+    MemoryDecl,
+    Offer,
+    Proposal,
+    Subjob,
+    TimeDecl,
+    Window,
+)
+from sja.workloads import SpecError, run_in_one_piece, workload
+
+LIMITS = PlanLimits()
+T0 = 1_000.0
+BASE_MIB = 100.0
+PER_UNIT_MIB = 200.0
+
+
+def true_peak(units: int) -> float:
+    return BASE_MIB + PER_UNIT_MIB * units
+
+
+MM_PARAMS = {"rows": 48, "inner": 16, "cols": 16, "seed": 11}
+MC_PARAMS = {"units": 40, "samples_per_unit": 500, "seed": 5}
+
+
+def spec(**overrides: Any) -> JobSpec:
+    fields: dict[str, Any] = dict(
+        name="mm",
+        tenant="alice",
+        workload="matmul",
+        params=dict(MM_PARAMS),
+        mode="sja",
+        # big enough per unit that a 1g.5gb slice (4608 MiB usable) holds only ~20 rows
+        memory=MemoryDecl(base_mib=BASE_MIB, per_unit_mib=PER_UNIT_MIB, rel_sd=0.1),
+        time=TimeDecl(warmup_s=0.1, per_unit_s=0.01, rel_sd=0.3),
+    )
+    fields.update(overrides)
+    return JobSpec(**fields)
+
+
+def window(now: float, mem_mib: int = 4864, profile: str = "1g.5gb", share: float = 1 / 7,
+           length_s: float = 30.0, slice_id: str = "local-g0-1g.5gb-2") -> Window:
+    return Window(
+        slice_id=slice_id,
+        node="local",
+        pool="local",
+        gpu_model="A100-40GB",
+        profile=profile,
+        mem_mib=mem_mib,
+        compute_share=share,
+        start_s=now,
+        end_s=now + length_s,
+    )
+
+
+_counter = {"n": 0}
+
+
+def offer_for(w: Window, now: float) -> Offer:
+    _counter["n"] += 1
+    return Offer(
+        offer_id=f"o-{_counter['n']}",
+        round=_counter["n"],
+        window=w,
+        slice_fence=0,
+        slice_revision=0,
+        issued_at=now,
+        reply_by=now + 0.5,
+        reply_to="_INBOX.x",
+    )
+
+
+def grant_for(state: JobState, offer: Offer, proposal: Proposal, now: float) -> Grant:
+    return Grant(
+        grant_id=f"g-{offer.offer_id}",
+        offer_id=offer.offer_id,
+        round=offer.round,
+        job_id=state.job_id,
+        tenant=state.spec.tenant,
+        agent_id="agent-1",
+        window=offer.window,
+        candidate=proposal.candidates[0],
+        fence=offer.slice_fence + 1,
+        lease_until=now + 10.0,
+        policy="fair",
+        granted_at=now,
+    )
+
+
+def win_window(state: JobState, now: float, w: Window | None = None) -> tuple[JobState, Subjob]:
+    """Offer a window, let the job propose, grant it, materialize the subjob."""
+    offer = offer_for(w or window(now), now)
+    proposal = propose(state, offer, now, LIMITS)
+    assert proposal is not None, "the job should want this window"
+    mat = materialize(state, grant_for(state, offer, proposal, now), now + 0.1, LIMITS, "agent-1")
+    assert mat.subjob is not None, mat.reason
+    assert mat.subjob.units <= proposal.candidates[0].size
+    return mat.state, mat.subjob
+
+
+def execute(sj: Subjob, now: float, status: str = "ok", peak: float | None = None) -> Completion:
+    """Run a subjob locally with its workload, as an executor would."""
+    out = b""
+    if status == "ok":
+        out = workload(sj.workload).run(sj.params, sj.unit_start, sj.units, sj.input_checkpoint)
+    return Completion(
+        subjob_id=sj.subjob_id,
+        job_id=sj.job_id,
+        grant_id=sj.grant_id,
+        fence=sj.fence,
+        slice_id=sj.slice_id,
+        status=status,  # type: ignore[arg-type]
+        unit_start=sj.unit_start,
+        units=sj.units,
+        units_done=sj.units if status == "ok" else 0,
+        peak_mem_mib=true_peak(sj.units) if peak is None else peak,
+        duration_s=0.5,
+        mem_cap_mib=sj.mem_cap_mib,
+        time_cap_s=sj.time_cap_s,
+        started_at=now,
+        finished_at=now + 0.5,
+        output_checkpoint=out,
+        error="" if status == "ok" else f"subjob {status}",
+    )
+
+
+def run_to_completion(
+    state: JobState, now: float, max_rounds: int = 50, **window_kw: Any
+) -> tuple[JobState, float]:
+    for _ in range(max_rounds):
+        if state.status == "done":
+            return state, now
+        state, sj = win_window(state, now, window(now, **window_kw))
+        state, applied = apply_completion(state, execute(sj, now + 0.2), now + 1.0)
+        assert applied
+        now += 1.0
+    raise AssertionError(f"job not done after {max_rounds} rounds: {state.status}")
+
+
+def ok_ranges(state: JobState) -> list[tuple[int, int]]:
+    return sorted((h.unit_start, h.units) for h in state.history if h.status == "ok")
+
+
+def assert_covers_exactly(state: JobState) -> None:
+    pos = 0
+    for start, units in ok_ranges(state):
+        assert start == pos, ok_ranges(state)
+        pos += units
+    assert pos == state.total_units
+
+
+# --- the happy path ------------------------------------------------------------------------------
+
+
+def test_new_job_is_pending_with_normalized_params_and_a_profile() -> None:
+    state = new_job("j1", spec(params={"rows": 48}), T0)
+    assert state.status == "pending"
+    assert state.total_units == 48
+    assert state.spec.params == {"rows": 48, "inner": 1024, "cols": 1024, "seed": 0}
+    assert state.profile is not None
+    assert state.submitted_at == T0
+    assert next_range(state) == (0, 48)
+    assert can_take_more(state)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "mode"),
+    [
+        ("matmul", MM_PARAMS, "sja"),
+        ("matmul", MM_PARAMS, "jasda"),
+        ("montecarlo", MC_PARAMS, "sja"),
+        ("montecarlo", MC_PARAMS, "jasda"),
+    ],
+)
+def test_job_cut_into_subjobs_gives_the_one_piece_result(
+    name: str, params: dict[str, Any], mode: str
+) -> None:
+    state = new_job("j1", spec(workload=name, params=dict(params), mode=mode), T0)
+    state, _ = run_to_completion(state, T0)
+    assert state.status == "done"
+    assert state.finished_at is not None and state.first_started_at is not None
+    assert state.result == run_in_one_piece(name, params)
+    assert state.units_done == state.total_units
+    assert state.in_flight == [] and state.retry == []
+    oks = ok_ranges(state)
+    assert len(oks) >= 2, "the window should be too small for the job in one piece"
+    assert_covers_exactly(state)
+    # every subjob fitted what was planned for it
+    for h in state.history:
+        assert h.peak_mem_mib <= h.mem_cap_mib
+    assert state.profile is not None and state.profile.observations == len(oks)
+
+
+def test_proposal_describes_the_job() -> None:
+    state = new_job("j1", spec(deadline_s=60.0, priority=3, max_parallel=2), T0)
+    offer = offer_for(window(T0), T0)
+    p = propose(state, offer, T0, LIMITS)
+    assert p is not None
+    assert (p.job_id, p.tenant, p.mode, p.priority) == ("j1", "alice", "sja", 3)
+    assert p.deadline_at == T0 + 60.0
+    assert p.remaining_units == p.total_units == 48
+    assert p.capacity == 2
+    assert len(p.candidates) == 1
+    assert 1 <= p.candidates[0].size < 48
+    assert p.candidates[0].mem_q_mib <= 4864 - LIMITS.mem_reserve_mib
+
+
+def test_no_proposal_for_a_window_too_small() -> None:
+    state = new_job("j1", spec(), T0)
+    tiny = window(T0, mem_mib=300)
+    assert propose(state, offer_for(tiny, T0), T0, LIMITS) is None
+
+
+def test_materialize_never_exceeds_the_granted_candidate() -> None:
+    state = new_job("j1", spec(), T0)
+    big = window(T0, mem_mib=40_192, profile="7g.40gb", share=1.0)
+    offer = offer_for(big, T0)
+    proposal = propose(state, offer, T0, LIMITS)
+    assert proposal is not None
+    granted = msgspec.structs.replace(proposal.candidates[0], size=5)
+    g = msgspec.structs.replace(grant_for(state, offer, proposal, T0), candidate=granted)
+    mat = materialize(state, g, T0, LIMITS, "agent-1")
+    assert mat.subjob is not None and mat.subjob.units == 5
+    assert mat.state.next_unit == 5
+    assert mat.subjob.mem_cap_mib == 40_192 - int(LIMITS.mem_reserve_mib)
+    assert mat.subjob.fence == g.fence and mat.subjob.grant_id == g.grant_id
+
+
+def test_duplicate_completion_is_ignored() -> None:
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0)
+    c = execute(sj, T0 + 0.2)
+    once, applied = apply_completion(state, c, T0 + 1.0)
+    assert applied
+    twice, applied_again = apply_completion(once, c, T0 + 2.0)
+    assert not applied_again
+    assert twice == once
+    assert twice.units_done == sj.units
+
+
+def test_completion_from_a_stale_grant_is_ignored() -> None:
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0)
+    stale = msgspec.structs.replace(execute(sj, T0), grant_id="g-someone-else")
+    after, applied = apply_completion(state, stale, T0 + 1.0)
+    assert not applied and after == state
+
+
+# --- failures --------------------------------------------------------------------------------------
+
+
+def test_oom_puts_the_range_back_and_a_smaller_subjob_covers_it() -> None:
+    state = new_job("j1", spec(), T0)
+    state, first = win_window(state, T0)
+    # the subjob needed far more memory than declared
+    state, applied = apply_completion(
+        state, execute(first, T0, status="oom", peak=first.mem_cap_mib + 1.0), T0 + 1.0
+    )
+    assert applied
+    assert state.status == "running"
+    assert state.units_done == 0
+    assert [(r.start, r.count) for r in state.retry] == [(first.unit_start, first.units)]
+    assert next_range(state) == (first.unit_start, first.units)
+    # the same slice is planned smaller now
+    state, retry_sj = win_window(state, T0 + 1.0)
+    assert retry_sj.unit_start == first.unit_start
+    assert retry_sj.units < first.units
+    assert retry_sj.planned_mem_q_mib > first.planned_mem_q_mib * retry_sj.units / first.units
+    state, _ = apply_completion(state, execute(retry_sj, T0 + 1.2), T0 + 2.0)
+    state, _ = run_to_completion(state, T0 + 2.0)
+    assert state.status == "done"
+    assert state.result == run_in_one_piece("matmul", MM_PARAMS)
+    assert_covers_exactly(state)
+    assert [h.status for h in state.history].count("oom") == 1
+
+
+def test_timeout_puts_the_range_back_and_the_job_still_finishes() -> None:
+    state = new_job("j1", spec(), T0)
+    state, first = win_window(state, T0)
+    state, applied = apply_completion(state, execute(first, T0, status="timeout"), T0 + 31.0)
+    assert applied
+    assert state.retry and state.retry[0].start == first.unit_start
+    assert state.profile is not None and state.profile.timeout_bounds
+    # the rest runs on a whole GPU (seven times faster than the slice that timed out)
+    state, _ = run_to_completion(
+        state, T0 + 31.0, mem_mib=40_192, profile="7g.40gb", share=1.0, slice_id="local-g1-7g"
+    )
+    assert state.status == "done"
+    assert state.result == run_in_one_piece("matmul", MM_PARAMS)
+    assert_covers_exactly(state)
+
+
+def test_repeated_failures_fail_the_job() -> None:
+    state = new_job("j1", spec(), T0)
+    now = T0
+    for i in range(MAX_CONSECUTIVE_FAILURES):
+        assert state.status == "running" or i == 0
+        state, sj = win_window(state, now)
+        state, _ = apply_completion(state, execute(sj, now, status="failed"), now + 1.0)
+        now += 1.0
+    assert state.status == "failed"
+    assert "gave up" in state.error
+    assert state.finished_at == now
+    assert propose(state, offer_for(window(now), now), now, LIMITS) is None
+
+
+def test_a_success_resets_the_failure_count() -> None:
+    state = new_job("j1", spec(), T0)
+    now = T0
+    for _ in range(MAX_CONSECUTIVE_FAILURES - 1):
+        state, sj = win_window(state, now)
+        state, _ = apply_completion(state, execute(sj, now, status="lost"), now + 1.0)
+        now += 1.0
+    state, sj = win_window(state, now)
+    state, _ = apply_completion(state, execute(sj, now), now + 1.0)
+    assert state.attempt_failures == 0
+    state, sj = win_window(state, now + 1.0)
+    state, _ = apply_completion(state, execute(sj, now + 1.0, status="failed"), now + 2.0)
+    assert state.status == "running"
+
+
+# --- cancel and parallelism -----------------------------------------------------------------------
+
+
+def test_cancel_with_nothing_in_flight_is_immediate() -> None:
+    state = new_job("j1", spec(), T0)
+    cancelled = request_cancel(state, T0 + 5.0)
+    assert cancelled.status == "cancelled"
+    assert cancelled.finished_at == T0 + 5.0
+    assert propose(cancelled, offer_for(window(T0), T0), T0 + 6.0, LIMITS) is None
+    # cancelling a finished job changes nothing
+    assert request_cancel(cancelled, T0 + 9.0) == cancelled
+
+
+def test_cancel_with_work_in_flight_waits_for_it() -> None:
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0)
+    state = request_cancel(state, T0 + 0.5)
+    assert state.cancel_requested and state.status == "running"
+    assert propose(state, offer_for(window(T0), T0 + 0.6), T0 + 0.6, LIMITS) is None
+    state, applied = apply_completion(state, execute(sj, T0 + 0.2), T0 + 1.0)
+    assert applied
+    assert state.status == "cancelled"
+    assert state.finished_at == T0 + 1.0
+
+
+def test_cancel_of_a_done_job_is_a_no_op() -> None:
+    state, _ = run_to_completion(new_job("j1", spec(), T0), T0)
+    assert request_cancel(state, T0 + 100.0) == state
+
+
+def test_max_parallel_is_respected() -> None:
+    mc = spec(workload="montecarlo", params=dict(MC_PARAMS), max_parallel=2)
+    state = new_job("j1", msgspec.structs.replace(
+        mc, memory=MemoryDecl(base_mib=100.0, per_unit_mib=500.0, rel_sd=0.1)
+    ), T0)
+    state, a = win_window(state, T0, window(T0, slice_id="s-a"))
+    p = propose(state, offer_for(window(T0, slice_id="s-b"), T0), T0, LIMITS)
+    assert p is not None and p.capacity == 1
+    state, b = win_window(state, T0, window(T0, slice_id="s-b"))
+    assert len(state.in_flight) == 2
+    assert propose(state, offer_for(window(T0, slice_id="s-c"), T0), T0, LIMITS) is None
+    # a grant that arrives anyway is declined, and counted as seen
+    stale_offer = offer_for(window(T0, slice_id="s-c"), T0)
+    g = grant_for(state, stale_offer, p, T0)
+    mat = materialize(state, g, T0, LIMITS, "agent-1")
+    assert mat.subjob is None and mat.reason
+    assert mat.state.grants_seen == state.grants_seen + 1
+    assert mat.state.in_flight == state.in_flight
+    # completions arrive out of order; the slots free up
+    state, _ = apply_completion(state, execute(b, T0 + 0.3), T0 + 1.0)
+    assert propose(state, offer_for(window(T0 + 1.0), T0 + 1.0), T0 + 1.0, LIMITS) is not None
+    state, _ = apply_completion(state, execute(a, T0 + 0.3), T0 + 1.1)
+    state, _ = run_to_completion(state, T0 + 2.0)
+    assert state.result == run_in_one_piece("montecarlo", MC_PARAMS)
+    assert_covers_exactly(state)
+
+
+def test_settle_leaves_a_job_with_work_left_alone() -> None:
+    state = new_job("j1", spec(), T0)
+    assert settle(state, T0) == state
+
+
+# --- bad specs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"workload": "sorting"}, "workload"),
+        ({"params": {"rows": 10, "colz": 3}}, "params.colz"),
+        ({"params": {"rows": 0}}, "params.rows"),
+        ({"params": {"rows": "ten"}}, "params.rows"),
+        ({"params": {"rows": 10}, "min_units": 11}, "min_units"),
+        ({"workload": "montecarlo", "params": {"units": 5, "seed": -1}}, "params.seed"),
+    ],
+)
+def test_bad_specs_raise_spec_error_naming_the_field(overrides: dict[str, Any], field: str) -> None:
+    bad = spec(**overrides)
+    with pytest.raises(SpecError) as exc:
+        new_job("j1", bad, T0)
+    assert exc.value.field == field
+    assert str(exc.value).startswith(f"{field}: ")
+    with pytest.raises(SpecError):
+        validate_spec(bad)
+
+
+def test_min_units_equal_to_total_is_accepted() -> None:
+    _, total = validate_spec(spec(params={"rows": 10}, min_units=10))
+    assert total == 10
