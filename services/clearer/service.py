@@ -21,7 +21,7 @@ from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.tracing import extract, inject, publish, trace_id_hex
 from sja.core import leases
-from sja.core.policies import POLICIES, Bid, Decision, Ledger, clear, grant_cost
+from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear, grant_cost
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
@@ -45,6 +45,11 @@ class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
     policy: str = "fair"
     tenant_shares: str = ""
     """``tenant=weight,...`` target shares for fairness policies."""
+    tenant_budgets: str = ""
+    """``tenant=credits,...`` budgets for the ``auction`` policy (unlisted tenants: unlimited)."""
+    jasda_weights: str = "0.5,0.3,0.2"
+    """``jasda`` policy: weights of utilization, fairness, responsiveness."""
+    token_overuse: float = 0.10
     lease_s: float = 5.0
     """How long a winner has to start its subjob before the slice returns to the pool."""
     agent_liveness_s: float = 3.0
@@ -71,7 +76,20 @@ class ClearerService(Service):
             raise ValueError(f"unknown policy {settings.policy!r} (known: {', '.join(POLICIES)})")
         self.policy = settings.policy
         self.pools = [p for p in settings.pools.split(",") if p]
-        self.ledger = Ledger(tenant_shares=parse_shares(settings.tenant_shares))
+        self.ledger = Ledger(
+            tenant_shares=parse_shares(settings.tenant_shares),
+            tenant_budgets=parse_shares(settings.tenant_budgets, allow_zero=True),
+        )
+        weights = tuple(float(w) for w in settings.jasda_weights.split(","))
+        if len(weights) != 3 or any(w < 0 for w in weights):
+            raise ValueError(
+                f"jasda_weights must be three non-negative numbers, got {settings.jasda_weights!r}"
+            )
+        self.policy_config = PolicyConfig(
+            horizon_s=settings.horizon_s,
+            jasda_weights=weights,
+            token_overuse=settings.token_overuse,
+        )
         self.rounds: dict[str, OpenRound] = {}
         self.early: dict[str, list[Reply]] = {}
         self.agents: dict[str, float] = {}
@@ -125,6 +143,7 @@ class ClearerService(Service):
                         tenant = next((v.tenant for v in rec.verdicts if v.won), "")
                         self.ledger.charge(tenant, rec.winner_job, rec.charged_gpu_s)
                         self.ledger.record_grant(rec.winner_job, rec.cleared_at + self.cfg.lease_s)
+                        self.ledger.spend(tenant, min(rec.price, self.ledger.budget(tenant)))
                 n += 1
                 if msg.metadata.num_pending == 0:
                     break
@@ -195,7 +214,7 @@ class ClearerService(Service):
                     "sja.closed_because": because,
                 },
             ) as span:
-                decision = clear(self.policy, offer, bids, self.ledger, self.cfg.horizon_s)
+                decision = clear(self.policy, offer, bids, self.ledger, config=self.policy_config)
                 grant, note = await self._grant(offer, decision) if decision.winner else (None, "")
                 span.set_attribute("sja.winner", grant.job_id if grant else "")
                 span.set_attribute(
@@ -261,6 +280,7 @@ class ClearerService(Service):
             )
             self.ledger.charge(grant.tenant, grant.job_id, grant_cost(offer, decision.candidate))
             self.ledger.record_grant(grant.job_id, grant.lease_until)
+            self.ledger.spend(grant.tenant, decision.price)
             self.grants += 1
             await publish(self.bus, subjects.grant_issued(win.agent_id), grant)
             return grant, ""
@@ -299,6 +319,7 @@ class ClearerService(Service):
             opened_at=rnd.opened_at,
             cleared_at=time.time(),
             charged_gpu_s=grant_cost(offer, grant.candidate) if grant else 0.0,
+            price=decision.price if grant else 0.0,
         )
         await self.jetstream.publish(
             subjects.round_cleared(offer.window.pool),
@@ -307,7 +328,7 @@ class ClearerService(Service):
         )
 
 
-def parse_shares(text: str) -> dict[str, float]:
+def parse_shares(text: str, allow_zero: bool = False) -> dict[str, float]:
     shares: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         tenant, _, weight = part.partition("=")
@@ -315,7 +336,7 @@ def parse_shares(text: str) -> dict[str, float]:
             value = float(weight)
         except ValueError:
             raise ValueError(f"bad tenant share {part!r}: expected tenant=weight") from None
-        if value <= 0:
-            raise ValueError(f"bad tenant share {part!r}: weight must be positive")
+        if value < 0 or (value == 0 and not allow_zero):
+            raise ValueError(f"bad tenant setting {part!r}: must be positive")
         shares[tenant] = value
     return shares

@@ -63,8 +63,14 @@ def spec(**overrides: Any) -> JobSpec:
     return JobSpec(**fields)
 
 
-def window(now: float, mem_mib: int = 4864, profile: str = "1g.5gb", share: float = 1 / 7,
-           length_s: float = 30.0, slice_id: str = "local-g0-1g.5gb-2") -> Window:
+def window(
+    now: float,
+    mem_mib: int = 4864,
+    profile: str = "1g.5gb",
+    share: float = 1 / 7,
+    length_s: float = 30.0,
+    slice_id: str = "local-g0-1g.5gb-2",
+) -> Window:
     return Window(
         slice_id=slice_id,
         node="local",
@@ -376,9 +382,11 @@ def test_cancel_of_a_done_job_is_a_no_op() -> None:
 
 def test_max_parallel_is_respected() -> None:
     mc = spec(workload="montecarlo", params=dict(MC_PARAMS), max_parallel=2)
-    state = new_job("j1", msgspec.structs.replace(
-        mc, memory=MemoryDecl(base_mib=100.0, per_unit_mib=500.0, rel_sd=0.1)
-    ), T0)
+    state = new_job(
+        "j1",
+        msgspec.structs.replace(mc, memory=MemoryDecl(base_mib=100.0, per_unit_mib=500.0, rel_sd=0.1)),
+        T0,
+    )
     state, a = win_window(state, T0, window(T0, slice_id="s-a"))
     p = propose(state, offer_for(window(T0, slice_id="s-b"), T0), T0, LIMITS)
     assert p is not None and p.capacity == 1

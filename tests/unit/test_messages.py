@@ -56,10 +56,17 @@ PROPOSAL = m.Proposal(
     job_id="j1",
     tenant="alice",
     mode="jasda",
-    candidates=[CANDIDATE, m.Candidate(
-        size=6, mem_q_mib=600.0, p_fit_mem=1.0, duration_q_s=1.0, duration_mean_s=0.8,
-        p_fit_time=1.0,
-    )],
+    candidates=[
+        CANDIDATE,
+        m.Candidate(
+            size=6,
+            mem_q_mib=600.0,
+            p_fit_mem=1.0,
+            duration_q_s=1.0,
+            duration_mean_s=0.8,
+            p_fit_time=1.0,
+        ),
+    ],
     submitted_at=999.0,
     remaining_units=64,
     total_units=64,
@@ -100,17 +107,35 @@ JOB_STATE = m.JobState(
     accumulator=b"\x01\x02",
     in_flight=[
         m.InFlight(
-            subjob_id="j1.s3", grant_id="g-3", slice_id="s", unit_start=28, units=12,
-            dispatched_at=1001.0, time_cap_s=30.0, profile="3g.20gb", compute_share=3 / 7,
-            planned_mem_q_mib=100.0, planned_duration_q_s=2.0,
+            subjob_id="j1.s3",
+            grant_id="g-3",
+            slice_id="s",
+            unit_start=28,
+            units=12,
+            dispatched_at=1001.0,
+            time_cap_s=30.0,
+            profile="3g.20gb",
+            compute_share=3 / 7,
+            planned_mem_q_mib=100.0,
+            planned_duration_q_s=2.0,
         )
     ],
     next_seq=4,
     history=[
         m.SubjobSummary(
-            subjob_id="j1.s0", slice_id="s", profile="3g.20gb", status="ok", unit_start=0,
-            units=12, planned_mem_q_mib=100.0, peak_mem_mib=80.0, mem_cap_mib=19712,
-            planned_duration_q_s=2.0, duration_s=1.5, time_cap_s=30.0, started_at=1000.0,
+            subjob_id="j1.s0",
+            slice_id="s",
+            profile="3g.20gb",
+            status="ok",
+            unit_start=0,
+            units=12,
+            planned_mem_q_mib=100.0,
+            peak_mem_mib=80.0,
+            mem_cap_mib=19712,
+            planned_duration_q_s=2.0,
+            duration_s=1.5,
+            time_cap_s=30.0,
+            started_at=1000.0,
             finished_at=1001.5,
         )
     ],
@@ -133,20 +158,49 @@ JOB_STATE = m.JobState(
 # One valid, fully populated instance of every message type.
 SAMPLES: dict[type[m.Message], m.Message] = {
     m.SliceState: m.SliceState(
-        slice_id="local-g0-3g.20gb-4", node="local", pool="local", gpu_index=0,
-        gpu_model="A100-40GB", gpu_uuid="MIG-x", profile="3g.20gb", mem_mib=19968,
-        compute_slots=3, compute_share=3 / 7, placement_start=4, source="declared",
-        status="busy", fence=3, holder_job="j1", grant_id="g-3", lease_until=1040.0,
-        expected_end=1010.0, updated_at=1000.0,
+        slice_id="local-g0-3g.20gb-4",
+        node="local",
+        pool="local",
+        gpu_index=0,
+        gpu_model="A100-40GB",
+        gpu_uuid="MIG-x",
+        profile="3g.20gb",
+        mem_mib=19968,
+        compute_slots=3,
+        compute_share=3 / 7,
+        placement_start=4,
+        source="declared",
+        status="busy",
+        fence=3,
+        holder_job="j1",
+        grant_id="g-3",
+        lease_until=1040.0,
+        expected_end=1010.0,
+        updated_at=1000.0,
     ),
     m.Offer: m.Offer(
-        offer_id="o-1", round=7, window=WINDOW, slice_fence=3, slice_revision=11,
-        issued_at=1000.0, reply_by=1000.5, reply_to="_INBOX.abc",
+        offer_id="o-1",
+        round=7,
+        window=WINDOW,
+        slice_fence=3,
+        slice_revision=11,
+        issued_at=1000.0,
+        reply_by=1000.5,
+        reply_to="_INBOX.abc",
     ),
     m.Reply: m.Reply(offer_id="o-1", agent_id="agent-1", proposals=[PROPOSAL]),
     m.Grant: m.Grant(
-        grant_id="g-1", offer_id="o-1", round=7, job_id="j1", tenant="alice", agent_id="agent-1",
-        window=WINDOW, candidate=CANDIDATE, fence=4, lease_until=1010.0, policy="fair",
+        grant_id="g-1",
+        offer_id="o-1",
+        round=7,
+        job_id="j1",
+        tenant="alice",
+        agent_id="agent-1",
+        window=WINDOW,
+        candidate=CANDIDATE,
+        fence=4,
+        lease_until=1010.0,
+        policy="fair",
         granted_at=1000.6,
     ),
     m.Outcome: m.Outcome(offer_id="o-1", verdicts=[VERDICT]),
@@ -157,17 +211,45 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.JobListQuery: m.JobListQuery(tenant="alice", limit=10),
     m.ErrorReply: m.ErrorReply(code="bad_request", message="nope", field="spec.eps_mem"),
     m.Subjob: m.Subjob(
-        subjob_id="j1.s0", seq=0, job_id="j1", tenant="alice", agent_id="agent-1",
-        workload="matmul", params={"rows": 64, "inner": 8, "cols": 8, "seed": 3}, unit_start=0,
-        units=12, grant_id="g-1", fence=4, slice_id="local-g0-3g.20gb-4", node="local",
-        mem_cap_mib=19712, time_cap_s=29.7, planned_mem_q_mib=100.0, planned_duration_q_s=2.0,
-        input_checkpoint=b"ck", created_at=1000.7,
+        subjob_id="j1.s0",
+        seq=0,
+        job_id="j1",
+        tenant="alice",
+        agent_id="agent-1",
+        workload="matmul",
+        params={"rows": 64, "inner": 8, "cols": 8, "seed": 3},
+        unit_start=0,
+        units=12,
+        grant_id="g-1",
+        fence=4,
+        slice_id="local-g0-3g.20gb-4",
+        node="local",
+        mem_cap_mib=19712,
+        time_cap_s=29.7,
+        planned_mem_q_mib=100.0,
+        planned_duration_q_s=2.0,
+        input_checkpoint=b"ck",
+        created_at=1000.7,
     ),
     m.Completion: m.Completion(
-        subjob_id="j1.s0", job_id="j1", grant_id="g-1", fence=4, slice_id="local-g0-3g.20gb-4",
-        status="oom", unit_start=0, units=12, units_done=0, peak_mem_mib=20000.0,
-        duration_s=0.5, mem_cap_mib=19712, time_cap_s=29.7, started_at=1000.8,
-        finished_at=1001.3, output_checkpoint=b"", error="CUDA OOM", executor_id="ex-1",
+        subjob_id="j1.s0",
+        job_id="j1",
+        grant_id="g-1",
+        fence=4,
+        slice_id="local-g0-3g.20gb-4",
+        status="oom",
+        unit_start=0,
+        units=12,
+        units_done=0,
+        peak_mem_mib=20000.0,
+        duration_s=0.5,
+        mem_cap_mib=19712,
+        time_cap_s=29.7,
+        started_at=1000.8,
+        finished_at=1001.3,
+        output_checkpoint=b"",
+        error="CUDA OOM",
+        executor_id="ex-1",
     ),
     m.JobState: JOB_STATE,
     m.JobCancel: m.JobCancel(job_id="j1"),
@@ -201,9 +283,7 @@ def test_samples_cover_every_message_type() -> None:
     assert {route.message for route in subjects.REGISTRY} <= set(SAMPLES)
 
 
-@pytest.mark.parametrize(
-    "route", subjects.REGISTRY, ids=[r.message.__name__ for r in subjects.REGISTRY]
-)
+@pytest.mark.parametrize("route", subjects.REGISTRY, ids=[r.message.__name__ for r in subjects.REGISTRY])
 def test_registered_message_round_trips(route: subjects.Route) -> None:
     msg = SAMPLES[route.message]
     data = encode(msg)
@@ -228,7 +308,11 @@ def test_minimal_messages_get_documented_defaults() -> None:
     assert state.profile is None
     spec = decode(encode(m.JobSpec(name="n", tenant="t", workload="w")), m.JobSpec)
     assert (spec.mode, spec.eps_mem, spec.eps_time, spec.max_parallel, spec.min_units) == (
-        "jasda", 0.05, 0.05, 1, 1,
+        "jasda",
+        0.05,
+        0.05,
+        1,
+        1,
     )
 
 
@@ -253,9 +337,7 @@ def test_registry_lists_each_message_once() -> None:
         subjects.route_of(m.SubmitAck)
 
 
-@pytest.mark.parametrize(
-    "route", subjects.REGISTRY, ids=[r.message.__name__ for r in subjects.REGISTRY]
-)
+@pytest.mark.parametrize("route", subjects.REGISTRY, ids=[r.message.__name__ for r in subjects.REGISTRY])
 def test_subject_tokens_are_valid(route: subjects.Route) -> None:
     assert route.subject.startswith(subjects.PREFIX + ".")
     tokens = route.subject.split(".")
@@ -268,7 +350,8 @@ def test_durable_subjects_are_captured_by_exactly_one_stream() -> None:
     for route in subjects.REGISTRY:
         concrete = route.subject.replace("*", "k")
         matching = [
-            s for s in subjects.STREAMS
+            s
+            for s in subjects.STREAMS
             if any(concrete.startswith(pat.removesuffix(">")) for pat in s.subjects)
         ]
         assert len(matching) == (1 if route.durable else 0), route.subject
@@ -277,8 +360,12 @@ def test_durable_subjects_are_captured_by_exactly_one_stream() -> None:
 @pytest.mark.parametrize(
     "builder",
     [
-        subjects.offer_opened, subjects.offer_replied, subjects.grant_issued,
-        subjects.outcome_sent, subjects.job_submitted, subjects.subjob_completed,
+        subjects.offer_opened,
+        subjects.offer_replied,
+        subjects.grant_issued,
+        subjects.outcome_sent,
+        subjects.job_submitted,
+        subjects.subjob_completed,
         subjects.round_cleared,
     ],
 )
@@ -360,8 +447,7 @@ def test_job_spec_forbids_unknown_fields() -> None:
     assert exc.value.field == "spec"
     assert "eps_memory" in str(exc.value)
     with pytest.raises(DecodeError):
-        decode(msgspec.msgpack.encode({"name": "a", "tenant": "t", "workload": "w", "x": 1}),
-               m.JobSpec)
+        decode(msgspec.msgpack.encode({"name": "a", "tenant": "t", "workload": "w", "x": 1}), m.JobSpec)
 
 
 def test_wrong_tag_is_rejected() -> None:

@@ -126,13 +126,11 @@ def test_validate_placements_rejects(placements: list[Placement], match: str) ->
 def test_validate_placements_accepts_nvml_style_layout() -> None:
     validate_placements(
         A100_40GB,
-        [Placement("2g.10gb", 0), Placement("2g.10gb", 2), Placement("2g.10gb", 4),
-         Placement("1g.10gb", 6)],
+        [Placement("2g.10gb", 0), Placement("2g.10gb", 2), Placement("2g.10gb", 4), Placement("1g.10gb", 6)],
     )
     validate_placements(
         A100_40GB,
-        [Placement("3g.20gb", 4), Placement("2g.10gb", 0), Placement("1g.5gb", 2),
-         Placement("1g.5gb", 3)],
+        [Placement("3g.20gb", 4), Placement("2g.10gb", 0), Placement("1g.5gb", 2), Placement("1g.5gb", 3)],
     )
     validate_placements(A100_40GB, [])
 
@@ -207,4 +205,4 @@ def test_catalogue_is_consistent() -> None:
             assert p.mem_mib <= gpu.total_mem_mib
             assert 1 <= p.max_count <= len(p.starts)
             for s in p.starts:
-                assert 0 <= s and s + p.mem_slots <= gpu.mem_slots
+                assert s >= 0 and s + p.mem_slots <= gpu.mem_slots

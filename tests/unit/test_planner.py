@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -40,7 +41,12 @@ def make_window(mem_mib: int, length_s: float | None, share7: int, start: float 
 
 
 def make_profile(
-    base: float, per_unit: float, mem_sd: float, warmup: float, per_unit_s: float, time_sd: float,
+    base: float,
+    per_unit: float,
+    mem_sd: float,
+    warmup: float,
+    per_unit_s: float,
+    time_sd: float,
     typical: int,
 ) -> JobProfile:
     return JobProfile.from_declaration(
@@ -156,9 +162,7 @@ def test_materialize_never_exceeds_the_proposal(case: Case, proposed: int) -> No
 
 def test_materialize_shrinks_after_the_profile_learns_of_an_oom() -> None:
     profile = make_profile(100.0, 100.0, 0.1, 0.1, 0.001, 0.3, typical=16)
-    req = PlanRequest(
-        window=make_window(4864, 30.0, 1), now=NOW, eps_mem=0.05, eps_time=0.05, max_units=500
-    )
+    req = PlanRequest(window=make_window(4864, 30.0, 1), now=NOW, eps_mem=0.05, eps_time=0.05, max_units=500)
     proposed = largest_safe_size(profile, req, LIMITS)
     assert proposed is not None and proposed > 10
     assert materialize_size(profile, req, LIMITS, proposed) == proposed
@@ -173,7 +177,10 @@ def test_bigger_windows_allow_bigger_subjobs() -> None:
     sizes = []
     for mem in (2000, 5000, 10_000, 20_000, 40_000):
         req = PlanRequest(
-            window=make_window(mem, 600.0, 7), now=NOW, eps_mem=0.05, eps_time=0.05,
+            window=make_window(mem, 600.0, 7),
+            now=NOW,
+            eps_mem=0.05,
+            eps_time=0.05,
             max_units=10_000,
         )
         k = largest_safe_size(profile, req, LIMITS)
@@ -213,8 +220,12 @@ def test_nothing_fits_a_window_smaller_than_the_reserve_or_the_overhead() -> Non
 def test_min_units_larger_than_what_fits_gives_nothing() -> None:
     profile = make_profile(100.0, 100.0, 0.1, 0.1, 0.001, 0.3, typical=16)
     req = PlanRequest(
-        window=make_window(4864, 30.0, 1), now=NOW, eps_mem=0.05, eps_time=0.05,
-        max_units=500, min_units=400,
+        window=make_window(4864, 30.0, 1),
+        now=NOW,
+        eps_mem=0.05,
+        eps_time=0.05,
+        max_units=500,
+        min_units=400,
     )
     assert largest_safe_size(profile, req, LIMITS) is None
     assert plan_candidates(profile, req, LIMITS, "jasda") == []
@@ -222,9 +233,7 @@ def test_min_units_larger_than_what_fits_gives_nothing() -> None:
 
 def test_open_ended_window_is_bounded_by_the_horizon() -> None:
     open_window = make_window(40_000, None, 7)
-    assert usable_time(open_window, NOW, LIMITS) == pytest.approx(
-        LIMITS.horizon_s - LIMITS.start_overhead_s
-    )
+    assert usable_time(open_window, NOW, LIMITS) == pytest.approx(LIMITS.horizon_s - LIMITS.start_overhead_s)
     bounded = make_window(40_000, LIMITS.horizon_s, 7)
     profile = make_profile(100.0, 1.0, 0.1, 0.1, 0.05, 0.3, typical=16)
 
@@ -247,6 +256,73 @@ def test_a_candidate_that_finishes_the_job_is_preferred() -> None:
     profile = make_profile(100.0, 1.0, 0.1, 0.1, 0.001, 0.3, typical=16)
     base = dict(window=make_window(40_000, 30.0, 7), now=NOW, eps_mem=0.05, eps_time=0.05)
     finishing = plan_candidates(
-        profile, PlanRequest(**base, max_units=40, remaining_units=40), LIMITS, "jasda"  # type: ignore[arg-type]
+        profile,
+        PlanRequest(**base, max_units=40, remaining_units=40),
+        LIMITS,
+        "jasda",  # type: ignore[arg-type]
     )
     assert finishing[0].size == 40
+
+
+# --- after learning ------------------------------------------------------------------------------
+
+
+def _learned_scenario(seed: int) -> tuple[JobProfile, PlanRequest]:
+    """A declared profile, a few completed subjobs on various slices, then a window (all drawn from
+    ``seed``)."""
+    r = random.Random(seed)
+    profile = make_profile(
+        r.uniform(0, 5000),
+        r.uniform(0, 500),
+        r.uniform(0, 1),
+        r.uniform(0, 5),
+        r.uniform(1e-4, 2),
+        r.uniform(0, 1),
+        r.randint(1, 500),
+    )
+    for _ in range(r.randint(1, 4)):
+        k, share7 = r.randint(1, 2000), r.randint(1, 7)
+        duration, peak = r.uniform(0.01, 600), r.uniform(1, 80000)
+        profile.observe(k, peak, duration, f"{share7}g", share7 / 7)
+    window = make_window(r.randint(1000, 80000), r.uniform(1, 60), r.randint(1, 7))
+    max_units = r.randint(1, 2000)
+    req = PlanRequest(
+        window=window,
+        now=NOW,
+        eps_mem=0.05,
+        eps_time=r.choice([0.01, 0.05, 0.1, 0.2]),
+        max_units=max_units,
+        remaining_units=max_units,
+    )
+    return profile, req
+
+
+def _handmade_learned_scenario() -> tuple[JobProfile, PlanRequest]:
+    # declared 1.5 s per unit; one subjob of 215 units then took 8 s on a 2g slice: far faster
+    profile = make_profile(500.0, 100.0, 0.1, 2.0, 1.5, 0.1, typical=400)
+    profile.observe(215, 22_000.0, 8.0, "2g", 2 / 7)
+    req = PlanRequest(
+        window=make_window(70_000, 15.0, 2), now=NOW, eps_mem=0.05, eps_time=0.05, max_units=1500
+    )
+    return profile, req
+
+
+@pytest.mark.parametrize("seed", [None, 22767, 30238, 46270, 48062, 49553])
+def test_jasda_candidates_stay_safe_after_learning(seed: int | None) -> None:
+    profile, req = _handmade_learned_scenario() if seed is None else _learned_scenario(seed)
+    length = usable_time(req.window, NOW, LIMITS)
+    for c in plan_candidates(profile, req, LIMITS, "jasda"):
+        assert c.duration_q_s <= length, c
+        assert is_safe(profile, c.size, req, LIMITS), c
+
+
+def test_a_tiny_window_gets_no_subjob_the_history_says_is_too_long() -> None:
+    profile = make_profile(500.0, 100.0, 0.1, 1.7, 1.5, 0.15, typical=479)
+    profile.observe(215, 22_000.0, 8.0, "2g", 2 / 7)  # 215 units in 8 s on this slice type
+    req = PlanRequest(
+        window=make_window(70_000, 0.5, 2), now=NOW, eps_mem=0.05, eps_time=0.05, max_units=1500
+    )
+    usable = usable_time(req.window, NOW, LIMITS)  # 0.2 s
+    for c in plan_candidates(profile, req, LIMITS, "sja"):
+        # at the observed 8 s / 215 units, even without any warmup
+        assert c.size * 8.0 / 215 <= usable, c

@@ -54,8 +54,9 @@ def test_memory_quantile_moves_toward_the_truth() -> None:
         p.observe_memory(k, true_mem(k) * (1 + rng.gauss(0.0, 0.02)))
         if i % 5 == 4:
             gaps.append(abs(p.mem_quantile(k_probe, Q) - truth_q))
-    assert gaps == sorted(gaps, reverse=True), gaps
-    assert gaps[-1] < 0.3 * gaps[0]
+    # the gap closes (not strictly every time: observations are noisy) and stays closed
+    assert max(gaps[1:]) < 0.5 * gaps[0], gaps
+    assert gaps[-1] < 0.3 * gaps[0], gaps
     # the posterior mean has found the truth; the quantile stays on the safe side of it
     assert p.mem.mean(k_probe) == pytest.approx(true_mem(k_probe), rel=0.05)
     assert p.mem_quantile(k_probe, Q) >= true_mem(k_probe)
@@ -66,7 +67,7 @@ def test_memory_quantile_moves_toward_the_truth() -> None:
 def test_underestimating_prior_is_corrected_upwards() -> None:
     rng = random.Random(3)
     p = JobProfile.from_declaration(
-        MemoryDecl(base_mib=50.0, per_unit_mib=5.0, rel_sd=0.3),
+        MemoryDecl(base_mib=20.0, per_unit_mib=2.0, rel_sd=0.3),
         TimeDecl(warmup_s=0.1, per_unit_s=0.01, rel_sd=0.5),
         typical_units=16,
     )
@@ -165,7 +166,7 @@ def test_oom_and_timeout_bounds_combine() -> None:
 
 def test_fit_probabilities_are_monotone_in_the_cap() -> None:
     p = overestimating_profile()
-    caps = [100.0, 500.0, 1000.0, 1500.0, 3000.0, 1e6]
+    caps = [1.0, 100.0, 500.0, 1000.0, 1500.0, 3000.0, 1e6]
     probs = [p.mem_fit_probability(40, c) for c in caps]
     assert probs == sorted(probs)
     assert probs[0] < 0.05 and probs[-1] > 0.999
@@ -247,3 +248,18 @@ def test_z_of_is_clamped() -> None:
     assert math.isfinite(z_of(1.0))
     assert math.isfinite(z_of(0.0))
     assert z_of(0.95) == pytest.approx(1.6448536, rel=1e-6)
+
+
+def test_one_fast_observation_does_not_make_small_subjobs_free() -> None:
+    # declared 1.5 s per unit; a subjob of 215 units then took 8 s on a 2g slice (much faster)
+    p = JobProfile.from_declaration(
+        MemoryDecl(base_mib=500.0, per_unit_mib=100.0, rel_sd=0.1),
+        TimeDecl(warmup_s=1.7, per_unit_s=1.5, rel_sd=0.15),
+        typical_units=479,
+    )
+    p.observe(215, 22_000.0, 8.0, "2g", 2 / 7)
+    # at the observed rate 29 units need about 29 / 215 * 8 s = 1.1 s on that slice, and a
+    # larger subjob never needs less than a smaller one
+    quantiles = [p.duration_quantile(k, Q, "2g", 2 / 7) for k in (1, 10, 29, 39, 100, 215)]
+    assert p.duration_mean(29, "2g", 2 / 7) > 0.5
+    assert quantiles == sorted(quantiles)

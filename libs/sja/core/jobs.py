@@ -120,6 +120,11 @@ def propose(state: JobState, offer: Offer, now: float, limits: PlanLimits) -> Pr
     cands = plan_candidates(profile, req, limits, state.spec.mode)
     if not cands:
         return None
+    share = offer.window.compute_share
+    cands = [
+        msgspec.structs.replace(c, bid=round(state.spec.bid_per_gpu_s * c.duration_mean_s * share, 6))
+        for c in cands
+    ]
     deadline = state.submitted_at + state.spec.deadline_s if state.spec.deadline_s else None
     return Proposal(
         job_id=state.job_id,

@@ -116,7 +116,8 @@ def plan_candidates(profile: JobProfile, req: PlanRequest, limits: PlanLimits, m
     if mode == "sja":
         return [candidate(profile, k_max, req, limits)]
     sizes = _candidate_sizes(k_max, req.min_units, limits.candidate_fractions)
-    cands = [candidate(profile, k, req, limits) for k in sizes]
+    # Quantiles need not be monotone in k after learning: every proposed size is checked itself.
+    cands = [candidate(profile, k, req, limits) for k in sizes if is_safe(profile, k, req, limits)]
     cands.sort(key=lambda c: (-c.score, -c.size))
     return cands
 

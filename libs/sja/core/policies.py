@@ -1,15 +1,37 @@
 """Clearing policies: ``(offer, bids, ledger) -> decision`` with a reason for every bid.
 
-Pure and deterministic: bids are put in a canonical order before anything else, and every tie is
-broken by (submission time, job id). A policy picks one (bid, candidate) pair or none.
+Pure and deterministic. Before any policy runs, bids are put in a canonical order and reduced to one
+per job (``canonical``), then bids from jobs that already hold as many unstarted grants as they can
+use are excluded (``split_by_capacity``). Every tie is broken by (submission time, job id).
+
+Policies (selected by name, swappable at runtime):
+
+- ``efficiency`` — most useful work per slice-second, best fit (time and memory fill of the window,
+  weighted by the odds of fitting).
+- ``fair`` — least attained service normalized by the tenant's share; within a tenant, least
+  attained job.
+- ``sla`` — least slack to deadline (deadline minus now minus expected remaining work); jobs without
+  a deadline come after, by submission time.
+- ``auction`` — sealed-bid second price with per-tenant budgets: the highest affordable bid wins and
+  pays the second-highest bid (or the reserve); budgets never go negative.
+- ``token`` — fair-share tokens in the style of GPU time-sharing quota schedulers: the tenant furthest
+  below its target share holds the token and wins; a tenant above its target by more than the
+  overuse tolerance has its token revoked (it can win only when no tenant within its share bids).
+- ``jasda`` — a weighted score of utilization (efficiency), fairness (share deficit) and
+  responsiveness (waiting time, deadline urgency), with configurable weights.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from sja.protocol.messages import Candidate, Offer, Proposal, Verdict
+
+_encode = msgspec.msgpack.Encoder().encode
 
 
 @dataclass(frozen=True)
@@ -26,11 +48,29 @@ class Decision:
     winner: Bid | None
     candidate: Candidate | None
     verdicts: tuple[Verdict, ...]
+    price: float = 0.0
+    """What the winner's tenant pays (auction); 0 under the other policies."""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    horizon_s: float = 30.0
+    """Length assumed for an open-ended window."""
+    jasda_weights: tuple[float, float, float] = (0.5, 0.3, 0.2)
+    """(utilization, fairness, responsiveness) weights of the ``jasda`` score."""
+    responsiveness_scale_s: float = 60.0
+    """Waiting this long (or having this little slack) counts as fully urgent in ``jasda``."""
+    token_overuse: float = 0.10
+    """``token``: a tenant whose attained fraction exceeds its target fraction by this much (relative)
+    loses its token."""
+    reserve_price: float = 0.0
+    """``auction``: the price paid when there is a single affordable bid."""
 
 
 @dataclass
 class Ledger:
-    """Attained service, in GPU-seconds (slice-seconds times compute share), per tenant and job."""
+    """What the clearer remembers across rounds: attained service in GPU-seconds (slice-seconds times
+    compute share) per tenant and job, tenant shares and budgets, and grants issued per job."""
 
     tenant_shares: dict[str, float] = field(default_factory=dict)
     """Target share per tenant (weights); tenants not listed weigh 1."""
@@ -38,6 +78,8 @@ class Ledger:
     job_attained: dict[str, float] = field(default_factory=dict)
     job_grants: dict[str, list[float]] = field(default_factory=dict)
     """Lease expiry of every grant issued per job, in issue order (the k-th grant is index k-1)."""
+    tenant_budgets: dict[str, float] = field(default_factory=dict)
+    """``auction``: credits left per tenant. A tenant not listed has an unlimited budget."""
 
     def share(self, tenant: str) -> float:
         return self.tenant_shares.get(tenant, 1.0)
@@ -49,6 +91,17 @@ class Ledger:
         self.tenant_attained[tenant] = self.tenant_attained.get(tenant, 0.0) + gpu_seconds
         self.job_attained[job_id] = self.job_attained.get(job_id, 0.0) + gpu_seconds
 
+    def budget(self, tenant: str) -> float:
+        return self.tenant_budgets.get(tenant, math.inf)
+
+    def spend(self, tenant: str, amount: float) -> None:
+        """Deduct an auction payment. Never below zero: the auction only lets affordable bids win."""
+        if tenant in self.tenant_budgets:
+            left = self.tenant_budgets[tenant] - amount
+            if left < -1e-9:
+                raise ValueError(f"tenant {tenant} cannot pay {amount:.4f}: budget {left + amount:.4f}")
+            self.tenant_budgets[tenant] = max(left, 0.0)
+
     def record_grant(self, job_id: str, lease_until: float) -> None:
         self.job_grants.setdefault(job_id, []).append(lease_until)
 
@@ -57,6 +110,38 @@ class Ledger:
         still runs (a grant lost on the way stops counting when its lease lapses)."""
         issued = self.job_grants.get(job_id, [])
         return sum(1 for lease_until in issued[grants_seen:] if lease_until > now)
+
+    def attained_fraction(self, tenant: str, tenants: Sequence[str]) -> float:
+        total = sum(self.tenant_attained.get(t, 0.0) for t in tenants)
+        return self.tenant_attained.get(tenant, 0.0) / total if total > 0 else 0.0
+
+    def target_fraction(self, tenant: str, tenants: Sequence[str]) -> float:
+        total = sum(self.share(t) for t in tenants)
+        return self.share(tenant) / total if total > 0 else 0.0
+
+
+def grant_cost(offer: Offer, cand: Candidate) -> float:
+    """GPU-seconds a grant is expected to consume: what the ledger charges."""
+    return cand.duration_mean_s * offer.window.compute_share
+
+
+# --- canonical order and capacity --------------------------------------------------------------------
+
+
+def canonical(bids: Sequence[Bid]) -> list[Bid]:
+    """Bids in a canonical order, one per job. Which duplicate survives depends only on the bids'
+    contents (never on arrival order)."""
+    seen: set[str] = set()
+    out: list[Bid] = []
+    for b in sorted(
+        bids,
+        key=lambda b: (b.proposal.submitted_at, b.proposal.job_id, b.agent_id, _encode(b.proposal)),
+    ):
+        if b.proposal.job_id in seen:
+            continue
+        seen.add(b.proposal.job_id)
+        out.append(b)
+    return out
 
 
 def split_by_capacity(bids: Sequence[Bid], ledger: Ledger, now: float) -> tuple[list[Bid], list[Verdict]]:
@@ -83,20 +168,7 @@ def split_by_capacity(bids: Sequence[Bid], ledger: Ledger, now: float) -> tuple[
     return eligible, sorted(out, key=lambda v: v.job_id)
 
 
-def grant_cost(offer: Offer, cand: Candidate) -> float:
-    """GPU-seconds a grant is expected to consume: what the ledger charges."""
-    return cand.duration_mean_s * offer.window.compute_share
-
-
-def _canonical(bids: Sequence[Bid]) -> list[Bid]:
-    seen: set[str] = set()
-    out: list[Bid] = []
-    for b in sorted(bids, key=lambda b: (b.proposal.submitted_at, b.proposal.job_id, b.agent_id)):
-        if b.proposal.job_id in seen:  # one voice per job; duplicates are ignored deterministically
-            continue
-        seen.add(b.proposal.job_id)
-        out.append(b)
-    return out
+# --- shared pieces --------------------------------------------------------------------------------
 
 
 def _window_len(offer: Offer, horizon_s: float) -> float:
@@ -114,58 +186,69 @@ def efficiency_value(offer: Offer, cand: Candidate, horizon_s: float) -> float:
 
 
 def _best_candidate(offer: Offer, p: Proposal, horizon_s: float) -> Candidate:
-    return max(p.candidates, key=lambda c: (efficiency_value(offer, c, horizon_s), c.size))
+    return max(p.candidates, key=lambda c: (efficiency_value(offer, c, horizon_s), c.size, -c.mem_q_mib))
 
 
 Keyed = tuple[tuple[float, ...], Candidate, str]
 """(sort key, candidate, explanation) for one bid: the smallest key wins."""
 
 
-def _rank(
-    policy: str,
-    offer: Offer,
-    bids: Sequence[Bid],
-    key_of: Callable[[Bid], Keyed],
-) -> Decision:
-    ordered = _canonical(bids)
-    if not ordered:
-        return Decision(policy, None, None, ())
-    keyed = [(key_of(b), b) for b in ordered]
-    (_best_key, best_cand, best_why), winner = min(keyed, key=lambda kb: kb[0][0])
-    verdicts = []
-    for (key, cand, why), b in keyed:
+def _verdicts(
+    keyed: Sequence[tuple[Keyed, Bid]], winner: Bid | None, win_why: str, score_of: Callable[[Keyed], float]
+) -> tuple[Verdict, ...]:
+    out = []
+    for k, b in keyed:
+        (_, cand, why) = k
         p = b.proposal
         won = b is winner
-        reason = f"won: {best_why}" if won else f"lost to {winner.proposal.job_id}: {why} vs {best_why}"
-        verdicts.append(
+        if won:
+            reason = f"won: {win_why}"
+        elif winner is None:
+            reason = f"no winner: {why}"
+        else:
+            reason = f"lost to {winner.proposal.job_id}: {why} vs {win_why}"
+        out.append(
             Verdict(
                 job_id=p.job_id,
                 tenant=p.tenant,
                 agent_id=b.agent_id,
                 won=won,
                 reason=reason,
-                score=round(-key[0] if policy == "efficiency" else key[0], 6),
+                score=round(score_of(k), 6),
                 size=cand.size,
             )
         )
-    return Decision(policy, winner, best_cand, tuple(verdicts))
+    return tuple(out)
 
 
-def clear_efficiency(offer: Offer, bids: Sequence[Bid], ledger: Ledger, horizon_s: float) -> Decision:
+def _rank(
+    name: str, bids: Sequence[Bid], key_of: Callable[[Bid], Keyed], score_of: Callable[[Keyed], float]
+) -> Decision:
+    if not bids:
+        return Decision(name, None, None, ())
+    keyed = [(key_of(b), b) for b in bids]
+    (_k, best_cand, best_why), winner = min(keyed, key=lambda kb: kb[0][0])
+    return Decision(name, winner, best_cand, _verdicts(keyed, winner, best_why, score_of))
+
+
+# --- the policies ---------------------------------------------------------------------------------
+
+PolicyFn = Callable[[Offer, Sequence[Bid], Ledger, PolicyConfig], Decision]
+
+
+def clear_efficiency(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
     def key(b: Bid) -> Keyed:
-        cand = _best_candidate(offer, b.proposal, horizon_s)
-        v = efficiency_value(offer, cand, horizon_s)
+        cand = _best_candidate(offer, b.proposal, cfg.horizon_s)
+        v = efficiency_value(offer, cand, cfg.horizon_s)
         return (-v, b.proposal.submitted_at), cand, f"efficiency {v:.3f} (size {cand.size})"
 
-    return _rank("efficiency", offer, bids, key)
+    return _rank("efficiency", bids, key, lambda k: -k[0][0])
 
 
-def clear_fair(offer: Offer, bids: Sequence[Bid], ledger: Ledger, horizon_s: float) -> Decision:
-    """Least attained service normalized by tenant share; within a tenant, least attained job."""
-
+def clear_fair(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
     def key(b: Bid) -> Keyed:
         p = b.proposal
-        cand = _best_candidate(offer, p, horizon_s)
+        cand = _best_candidate(offer, p, cfg.horizon_s)
         norm = ledger.normalized(p.tenant)
         job = ledger.job_attained.get(p.job_id, 0.0)
         why = (
@@ -174,30 +257,138 @@ def clear_fair(offer: Offer, bids: Sequence[Bid], ledger: Ledger, horizon_s: flo
         )
         return (norm, job, p.submitted_at), cand, why
 
-    return _rank("fair", offer, bids, key)
+    return _rank("fair", bids, key, lambda k: k[0][0])
 
 
-def clear_sla(offer: Offer, bids: Sequence[Bid], ledger: Ledger, horizon_s: float) -> Decision:
-    """Least slack to deadline first; jobs without a deadline come after, by submission time."""
+def clear_sla(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
     now = offer.issued_at
 
     def key(b: Bid) -> Keyed:
         p = b.proposal
-        cand = _best_candidate(offer, p, horizon_s)
+        cand = _best_candidate(offer, p, cfg.horizon_s)
         if p.deadline_at is None:
-            return (float("inf"), p.submitted_at), cand, "no deadline"
+            return (math.inf, p.submitted_at), cand, "no deadline"
         slack = p.deadline_at - now - p.expected_remaining_s
         return (slack, p.submitted_at), cand, f"slack {slack:.1f}s"
 
-    return _rank("sla", offer, bids, key)
+    return _rank("sla", bids, key, lambda k: k[0][0] if math.isfinite(k[0][0]) else -1.0)
 
 
-PolicyFn = Callable[[Offer, Sequence[Bid], Ledger, float], Decision]
+def clear_auction(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+    """Sealed-bid second price (Vickrey) with budgets: each job bids with its best candidate; bids the
+    tenant cannot afford are out; the highest remaining bid wins and pays the second-highest
+    affordable bid (or the reserve price), never more than its own bid."""
+    if not bids:
+        return Decision("auction", None, None, ())
+    entries = []
+    for b in bids:
+        p = b.proposal
+        cand = max(p.candidates, key=lambda c: (c.bid, efficiency_value(offer, c, cfg.horizon_s), c.size))
+        entries.append((b, cand, ledger.budget(p.tenant)))
+    affordable = [
+        (b, c) for b, c, budget in entries if c.bid <= budget + 1e-12 and c.bid >= cfg.reserve_price
+    ]
+    affordable.sort(key=lambda bc: (-bc[1].bid, bc[0].proposal.submitted_at, bc[0].proposal.job_id))
+    winner, wcand = affordable[0] if affordable else (None, None)
+    price = 0.0
+    if winner is not None and wcand is not None:
+        price = affordable[1][1].bid if len(affordable) > 1 else cfg.reserve_price
+        price = min(price, wcand.bid)
+    out = []
+    for b, cand, budget in entries:
+        p = b.proposal
+        if b is winner:
+            reason = f"won: highest bid {cand.bid:.4f}, pays second price {price:.4f}"
+        elif cand.bid > budget + 1e-12:
+            reason = f"bid {cand.bid:.4f} exceeds tenant {p.tenant}'s budget {budget:.4f}"
+        elif cand.bid < cfg.reserve_price:
+            reason = f"bid {cand.bid:.4f} below the reserve {cfg.reserve_price:.4f}"
+        else:
+            top = wcand.bid if wcand is not None else 0.0
+            reason = f"lost: bid {cand.bid:.4f} < {top:.4f}"
+        out.append(
+            Verdict(
+                job_id=p.job_id,
+                tenant=p.tenant,
+                agent_id=b.agent_id,
+                won=b is winner,
+                reason=reason,
+                score=round(cand.bid, 6),
+                size=cand.size,
+            )
+        )
+    return Decision("auction", winner, wcand, tuple(out), price=round(price, 9))
+
+
+def clear_token(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+    """The tenant furthest below its target share (among the bidding and already served tenants)
+    holds the token. Tenants above target by more than ``token_overuse`` have their token revoked."""
+    tenants = sorted({*ledger.tenant_attained, *(b.proposal.tenant for b in bids)})
+
+    def key(b: Bid) -> Keyed:
+        p = b.proposal
+        cand = _best_candidate(offer, p, cfg.horizon_s)
+        have = ledger.attained_fraction(p.tenant, tenants)
+        want = ledger.target_fraction(p.tenant, tenants)
+        deficit = want - have
+        revoked = have > want * (1.0 + cfg.token_overuse) and have - want > 1e-9
+        why = f"tenant {p.tenant} holds {have:.1%} of service, target {want:.1%}" + (
+            " (token revoked: overuse)" if revoked else ""
+        )
+        eff = efficiency_value(offer, cand, cfg.horizon_s)
+        return (1.0 if revoked else 0.0, -deficit, -eff, p.submitted_at), cand, why
+
+    def rank_key(k: Keyed) -> float:
+        return -k[0][1]
+
+    if not bids:
+        return Decision("token", None, None, ())
+    keyed = [(key(b), b) for b in bids]
+    (_k, best_cand, best_why), winner = min(keyed, key=lambda kb: kb[0][0])
+    return Decision("token", winner, best_cand, _verdicts(keyed, winner, best_why, rank_key))
+
+
+def clear_jasda(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+    """Weighted score over every (job, candidate): utilization, fairness, responsiveness."""
+    w_u, w_f, w_r = cfg.jasda_weights
+    tenants = sorted({*ledger.tenant_attained, *(b.proposal.tenant for b in bids)})
+    now = offer.issued_at
+
+    def parts(p: Proposal, c: Candidate) -> tuple[float, float, float]:
+        util = efficiency_value(offer, c, cfg.horizon_s)
+        deficit = ledger.target_fraction(p.tenant, tenants) - ledger.attained_fraction(p.tenant, tenants)
+        fairness = 0.5 + 0.5 * max(-1.0, min(1.0, deficit))
+        waited = max(0.0, now - p.submitted_at) / cfg.responsiveness_scale_s
+        urgency = 0.0
+        if p.deadline_at is not None:
+            slack = p.deadline_at - now - p.expected_remaining_s
+            urgency = 1.0 - max(0.0, min(1.0, slack / cfg.responsiveness_scale_s))
+        resp = min(1.0, max(waited, urgency))
+        return util, fairness, resp
+
+    def key(b: Bid) -> Keyed:
+        p = b.proposal
+        best: tuple[float, Candidate, tuple[float, float, float]] | None = None
+        for c in p.candidates:
+            u, f, r = parts(p, c)
+            s = w_u * u + w_f * f + w_r * r
+            if best is None or (s, c.size) > (best[0], best[1].size):
+                best = (s, c, (u, f, r))
+        assert best is not None
+        s, c, (u, f, r) = best
+        why = f"score {s:.3f} = {w_u:g}*util {u:.2f} + {w_f:g}*fair {f:.2f} + {w_r:g}*resp {r:.2f}"
+        return (-s, p.submitted_at), c, why
+
+    return _rank("jasda", bids, key, lambda k: -k[0][0])
+
 
 POLICIES: dict[str, PolicyFn] = {
     "efficiency": clear_efficiency,
     "fair": clear_fair,
     "sla": clear_sla,
+    "auction": clear_auction,
+    "token": clear_token,
+    "jasda": clear_jasda,
 }
 
 
@@ -208,11 +399,21 @@ def policy(name: str) -> PolicyFn:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})") from None
 
 
-def clear(name: str, offer: Offer, bids: Sequence[Bid], ledger: Ledger, horizon_s: float = 30.0) -> Decision:
-    """Clear one round under the named policy (after removing bids from jobs at capacity)."""
+def clear(
+    name: str,
+    offer: Offer,
+    bids: Sequence[Bid],
+    ledger: Ledger,
+    horizon_s: float = 30.0,
+    config: PolicyConfig | None = None,
+) -> Decision:
+    """Clear one round under the named policy: canonical order, one bid per job, jobs at capacity
+    excluded, then the policy. Every bid gets exactly one verdict."""
     fn = policy(name)
-    eligible, excluded = split_by_capacity(bids, ledger, offer.reply_by)
-    d = fn(offer, eligible, ledger, horizon_s)
+    cfg = config if config is not None else PolicyConfig(horizon_s=horizon_s)
+    ordered = canonical(bids)
+    eligible, excluded = split_by_capacity(ordered, ledger, offer.reply_by)
+    d = fn(offer, eligible, ledger, cfg)
     if not excluded:
         return d
-    return Decision(d.policy, d.winner, d.candidate, d.verdicts + tuple(excluded))
+    return Decision(d.policy, d.winner, d.candidate, d.verdicts + tuple(excluded), d.price)

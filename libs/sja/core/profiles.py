@@ -33,6 +33,11 @@ def z_of(q: float) -> float:
 
 WEIGHT_PRIOR_REL_SD = 0.5
 
+MEMORY_NOISE_PRIOR = 0.05
+"""Expected run-to-run spread of peak memory at a given size (memory is nearly deterministic)."""
+TIME_NOISE_PRIOR = 0.25
+"""Expected run-to-run spread of duration at a given size (shared machines are noisy)."""
+
 MAX_OBSERVATIONS = 64
 """Observations kept per regression (the oldest are dropped; the prior always stays)."""
 
@@ -65,15 +70,23 @@ class LinearPosterior:
     b: float = 1.0
 
     @classmethod
-    def prior_from(cls, intercept: float, slope: float, rel_sd: float, typical_x: float) -> LinearPosterior:
+    def prior_from(
+        cls,
+        intercept: float,
+        slope: float,
+        rel_sd: float,
+        typical_x: float,
+        noise_rel_sd: float | None = None,
+    ) -> LinearPosterior:
         """A weak prior centred on a declaration.
 
-        Weights have a prior sd of ``rel_sd`` of their value (with a floor) and the relative noise is
-        expected around ``rel_sd``; ``a = 2`` keeps it weak: a handful of observations dominate it.
+        ``rel_sd`` says how far off the declaration may be: the weights get a prior sd of at least
+        50 % of their value. ``noise_rel_sd`` is the expected run-to-run spread (default ``rel_sd``);
+        with ``a = 2`` it weighs about four observations, so measured spread takes over quickly.
         """
         rel_sd = max(rel_sd, 0.02)
         typical_y = max(intercept + slope * typical_x, 1e-9)
-        noise_var = rel_sd**2
+        noise_var = max(noise_rel_sd if noise_rel_sd is not None else rel_sd, 0.01) ** 2
         a = 2.0
         # The weights' prior is kept wide (at least 50 % of their value) whatever the declared noise:
         # in a NIG model the weight prior scales with the noise, and a declaration that is 2x off
@@ -82,7 +95,7 @@ class LinearPosterior:
         sd0 = max(w_rel * abs(intercept), 0.05 * typical_y)
         sd1 = max(w_rel * abs(slope), 0.05 * typical_y / max(typical_x, 1.0))
         post = cls(
-            prior=(intercept, slope, noise_var / sd0**2, 0.0, noise_var / sd1**2, a, noise_var * (a - 1.0)),
+            prior=(intercept, slope, noise_var / sd0**2, 0.0, noise_var / sd1**2, a, noise_var * a),
             floor=0.02 * typical_y,
             s0=max(intercept, 0.02 * typical_y),
             s1=max(slope, 0.0),
@@ -94,21 +107,29 @@ class LinearPosterior:
         return self.s0 + self.s1 * max(x, 0.0)
 
     def _fit(self) -> None:
+        """Posterior of the weights from the prior and the kept observations; the noise is estimated
+        from the residuals around the posterior line (plus the prior's pseudo-observations). The
+        conjugate update would also charge the prior's own error to the noise, and a declaration
+        2x off would then look like 2x noise for a long time."""
         mu0, mu1, p00, p01, p11, a, b = self.prior
+        r0, r1 = p00 * mu0 + p01 * mu1, p01 * mu0 + p11 * mu1
         for x, y in self.obs:
             s = self.scale(x)
             f0, f1, t = 1.0 / s, x / s, y / s
-            n00, n01, n11 = p00 + f0 * f0, p01 + f0 * f1, p11 + f1 * f1
-            r0 = p00 * mu0 + p01 * mu1 + f0 * t
-            r1 = p01 * mu0 + p11 * mu1 + f1 * t
-            det = n00 * n11 - n01 * n01
-            m0 = (n11 * r0 - n01 * r1) / det
-            m1 = (-n01 * r0 + n00 * r1) / det
-            quad_old = mu0 * (p00 * mu0 + p01 * mu1) + mu1 * (p01 * mu0 + p11 * mu1)
-            quad_new = m0 * (n00 * m0 + n01 * m1) + m1 * (n01 * m0 + n11 * m1)
-            b += 0.5 * max(t * t + quad_old - quad_new, 0.0)
+            p00, p01, p11 = p00 + f0 * f0, p01 + f0 * f1, p11 + f1 * f1
+            r0, r1 = r0 + f0 * t, r1 + f1 * t
+        det = p00 * p11 - p01 * p01
+        mu0, mu1 = (p11 * r0 - p01 * r1) / det, (-p01 * r0 + p00 * r1) / det
+        # Memory and time neither start below zero nor shrink with size: project the posterior
+        # mean onto w0 >= 0, w1 >= 0 (the conditional mean of the other weight given the clamp).
+        if mu0 < 0.0:
+            mu0, mu1 = 0.0, mu1 + (p01 / p11) * mu0
+        if mu1 < 0.0:
+            mu0, mu1 = max(mu0 + (p01 / p00) * mu1, 0.0), 0.0
+        for x, y in self.obs:
+            resid = (y - (mu0 + mu1 * x)) / self.scale(x)
+            b += 0.5 * resid * resid
             a += 0.5
-            mu0, mu1, p00, p01, p11 = m0, m1, n00, n01, n11
         self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b = mu0, mu1, p00, p01, p11, a, b
 
     def update(self, x: float, y: float) -> None:
@@ -189,17 +210,26 @@ class JobProfile:
     @classmethod
     def from_declaration(cls, mem: MemoryDecl, time: TimeDecl, typical_units: int) -> JobProfile:
         return cls(
-            mem=LinearPosterior.prior_from(mem.base_mib, mem.per_unit_mib, mem.rel_sd, typical_units),
-            time=LinearPosterior.prior_from(time.warmup_s, time.per_unit_s, time.rel_sd, typical_units),
+            mem=LinearPosterior.prior_from(
+                mem.base_mib, mem.per_unit_mib, mem.rel_sd, typical_units, MEMORY_NOISE_PRIOR
+            ),
+            time=LinearPosterior.prior_from(
+                time.warmup_s, time.per_unit_s, time.rel_sd, typical_units, min(time.rel_sd, TIME_NOISE_PRIOR)
+            ),
         )
 
     # --- predictions ------------------------------------------------------------------------------
 
+    # Quantiles of a regression are convex in k (a line plus the norm of an affine function), so
+    # their running maximum over [1, k] is max(q(1), q(k)): taking it makes every quantile
+    # non-decreasing in k (a larger subjob never needs less) at no cost where it already was.
+
     def mem_quantile(self, k: int, q: float) -> float:
-        return max(self.mem.quantile(k, q), 0.0)
+        return max(self.mem.quantile(k, q), self.mem.quantile(1, q), 0.0)
 
     def mem_fit_probability(self, k: int, cap_mib: float) -> float:
-        return self.mem.cdf(k, cap_mib)
+        """P(peak <= cap) consistent with ``mem_quantile``: its q at which the quantile is the cap."""
+        return min(self.mem.cdf(k, cap_mib), self.mem.cdf(1, cap_mib))
 
     def slowdown(self, profile: str, share: float) -> tuple[float, float]:
         """(mean, sd) of log(duration on this profile / full-speed duration)."""
@@ -210,23 +240,29 @@ class JobProfile:
         mu, _ = self.slowdown(profile, share)
         return max(self.time.mean(k), 0.0) * math.exp(mu)
 
-    def _log_duration(self, k: int, profile: str, share: float) -> tuple[float, float]:
-        """(mean, sd) of log duration on this profile: regression (relative noise as a log sd)
-        combined with the profile's speed factor."""
-        mu, sd_speed = self.slowdown(profile, share)
-        full = max(self.time.mean(k), 1e-9)
-        rel = self.time.sd(k) / full
-        return math.log(full) + mu, math.sqrt(math.log1p(rel * rel) + sd_speed * sd_speed)
-
     def duration_quantile(self, k: int, q: float, profile: str, share: float) -> float:
-        m, s = self._log_duration(k, profile, share)
-        return math.exp(m + z_of(q) * s)
+        """The ``q`` quantile of the full-speed duration times the ``q`` quantile of the profile's
+        slowdown (conservative: both tails at once)."""
+        mu, sd = self.slowdown(profile, share)
+        full = max(self.time.quantile(k, q), self.time.quantile(1, q), 0.0)
+        return full * math.exp(mu + z_of(q) * sd)
 
     def time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
+        """P(duration <= length) consistent with ``duration_quantile`` (its inverse in q)."""
         if length_s <= 0:
             return 0.0
-        m, s = self._log_duration(k, profile, share)
-        return _STD.cdf((math.log(length_s) - m) / s) if s > 0 else float(math.log(length_s) >= m)
+        lo, hi = 1e-9, 1.0 - 1e-9
+        if self.duration_quantile(k, lo, profile, share) > length_s:
+            return 0.0
+        if self.duration_quantile(k, hi, profile, share) <= length_s:
+            return 1.0
+        for _ in range(48):
+            mid = 0.5 * (lo + hi)
+            if self.duration_quantile(k, mid, profile, share) <= length_s:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def max_size_under_bounds(self, mem_cap_mib: float, length_s: float, share: float) -> int | None:
         """Largest size allowed by past OOMs and timeouts for this cap (None: unbounded)."""

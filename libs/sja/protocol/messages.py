@@ -196,6 +196,8 @@ class RoundRecord(Message, tag="sja.round_record.v1", frozen=True, kw_only=True)
     fence: int = 0
     closed_because: Literal["deadline", "all_replied"] = "deadline"
     charged_gpu_s: float = 0.0
+    price: float = 0.0
+    """``auction``: what the winner's tenant paid."""
     """What the clearer's fairness ledger charged the winner's tenant for this grant."""
     note: str = ""
     trace_id: str = ""
@@ -238,6 +240,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     max_parallel: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     min_units: PosInt = 1
     """Smallest subjob worth running (quantum of the work)."""
+    bid_per_gpu_s: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
+    """``auction`` policy: what the job offers per GPU-second of a window (from its tenant's budget)."""
     memory: MemoryDecl | None = None
     time: TimeDecl | None = None
 

@@ -4,7 +4,8 @@
 index and a seed, so any row range can be produced on its own and float64 products are exact. A
 subjob over rows ``[s, s + k)`` needs ``B`` plus ``k`` rows of ``A`` and ``C``: memory grows linearly
 with the chunk size. The result is an exact checksum of ``C``: the sum of its entries, the sum of their
-squares, and the sum of row sums weighted by row index (so a misplaced row changes it).
+squares, and the sum of row sums weighted by row index (so a misplaced row changes it), each modulo the
+Mersenne prime ``2**61 - 1`` so that any job size fits a 64-bit accumulator.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from sja.protocol.messages import MemoryDecl, TimeDecl
 from sja.workloads.base import check_known, int_param
 
 _MIB = 1024 * 1024
+MOD = 2**61 - 1
+"""Checksums are kept modulo this prime."""
 
 
 def _entries(rows: np.ndarray, cols: np.ndarray, seed: int, salt: int) -> np.ndarray:
@@ -76,11 +79,14 @@ class MatMul:
         a = _entries(rows, np.arange(inner), seed, 1)
         b = _entries(np.arange(inner), np.arange(cols), seed, 2)
         c = (a @ b).astype(np.int64)
-        row_sums = c.sum(axis=1)
+        # Per row in int64 (entries <= 81 * inner, a row of squares < 2**63); across rows in Python
+        # integers, reduced modulo MOD: no wrap-around whatever the job's size.
+        row_sums = c.sum(axis=1).tolist()
+        row_sq = (c * c).sum(axis=1).tolist()
         acc = _Acc(
-            total=int(row_sums.sum()),
-            sumsq=int((c * c).sum()),
-            weighted=int(((rows + 1) * row_sums).sum()),
+            total=sum(row_sums) % MOD,
+            sumsq=sum(row_sq) % MOD,
+            weighted=sum((r + 1) * s for r, s in zip(rows.tolist(), row_sums, strict=True)) % MOD,
             rows=units,
         )
         return _enc.encode(acc)
@@ -90,9 +96,9 @@ class MatMul:
         y = _dec.decode(partial)
         return _enc.encode(
             _Acc(
-                total=x.total + y.total,
-                sumsq=x.sumsq + y.sumsq,
-                weighted=x.weighted + y.weighted,
+                total=(x.total + y.total) % MOD,
+                sumsq=(x.sumsq + y.sumsq) % MOD,
+                weighted=(x.weighted + y.weighted) % MOD,
                 rows=x.rows + y.rows,
             )
         )
