@@ -14,7 +14,7 @@ from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.tracing import publish
 from sja.bus.watch import KvView
-from sja.core.windows import WindowRequest, find_windows
+from sja.core.windows import OfferPacer, WindowRequest, find_windows
 from sja.protocol import subjects
 from sja.protocol.messages import Offer, SliceState
 
@@ -45,11 +45,8 @@ class AdvertiserService(Service):
         self.view: KvView[SliceState] | None = None
         self.round = 0
         self.offers_published = 0
-        # slice_id -> (fence offered at, next time it may be offered again, current backoff)
-        self._last: dict[str, tuple[int, float, float]] = {}
+        self.pacer = OfferPacer(settings.reoffer_min_s, settings.reoffer_max_s)
         self._wake = asyncio.Event()
-        self._demand = False
-        self._demand_reset_at = 0.0
 
     async def on_start(self) -> None:
         assert self.js is not None
@@ -66,7 +63,7 @@ class AdvertiserService(Service):
     async def _demand_changed(self, msg: object) -> None:
         """New work arrived: unclaimed windows are offered again without waiting for their backoff
         (at most once per ``reoffer_min_s``, so a burst of submissions is one burst of offers)."""
-        self._demand = True
+        self.pacer.demand_changed()
         self._wake.set()
 
     async def _changed(self, key: str, value: SliceState | None, revision: int) -> None:
@@ -89,27 +86,12 @@ class AdvertiserService(Service):
     async def advertise_due(self, now: float) -> int:
         """Offer every free window that is new (slice just freed: its fence changed) or due again."""
         assert self.view is not None
-        if self._demand and now - self._demand_reset_at >= self.cfg.reoffer_min_s:
-            self._demand, self._demand_reset_at = False, now
-            self._last.clear()
         slices = {s.slice_id: s for s in self.view.values() if self._mine(s)}
         windows = find_windows(slices.values(), WindowRequest(now=now, horizon_s=self.cfg.horizon_s))
-        n = 0
-        for w in windows:
-            s = slices[w.slice_id]
-            rev = self.view.entries[w.slice_id][1]
-            last = self._last.get(w.slice_id)
-            if last is not None and last[0] == s.fence and now < last[1]:
-                continue
-            backoff = (
-                min(last[2] * 2, self.cfg.reoffer_max_s)
-                if last is not None and last[0] == s.fence
-                else self.cfg.reoffer_min_s
-            )
-            self._last[w.slice_id] = (s.fence, now + backoff, backoff)
-            await self._offer(s, rev, w, now)
-            n += 1
-        return n
+        due = self.pacer.due(windows, {k: s.fence for k, s in slices.items()}, now)
+        for w in due:
+            await self._offer(slices[w.slice_id], self.view.entries[w.slice_id][1], w, now)
+        return len(due)
 
     async def _offer(self, s: SliceState, revision: int, window: object, now: float) -> None:
         self.round += 1

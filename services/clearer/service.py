@@ -22,6 +22,7 @@ from sja.bus.settings import BaseSettings
 from sja.bus.tracing import extract, inject, publish, trace_id_hex
 from sja.core import leases
 from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear, grant_cost
+from sja.core.rounds import all_replied, live_agents
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
@@ -156,7 +157,7 @@ class ClearerService(Service):
         self.agents[hb.agent_id] = time.time()
 
     def live_agents(self, now: float) -> set[str]:
-        return {a for a, seen in self.agents.items() if now - seen <= self.cfg.agent_liveness_s}
+        return live_agents(self.agents, now, self.cfg.agent_liveness_s)
 
     async def on_offer(self, msg: Msg) -> None:
         offer = decode(msg.data, Offer)
@@ -186,8 +187,7 @@ class ClearerService(Service):
         await self._maybe_close_early(rnd)
 
     async def _maybe_close_early(self, rnd: OpenRound) -> None:
-        live = self.live_agents(time.time())
-        if live and live.issubset(rnd.replies):
+        if all_replied(rnd.replies, self.live_agents(time.time())):
             await self.close(rnd.offer.offer_id, "all_replied")
 
     async def close(self, offer_id: str, because: str) -> None:

@@ -146,23 +146,17 @@ class ExecutorService(Service):
         assert self.slices is not None
         got = await self.slices.get(sj.slice_id)
         now = time.time()
-        if got is None or sj.slice_id not in self.actors:
-            await self._complete(sj, _lost(now, "slice unknown to this executor"), {})
+        current, rev = got if got is not None else (None, 0)
+        verdict = leases.admit(
+            current, grant_id=sj.grant_id, fence=sj.fence, known=sj.slice_id in self.actors
+        )
+        if verdict != "run":
+            await self._complete(sj, _lost(now, LOST_BECAUSE[verdict]), {})
+            if verdict == "interrupted":
+                await self._free(sj)
             await msg.ack()
             return
-        current, rev = got
-        assert isinstance(current, SliceState)
-        if not leases.holds(current, sj.grant_id, sj.fence):
-            # Stale: the lease lapsed (and the slice may be someone else's now). Never run it.
-            await self._complete(sj, _lost(now, "lease lapsed before start (stale fence)"), {})
-            await msg.ack()
-            return
-        if current.status == "busy":
-            # Redelivered after this executor died mid-run: that run is lost, re-plan its work.
-            await self._complete(sj, _lost(now, "executor restarted during the subjob"), {})
-            await self._free(sj)
-            await msg.ack()
-            return
+        assert current is not None
         started = leases.start(
             current,
             grant_id=sj.grant_id,
@@ -275,6 +269,13 @@ class ExecutorService(Service):
                 return
             if await self.slices.cas(sj.slice_id, freed, rev) is not None:
                 return
+
+
+LOST_BECAUSE = {
+    "unknown": "slice unknown to this executor",
+    "stale": "lease lapsed before start (stale fence)",
+    "interrupted": "executor restarted during the subjob",
+}
 
 
 async def _keep_alive(msg: Msg) -> None:

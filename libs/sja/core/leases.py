@@ -118,3 +118,20 @@ def offline(s: SliceState, now: float) -> SliceState:
     return msgspec.structs.replace(
         s, status="offline", holder_job="", grant_id="", lease_until=0.0, updated_at=now
     )
+
+
+Admission = str
+"""``run``: start it; ``stale``: the lease lapsed or moved on (never run it); ``interrupted``: the slice
+is already busy with this very grant, so an earlier delivery started it and its executor died;
+``unknown``: the slice is not this executor's."""
+
+
+def admit(s: SliceState | None, *, grant_id: str, fence: int, known: bool) -> Admission:
+    """What an executor does with a delivered subjob, given the slice's current state."""
+    if s is None or not known:
+        return "unknown"
+    if not holds(s, grant_id, fence):
+        return "stale"
+    if s.status == "busy":
+        return "interrupted"
+    return "run"

@@ -60,3 +60,37 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
         out.append(window_of(s, start, end))
     out.sort(key=lambda w: (w.start_s, w.slice_id))
     return out
+
+
+class OfferPacer:
+    """When to offer a free window: at once when the slice is newly free (its fence changed), then
+    again while nobody takes it, backing off from ``min_s`` to ``max_s``. New demand (``reset``)
+    skips the pending backoffs, at most once per ``min_s``."""
+
+    def __init__(self, min_s: float, max_s: float) -> None:
+        self.min_s = min_s
+        self.max_s = max_s
+        self._last: dict[str, tuple[int, float, float]] = {}
+        """slice_id -> (fence offered at, earliest next offer, current backoff)"""
+        self._demand = False
+        self._demand_reset_at = -float("inf")
+
+    def demand_changed(self) -> None:
+        self._demand = True
+
+    def due(self, windows: Iterable[Window], fences: Mapping[str, int], now: float) -> list[Window]:
+        """The windows to offer now (recording that they were offered)."""
+        if self._demand and now - self._demand_reset_at >= self.min_s:
+            self._demand, self._demand_reset_at = False, now
+            self._last.clear()
+        out: list[Window] = []
+        for w in windows:
+            fence = fences[w.slice_id]
+            last = self._last.get(w.slice_id)
+            same = last is not None and last[0] == fence
+            if same and last is not None and now < last[1]:
+                continue
+            backoff = min(last[2] * 2, self.max_s) if same and last is not None else self.min_s
+            self._last[w.slice_id] = (fence, now + backoff, backoff)
+            out.append(w)
+        return out

@@ -1,0 +1,16 @@
+"""When a negotiation round may close: at its deadline, or as soon as every live agent answered."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+def live_agents(last_seen: Mapping[str, float], now: float, liveness_s: float) -> set[str]:
+    """Agents whose last heartbeat is at most ``liveness_s`` old."""
+    return {agent for agent, seen in last_seen.items() if now - seen <= liveness_s}
+
+
+def all_replied(replied: Iterable[str], live: set[str]) -> bool:
+    """Every live agent answered (an agent answers every offer, with or without proposals). With no
+    live agent known, a round waits for its deadline."""
+    return bool(live) and live.issubset(set(replied))
