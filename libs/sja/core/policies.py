@@ -317,7 +317,7 @@ def clear_auction(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: Policy
                 size=cand.size,
             )
         )
-    return Decision("auction", winner, wcand, tuple(out), price=round(price, 9))
+    return Decision("auction", winner, wcand, tuple(out), price=price)
 
 
 def clear_token(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
