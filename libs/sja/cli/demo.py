@@ -26,6 +26,8 @@ from sja.stack import LocalStack
 from sja.workloads import run_in_one_piece
 
 console = Console()
+if not console.is_terminal:  # logs and CI: wide enough for the tables
+    console = Console(width=160)
 
 
 def demo_jobs(quick: bool = False) -> list[JobSpec]:
