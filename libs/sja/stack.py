@@ -126,14 +126,20 @@ class LocalStack:
             await nc.close()
 
     def kill(self, instance: str) -> ServiceProc:
-        """SIGKILL one service process (crash test)."""
+        """SIGKILL one service process and everything it started (crash test)."""
         for p in self.procs:
             if p.instance == instance and p.proc.poll() is None:
-                p.proc.send_signal(signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.proc.pid, signal.SIGKILL)
                 p.proc.wait(timeout=10)
                 self.procs.remove(p)
                 return p
         raise KeyError(instance)
+
+    def restart(self, instance: str) -> ServiceProc:
+        """Start a killed replica again under the same instance id (it resumes its durable state)."""
+        name, _, index = instance.rpartition("-")
+        return self.spawn(name, int(index))
 
     def stop(self, timeout_s: float = 20.0) -> None:
         for p in reversed(self.procs):

@@ -55,12 +55,16 @@ class ExecutorService(Service):
         await asyncio.to_thread(self._init_ray)
         for s in self.slice_info.values():
             self.actors[s.slice_id] = self._new_actor(s)
+        # An actor's process start (seconds) must not count against the first subjob's window.
+        await asyncio.gather(*(self._ready(a) for a in self.actors.values()))
         durable = "executor-" + subjects._key(self.cfg.node)
         self._sub = await self.jetstream.pull_subscribe(
             f"{subjects.PREFIX}.subjob.dispatched.{subjects._key(self.cfg.node)}.>",
             durable=durable,
             stream=subjects.STREAM_SUBJOBS.name,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1),
+            # A subjob in progress is kept alive every few seconds; one whose executor died comes
+            # back after ack_wait and is reported lost (its units are planned again).
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1),
         )
         self.loop(self._pull_forever())
 
@@ -222,7 +226,12 @@ class ExecutorService(Service):
         if old is not None:
             with contextlib.suppress(Exception):
                 ray.kill(old, no_restart=True)
-        self.actors[slice_id] = self._new_actor(self.slice_info[slice_id])
+        actor = self._new_actor(self.slice_info[slice_id])
+        self.actors[slice_id] = actor
+        await self._ready(actor)
+
+    async def _ready(self, actor: Any) -> None:
+        await asyncio.wait_for(asyncio.wrap_future(actor.info.remote().future()), timeout=120)
 
     async def _complete(self, sj: Subjob, r: RunResult, carrier: dict[str, str]) -> None:
         c = Completion(
@@ -278,9 +287,12 @@ LOST_BECAUSE = {
 }
 
 
+ACK_WAIT_S = 10.0
+
+
 async def _keep_alive(msg: Msg) -> None:
     while True:
-        await asyncio.sleep(10.0)
+        await asyncio.sleep(ACK_WAIT_S / 3)
         with contextlib.suppress(Exception):
             await msg.in_progress()
 

@@ -252,8 +252,12 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
             profile.observe_oom(c.units, c.mem_cap_mib, c.peak_mem_mib)
         elif c.status == "timeout":
             profile.observe_timeout(c.units, c.time_cap_s, profile_name, compute_share)
-        elif c.status in ("failed", "lost"):
+        elif c.status == "failed":
+            # Only the workload's own failures count toward giving up; a subjob lost to the
+            # infrastructure (lease lapsed, executor died) is simply planned again.
             failures += 1
+            error = c.error or c.status
+        else:
             error = c.error or c.status
     summary = SubjobSummary(
         subjob_id=c.subjob_id,

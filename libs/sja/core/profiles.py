@@ -58,7 +58,8 @@ class LinearPosterior:
     """(mu0, mu1, p00, p01, p11, a, b) of the prior; precision scaled by the noise variance."""
     floor: float
     """Smallest reference scale (keeps ``s(x) > 0``)."""
-    obs: list[tuple[float, float]] = field(default_factory=list)
+    obs: list[tuple[float, float, bool]] = field(default_factory=list)
+    """(x, y, censored): a censored y is a lower bound (an OOM or a timeout), not a measurement."""
     s0: float = 1.0
     s1: float = 0.0
     mu0: float = 0.0
@@ -113,7 +114,7 @@ class LinearPosterior:
         2x off would then look like 2x noise for a long time."""
         mu0, mu1, p00, p01, p11, a, b = self.prior
         r0, r1 = p00 * mu0 + p01 * mu1, p01 * mu0 + p11 * mu1
-        for x, y in self.obs:
+        for x, y, _ in self.obs:
             s = self.scale(x)
             f0, f1, t = 1.0 / s, x / s, y / s
             p00, p01, p11 = p00 + f0 * f0, p01 + f0 * f1, p11 + f1 * f1
@@ -126,14 +127,16 @@ class LinearPosterior:
             mu0, mu1 = 0.0, mu1 + (p01 / p11) * mu0
         if mu1 < 0.0:
             mu0, mu1 = max(mu0 + (p01 / p00) * mu1, 0.0), 0.0
-        for x, y in self.obs:
+        for x, y, censored in self.obs:
+            if censored:  # a lower bound moves the line up; it says nothing about the spread
+                continue
             resid = (y - (mu0 + mu1 * x)) / self.scale(x)
             b += 0.5 * resid * resid
             a += 0.5
         self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b = mu0, mu1, p00, p01, p11, a, b
 
-    def update(self, x: float, y: float) -> None:
-        self.obs.append((float(x), float(y)))
+    def update(self, x: float, y: float, censored: bool = False) -> None:
+        self.obs.append((float(x), float(y), censored))
         del self.obs[:-MAX_OBSERVATIONS]
         self._fit()
         # Re-anchor the noise reference on what we now believe, and refit once with it.
@@ -166,12 +169,12 @@ class LinearPosterior:
         return _STD.cdf((y - self.mean(x)) / sd)
 
     def to_list(self) -> list[float]:
-        flat = [v for pair in self.obs for v in pair]
+        flat = [v for x, y, c in self.obs for v in (x, y, 1.0 if c else 0.0)]
         return [*self.prior, self.floor, self.s0, self.s1, *flat]
 
     @classmethod
     def from_list(cls, v: list[float]) -> LinearPosterior:
-        obs = [(v[i], v[i + 1]) for i in range(10, len(v) - 1, 2)]
+        obs = [(v[i], v[i + 1], v[i + 2] > 0.5) for i in range(10, len(v) - 2, 3)]
         post = cls(prior=tuple(v[:7]), floor=v[7], s0=v[8], s1=v[9], obs=obs)  # type: ignore[arg-type]
         post._fit()
         return post
@@ -204,6 +207,9 @@ class JobProfile:
     oom_bounds: list[tuple[int, float]] = field(default_factory=list)
     """(size, cap): size ``>= k`` exceeded ``cap`` MiB once; never plan it again under that cap."""
     timeout_bounds: list[tuple[int, float]] = field(default_factory=list)
+    """(size, full-speed seconds) of every timeout: kept for the record, not a hard bound. Durations
+    are noisy (a stalled host, a slow neighbour); one timeout must not ban a size forever, or a job
+    offered fixed-length windows could never run again. The censored observation moves the model."""
     """(size, seconds, full-speed-equivalent): size ``>= k`` overran this length once."""
     observations: int = 0
 
@@ -265,13 +271,12 @@ class JobProfile:
         return lo
 
     def max_size_under_bounds(self, mem_cap_mib: float, length_s: float, share: float) -> int | None:
-        """Largest size allowed by past OOMs and timeouts for this cap (None: unbounded)."""
+        """Largest size allowed by past OOMs for this memory cap (None: unbounded). Peak memory at a
+        size is nearly deterministic, so an OOM is a hard bound; timeouts are not (see
+        ``timeout_bounds``)."""
         limit: int | None = None
         for size, cap in self.oom_bounds:
             if mem_cap_mib <= cap:
-                limit = size - 1 if limit is None else min(limit, size - 1)
-        for size, full_len in self.timeout_bounds:
-            if length_s * share <= full_len:
                 limit = size - 1 if limit is None else min(limit, size - 1)
         return limit
 
@@ -297,7 +302,7 @@ class JobProfile:
     def observe_oom(self, k: int, cap_mib: float, peak_seen_mib: float = 0.0) -> None:
         """Peak memory at size ``k`` exceeded ``cap_mib`` (censored from below)."""
         self.oom_bounds.append((k, cap_mib))
-        self.mem.update(k, max(cap_mib, peak_seen_mib) * CENSORED_INFLATION)
+        self.mem.update(k, max(cap_mib, peak_seen_mib) * CENSORED_INFLATION, censored=True)
         self.observations += 1
 
     def observe_timeout(self, k: int, cap_s: float, profile: str, share: float) -> None:
@@ -305,7 +310,7 @@ class JobProfile:
         mu, _ = self.slowdown(profile, share)
         full_len = cap_s / math.exp(mu)
         self.timeout_bounds.append((k, cap_s * share))
-        self.time.update(k, full_len * CENSORED_INFLATION)
+        self.time.update(k, full_len * CENSORED_INFLATION, censored=True)
         self.observations += 1
 
     # --- serialization ----------------------------------------------------------------------------
