@@ -189,8 +189,8 @@ class AgentService(Service):
         if got is not None:
             state, rev = got
             assert isinstance(state, JobState)
-            if not state.owner_agent and not J.is_terminal(state):
-                claimed = J.settle(_replace(state, owner_agent=self.agent_id), time.time())
+            claimed = J.claim(state, self.agent_id, time.time())
+            if claimed is not None:
                 new_rev = await self.jobs.cas(state.job_id, claimed, rev)
                 if new_rev is not None:
                     self._remember(claimed, new_rev)
@@ -345,9 +345,3 @@ class AgentService(Service):
         async with self.lock(req.job_id):
             if req.job_id in self.owned:
                 await self.save(req.job_id, lambda s: J.request_cancel(s, time.time()))
-
-
-def _replace(state: JobState, **changes: object) -> JobState:
-    import msgspec
-
-    return msgspec.structs.replace(state, **changes)

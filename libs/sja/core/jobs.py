@@ -59,6 +59,13 @@ def new_job(job_id: str, spec: JobSpec, now: float) -> JobState:
     )
 
 
+def claim(state: JobState, agent_id: str, now: float) -> JobState | None:
+    """The job taken on by ``agent_id``, or ``None`` when it already has an owner or is over."""
+    if state.owner_agent or is_terminal(state):
+        return None
+    return settle(msgspec.structs.replace(state, owner_agent=agent_id), now)
+
+
 def profile_of(state: JobState) -> JobProfile:
     assert state.profile is not None
     return JobProfile.from_state(state.profile)
