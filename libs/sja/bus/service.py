@@ -66,6 +66,9 @@ class Service:
         await self.on_start()
         # Discovery answers only once the service is serving: readiness = answers $SRV.PING.
         await self._register_micro()
+        # Round-trip to the server: every subscription above is in place before anyone is told
+        # the service is up (a request right after start() must find its responder).
+        await self.bus.flush()
         log.info("%s started (%s)", self.instance, self.settings.nats_url)
 
     async def stop(self) -> None:
