@@ -8,8 +8,10 @@ import time
 
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
+from sja.bus.watch import KvView
 from sja.core import leases
 from sja.inventory.declared import load_declared
+from sja.protocol import subjects
 from sja.protocol.messages import SliceState
 
 log = logging.getLogger(__name__)
@@ -30,12 +32,21 @@ class InventoryService(Service):
         super().__init__(settings)
         self.cfg = settings
         self.declared: list[SliceState] = []
+        self.view: KvView[SliceState] | None = None
 
     async def on_start(self) -> None:
         wanted = {n for n in self.cfg.nodes.split(",") if n}
         self.declared = [s for s in load_declared(self.cfg.inventory) if not wanted or s.node in wanted]
         await self.publish_inventory()
+        assert self.js is not None
+        # The sweep reads a watched cache: listing the bucket would create a consumer per sweep.
+        self.view = KvView(await self.js.key_value(subjects.BUCKET_SLICES), SliceState)
+        await self.view.start()
         self.loop(self._sweep_forever())
+
+    async def on_stop(self) -> None:
+        if self.view is not None:
+            await self.view.stop()
 
     async def publish_inventory(self) -> None:
         assert self.slices is not None
@@ -72,11 +83,11 @@ class InventoryService(Service):
 
     async def sweep(self) -> int:
         """Free every slice of ours whose lease ran out; returns how many."""
-        assert self.slices is not None
+        assert self.slices is not None and self.view is not None
         ids = {s.slice_id for s in self.declared}
         freed = 0
         now = time.time()
-        for current, rev in await self.slices.all():
+        for current, rev in list(self.view.entries.values()):
             if current.slice_id not in ids:
                 continue
             new = leases.expire(current, now)
