@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sja.bus.connection import connect
-from sja.bus.natsd import EmbeddedNats
+from sja.bus.natsd import EmbeddedNats, die_with_parent
 
 DEFAULT_ORDER = ("inventory", "gateway", "clearer", "agent", "executor", "advertiser")
 
@@ -75,6 +75,7 @@ class LocalStack:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
         sp = ServiceProc(name, instance, proc, log_path)

@@ -15,6 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def die_with_parent() -> None:
+    """In a child process: get SIGTERM when the parent dies, however it dies (Linux). Without this a
+    killed supervisor leaves its servers and services running, and services reconnect forever to a
+    port that a later stack may reuse."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def nats_server_binary() -> str:
     """Path of the ``nats-server`` executable installed next to this interpreter."""
     candidates = [
@@ -69,10 +82,16 @@ class EmbeddedNats:
         args += self.extra_args
         if self.log_file:
             with open(self.log_file, "ab") as log:  # the child keeps its own descriptor
-                self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    args, stdout=log, stderr=log, start_new_session=True, preexec_fn=die_with_parent
+                )
         else:
             self.proc = subprocess.Popen(
-                args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+                args,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
