@@ -31,6 +31,7 @@ from sja.protocol.messages import (
     JobState,
     Offer,
     Outcome,
+    Proposal,
     Reply,
 )
 
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.agent")
 
 JOBS_CONSUMER = "agents"
+PLAN_CACHE_LIMIT = 200_000
 
 
 class AgentSettings(BaseSettings, frozen=True, kw_only=True):
@@ -61,6 +63,7 @@ class AgentService(Service):
             horizon_s=settings.horizon_s,
         )
         self.owned: dict[str, tuple[JobState, int]] = {}
+        self._plans: dict[tuple[object, ...], Proposal | None] = {}
         self.locks: dict[str, asyncio.Lock] = {}
 
     # --- start-up ----------------------------------------------------------------------------------
@@ -219,15 +222,33 @@ class AgentService(Service):
                 "sja.agent": self.agent_id,
             },
         ) as span:
-            proposals = []
-            for state, _ in list(self.owned.values()):
-                p = J.propose(state, offer, now, self.limits)
-                if p is not None:
-                    proposals.append(p)
+            proposals = self.proposals_for(offer, now)
             span.set_attribute("sja.proposals", len(proposals))
             span.set_attribute("sja.job_ids", ",".join(p.job_id for p in proposals))
             reply = Reply(offer_id=offer.offer_id, agent_id=self.agent_id, proposals=proposals)
             await publish(self.bus, offer.reply_to, reply)
+
+    def proposals_for(self, offer: Offer, now: float) -> list[Proposal]:
+        """Every owned job's proposal for an offer. A job's answer depends only on its state and
+        the window's shape, so it is memoized per (job state revision, window shape): offers of
+        like slices cost one planning per job state, not one per offer. Materialization re-plans
+        with the actual window, so a memoized answer can never make a subjob unsafe."""
+        w = offer.window
+        usable = (w.end_s if w.end_s is not None else now + self.limits.horizon_s) - max(now, w.start_s)
+        shape = (w.profile, w.mem_mib, w.compute_share, round(usable, 2))
+        if len(self._plans) > PLAN_CACHE_LIMIT:
+            self._plans.clear()
+        out: list[Proposal] = []
+        for job_id, (state, rev) in list(self.owned.items()):
+            key = (job_id, rev, shape)
+            if key in self._plans:
+                p = self._plans[key]
+            else:
+                p = J.propose(state, offer, now, self.limits)
+                self._plans[key] = p
+            if p is not None:
+                out.append(p)
+        return out
 
     async def on_outcome(self, msg: Msg) -> None:
         outcome = decode(msg.data, Outcome)

@@ -27,6 +27,10 @@ CENSORED_INFLATION = 1.15
 """A censored observation is recorded this far above the cap it broke."""
 
 
+Z_MAX = 7.0344869100478356
+"""z of the most extreme quantile used (q clamped to [1e-12, 1 - 1e-12])."""
+
+
 def z_of(q: float) -> float:
     return _STD.inv_cdf(min(max(q, 1e-12), 1 - 1e-12))
 
@@ -246,29 +250,40 @@ class JobProfile:
         mu, _ = self.slowdown(profile, share)
         return max(self.time.mean(k), 0.0) * math.exp(mu)
 
+    def _duration_parts(self, k: int, profile: str, share: float) -> tuple[float, float, float, float, float, float]:
+        """(mean, sd) of the full-speed duration at ``k`` and at 1, and of the log slowdown."""
+        mu, sd = self.slowdown(profile, share)
+        t = self.time
+        return t.mean(k), t.sd(k), t.mean(1), t.sd(1), mu, sd
+
+    @staticmethod
+    def _duration_at(z: float, parts: tuple[float, float, float, float, float, float]) -> float:
+        mk, sk, m1, s1, mu, sd = parts
+        return max(mk + z * sk, m1 + z * s1, 0.0) * math.exp(mu + z * sd)
+
     def duration_quantile(self, k: int, q: float, profile: str, share: float) -> float:
         """The ``q`` quantile of the full-speed duration times the ``q`` quantile of the profile's
         slowdown (conservative: both tails at once)."""
-        mu, sd = self.slowdown(profile, share)
-        full = max(self.time.quantile(k, q), self.time.quantile(1, q), 0.0)
-        return full * math.exp(mu + z_of(q) * sd)
+        return self._duration_at(z_of(q), self._duration_parts(k, profile, share))
 
     def time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
-        """P(duration <= length) consistent with ``duration_quantile`` (its inverse in q)."""
+        """P(duration <= length) consistent with ``duration_quantile``: the quantile is increasing in
+        z, so the z at which it equals the length is found by bisection and mapped back to q."""
         if length_s <= 0:
             return 0.0
-        lo, hi = 1e-9, 1.0 - 1e-9
-        if self.duration_quantile(k, lo, profile, share) > length_s:
+        parts = self._duration_parts(k, profile, share)
+        lo, hi = -Z_MAX, Z_MAX
+        if self._duration_at(lo, parts) > length_s:
             return 0.0
-        if self.duration_quantile(k, hi, profile, share) <= length_s:
+        if self._duration_at(hi, parts) <= length_s:
             return 1.0
-        for _ in range(48):
+        for _ in range(40):
             mid = 0.5 * (lo + hi)
-            if self.duration_quantile(k, mid, profile, share) <= length_s:
+            if self._duration_at(mid, parts) <= length_s:
                 lo = mid
             else:
                 hi = mid
-        return lo
+        return _STD.cdf(lo)
 
     def max_size_under_bounds(self, mem_cap_mib: float, length_s: float, share: float) -> int | None:
         """Largest size allowed by past OOMs for this memory cap (None: unbounded). Peak memory at a
