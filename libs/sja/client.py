@@ -1,14 +1,23 @@
-"""A typed client for the gateway's request/reply API (what the CLI and the demo use)."""
+"""A typed client for the gateway's request/reply API (what the CLI and the demo use).
+
+Without a tenant the client uses the operator subjects (``sja.v1.job.submit``, ...), as the
+one-machine stack always has. With ``tenant`` it uses that tenant's subjects
+(``sja.v1.job.submit.<tenant>``): the only ones a tenant's NATS user may publish on, answered by the
+gateway for that tenant's jobs only. A request the server refuses for this user fails at once with
+``ApiError`` code ``forbidden`` (rather than waiting for a reply that cannot come).
+"""
 
 from __future__ import annotations
 
-from typing import TypeVar
+import asyncio
+import contextlib
+from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client as Nats
 
 from sja.bus.codec import decode_union, encode
-from sja.bus.connection import connect
+from sja.bus.connection import NatsAuth, PermissionViolation, connect
 from sja.protocol import subjects
 from sja.protocol.messages import (
     ErrorReply,
@@ -35,20 +44,108 @@ class ApiError(Exception):
         self.error = err
 
 
+class Denials:
+    """Permission violations the server reported for a client's connection, matched to requests."""
+
+    def __init__(self) -> None:
+        self.seen: list[PermissionViolation] = []
+        self._waiters: dict[str, list[asyncio.Future[PermissionViolation]]] = {}
+
+    def report(self, violation: PermissionViolation) -> None:
+        self.seen.append(violation)
+        for fut in self._waiters.pop(violation.subject.lower(), []):
+            if not fut.done():
+                fut.set_result(violation)
+
+    def watch(self, subject: str) -> asyncio.Future[PermissionViolation]:
+        fut: asyncio.Future[PermissionViolation] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(subject.lower(), []).append(fut)
+        return fut
+
+    def forget(self, subject: str, fut: asyncio.Future[PermissionViolation]) -> None:
+        waiters = self._waiters.get(subject.lower(), [])
+        if fut in waiters:
+            waiters.remove(fut)
+        if not waiters:
+            self._waiters.pop(subject.lower(), None)
+        fut.cancel()
+
+
 class SjaClient:
-    def __init__(self, nc: Nats, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        nc: Nats,
+        timeout_s: float = 10.0,
+        *,
+        tenant: str = "",
+        denials: Denials | None = None,
+    ) -> None:
         self.nc = nc
         self.timeout_s = timeout_s
+        self.tenant = subjects.tenant_token(tenant) if tenant else ""
+        self.denials = denials
 
     @classmethod
-    async def connect(cls, url: str, timeout_s: float = 10.0) -> SjaClient:
-        return cls(await connect(url, "sja-cli"), timeout_s)
+    async def connect(
+        cls,
+        url: str,
+        timeout_s: float = 10.0,
+        *,
+        tenant: str = "",
+        auth: NatsAuth | None = None,
+    ) -> SjaClient:
+        """Connect to the gateway's NATS; ``tenant`` scopes every request to that tenant (required with a
+        tenant's credentials), ``auth`` gives the credentials (none: an open server)."""
+        if tenant:
+            subjects.tenant_token(tenant)  # a bad name fails here, before any connection
+        denials = Denials()
+        nc = await connect(url, "sja-cli", auth=auth, on_permission_violation=denials.report)
+        return cls(nc, timeout_s, tenant=tenant, denials=denials)
 
     async def close(self) -> None:
         await self.nc.drain()
 
-    async def _call(self, subject: str, req: msgspec.Struct, typ: type[T]) -> T:
-        msg = await self.nc.request(subject, encode(req), timeout=self.timeout_s)
+    def _subject(self, request: str) -> str:
+        return subjects.tenant_request(request, self.tenant) if self.tenant else request
+
+    async def _call(self, request: str, req: msgspec.Struct, typ: type[T]) -> T:
+        subject = self._subject(request)
+        if self.denials is None:
+            msg = await self.nc.request(subject, encode(req), timeout=self.timeout_s)
+        else:
+            denied = self.denials.watch(subject)
+            call = asyncio.ensure_future(self.nc.request(subject, encode(req), timeout=self.timeout_s))
+            try:
+                pending: set[asyncio.Future[Any]] = {call, denied}
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if denied.done() and not call.done():
+                    call.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await call
+                    raise ApiError(
+                        ErrorReply(
+                            code="forbidden",
+                            message=f"the NATS server refused to publish on {subject} for these "
+                            "credentials" + (f" (tenant {self.tenant})" if self.tenant else ""),
+                        )
+                    )
+                try:
+                    msg = call.result()
+                except TimeoutError:
+                    refused = [v for v in self.denials.seen if v.operation == "subscription"]
+                    if not refused:
+                        raise
+                    raise ApiError(
+                        ErrorReply(
+                            code="forbidden",
+                            message=f"no reply can arrive: the NATS server refused the subscription to "
+                            f"{refused[-1].subject} for these credentials (check the inbox prefix)",
+                        )
+                    ) from None
+            finally:
+                self.denials.forget(subject, denied)
+                if not call.done():
+                    call.cancel()
         reply = decode_union(msg.data, typ | ErrorReply)
         if isinstance(reply, ErrorReply):
             raise ApiError(reply)

@@ -95,6 +95,7 @@ class ExecutorService(Service):
             if self.cfg.ray_num_cpus:
                 kwargs["num_cpus"] = self.cfg.ray_num_cpus
             ray.init(
+                address="local",  # never join some other Ray cluster running on this machine
                 namespace="sja",
                 resources=resources,
                 include_dashboard=False,

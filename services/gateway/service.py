@@ -1,5 +1,12 @@
 """Gateway: the request/reply API behind the CLI (micro service ``sja-gateway``): submit, status,
-list, cancel, and the rounds a job took part in."""
+list, cancel, and the rounds a job took part in.
+
+Each request is served on two subjects: the operator's (``sja.v1.job.submit``: any tenant) and the
+tenant's (``sja.v1.job.submit.<tenant>``). NATS does not tell a responder who sent a request, so
+tenant isolation rests on both sides: the server lets a tenant's user publish only on its own
+``<tenant>`` subjects (``infra/nats/auth.conf``), and the gateway answers a ``<tenant>`` subject only
+about that tenant's jobs: a submission for another tenant is ``forbidden``, another tenant's job is
+``not_found`` (its existence is not revealed), and rounds show other tenants' bids anonymized."""
 
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from sja.protocol.messages import (
     RoundsView,
     SubmitAck,
     SubmitJob,
+    Verdict,
 )
 from sja.workloads import SpecError
 
@@ -65,9 +73,20 @@ class GatewayService(Service):
             ("rounds", subjects.JOB_ROUNDS, self.rounds),
         ):
             await micro.add_endpoint(name=name, subject=subject, handler=_typed(handler))
+            await micro.add_endpoint(
+                name=f"tenant-{name}",
+                subject=subjects.tenant_request(subject, "*"),
+                handler=_typed(handler),
+            )
 
-    async def submit(self, data: bytes) -> msgspec.Struct:
+    async def submit(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         req = decode(data, SubmitJob)
+        if tenant is not None and req.spec.tenant != tenant:
+            return ErrorReply(
+                code="forbidden",
+                message=f"tenant {tenant!r} cannot submit a job for tenant {req.spec.tenant!r}",
+                field="spec.tenant",
+            )
         job_id = job_id_for(req.spec.name, req.spec.tenant, req.request_id)
         try:
             state = J.new_job(job_id, req.spec, time.time())
@@ -83,40 +102,59 @@ class GatewayService(Service):
         log.info("job %s submitted by %s (%s)", job_id, req.spec.tenant, req.spec.workload)
         return SubmitAck(job_id=job_id)
 
-    async def status(self, data: bytes) -> msgspec.Struct:
-        q = decode(data, JobQuery)
+    async def _job(self, job_id: str, tenant: str | None) -> tuple[JobState, int] | ErrorReply:
+        """The job and its revision, or ``not_found`` (also for another tenant's job)."""
         assert self.jobs is not None
-        got = await self.jobs.get(q.job_id)
-        if got is None:
-            return ErrorReply(code="not_found", message=f"no job {q.job_id}", field="job_id")
+        got = await self.jobs.get(job_id)
+        if got is None or (tenant is not None and got[0].spec.tenant != tenant):
+            return ErrorReply(code="not_found", message=f"no job {job_id}", field="job_id")
+        return got
+
+    async def status(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
+        q = decode(data, JobQuery)
+        got = await self._job(q.job_id, tenant)
+        if isinstance(got, ErrorReply):
+            return got
         return JobView(state=got[0])
 
-    async def list_jobs(self, data: bytes) -> msgspec.Struct:
+    async def list_jobs(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         q = decode(data, JobListQuery)
+        wanted = q.tenant
+        if tenant is not None:
+            if wanted and wanted != tenant:
+                return ErrorReply(
+                    code="forbidden",
+                    message=f"tenant {tenant!r} cannot list the jobs of tenant {wanted!r}",
+                    field="tenant",
+                )
+            wanted = tenant
         assert self.jobs is not None
         states = [s for s, _ in await self.jobs.all()]
-        if q.tenant:
-            states = [s for s in states if s.spec.tenant == q.tenant]
+        if wanted:
+            states = [s for s in states if s.spec.tenant == wanted]
         states.sort(key=lambda s: (s.submitted_at, s.job_id))
         return JobList(jobs=states[: q.limit])
 
-    async def cancel(self, data: bytes) -> msgspec.Struct:
+    async def cancel(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         q = decode(data, JobQuery)
-        assert self.jobs is not None
         for _ in range(20):
-            got = await self.jobs.get(q.job_id)
-            if got is None:
-                return ErrorReply(code="not_found", message=f"no job {q.job_id}", field="job_id")
+            got = await self._job(q.job_id, tenant)
+            if isinstance(got, ErrorReply):
+                return got
             state, rev = got
-            assert isinstance(state, JobState)
+            assert isinstance(state, JobState) and self.jobs is not None
             new = J.request_cancel(state, time.time())
             if new == state or await self.jobs.cas(q.job_id, new, rev) is not None:
                 await self.bus.publish(subjects.JOB_CANCEL_REQUESTED, encode(JobCancel(job_id=q.job_id)))
                 return JobView(state=new)
         return ErrorReply(code="conflict", message=f"job {q.job_id} is changing too fast; retry")
 
-    async def rounds(self, data: bytes) -> msgspec.Struct:
+    async def rounds(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         q = decode(data, RoundsQuery)
+        if tenant is not None:
+            got = await self._job(q.job_id, tenant)
+            if isinstance(got, ErrorReply):
+                return got
         records: list[RoundRecord] = []
         js = self.jetstream
         info = await js.stream_info(subjects.STREAM_ROUNDS.name)
@@ -142,15 +180,52 @@ class GatewayService(Service):
                         break
             finally:
                 await sub.unsubscribe()
-        return RoundsView(rounds=records[-2000:])
+        records = records[-2000:]
+        if tenant is not None:
+            records = [anonymize_round(r, tenant) for r in records]
+        return RoundsView(rounds=records)
+
+
+OTHER = "(other tenant)"
+
+
+def anonymize_round(record: RoundRecord, tenant: str) -> RoundRecord:
+    """The round as a tenant may see it: other tenants' bids keep their outcome, score and size, but
+    not their job, tenant or reason; their job ids are also taken out of the tenant's own reasons."""
+    others = {v.job_id for v in record.verdicts if v.tenant != tenant}
+    if not others:
+        return record
+
+    def scrub(text: str) -> str:
+        for job_id in sorted(others, key=len, reverse=True):
+            text = text.replace(job_id, OTHER)
+        return text
+
+    verdicts = [
+        msgspec.structs.replace(v, reason=scrub(v.reason))
+        if v.tenant == tenant
+        else Verdict(
+            job_id=OTHER,
+            tenant=OTHER,
+            agent_id=v.agent_id,
+            won=v.won,
+            reason="won" if v.won else "lost",
+            score=v.score,
+            size=v.size,
+        )
+        for v in record.verdicts
+    ]
+    winner = OTHER if record.winner_job in others else record.winner_job
+    return msgspec.structs.replace(record, verdicts=verdicts, winner_job=winner, note=scrub(record.note))
 
 
 def _typed(handler: Any) -> Any:
-    """Turn a ``bytes -> Struct`` handler into a micro endpoint with typed error replies."""
+    """Turn a ``(bytes, tenant) -> Struct`` handler into a micro endpoint with typed error replies;
+    the tenant is the last token of a tenant-scoped subject, ``None`` on an operator subject."""
 
     async def endpoint(req: Request) -> None:
         try:
-            result = await handler(req.data)
+            result = await handler(req.data, subjects.tenant_of(req.subject))
         except DecodeError as e:
             result = ErrorReply(code="bad_request", message=str(e), field=e.field)
         except Exception as e:

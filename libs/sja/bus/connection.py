@@ -1,11 +1,31 @@
-"""Connecting to NATS and declaring the JetStream streams and KV buckets SJA uses."""
+"""Connecting to NATS and declaring the JetStream streams and KV buckets SJA uses.
+
+``connect`` takes optional credentials (``NatsAuth``: user and password or a password file, a
+``.creds`` file, an NKey seed file, TLS CA / client certificate and key). With none of them it
+connects as before, which is what the embedded one-machine stack and the tests use. With a user it
+also moves the connection's reply inbox to ``_INBOX.<user>`` so the server can let each user read
+only its own replies (see ``infra/nats/auth.conf``).
+
+The server reports a publish or subscribe it refuses (``Permissions Violation``) without closing the
+connection; ``connect`` logs each one at ERROR with the subject and hands it to the caller's
+``on_permission_violation`` so services can count them. A refused login fails ``connect`` at once
+with ``NatsAuthError`` instead of retrying forever.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import logging
-from typing import Generic, TypeVar
+import re
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
@@ -16,17 +36,224 @@ from sja.bus.codec import decode, encode
 from sja.protocol import subjects
 from sja.protocol.messages import JobState, Message, SliceState
 
+if TYPE_CHECKING:
+    from sja.bus.settings import BaseSettings
+
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 
 DAY_S = 86_400.0
 
+DEFAULT_INBOX_PREFIX = "_INBOX"
+_UNSAFE_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
-async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Client:
-    """Connect with unbounded reconnects: a restarted server is rejoined, not fatal."""
+
+class NatsAuthError(ConnectionError):
+    """The server refused this connection's credentials (user/password, creds, NKey or TLS)."""
+
+
+class NatsConfigError(ValueError):
+    """Connection options that cannot work together or point at files that cannot be read."""
+
+
+@dataclass(frozen=True)
+class NatsAuth:
+    """How to authenticate to NATS. Every field is optional; empty means "not used".
+
+    Secrets never appear in ``repr`` or log lines: ``describe()`` names the method, not the secret.
+    """
+
+    user: str = ""
+    password: str = ""
+    password_file: str = ""
+    """A file holding the password (a mounted secret); surrounding whitespace is ignored."""
+    creds_file: str = ""
+    """A NATS ``.creds`` file (JWT and NKey seed), for servers run in operator mode."""
+    nkey_seed_file: str = ""
+    """A file holding an NKey seed (``SU...``), for servers that list users by NKey."""
+    tls_ca: str = ""
+    """CA bundle that signed the server's certificate (else the system trust store)."""
+    tls_cert: str = ""
+    tls_key: str = ""
+    """Client certificate and key, for servers that verify clients (mutual TLS)."""
+    inbox_prefix: str = ""
+    """Reply inbox prefix; empty: ``_INBOX.<user>`` with a user, ``_INBOX`` without."""
+
+    def __repr__(self) -> str:
+        return f"NatsAuth({self.describe()})"
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings, **overrides: str) -> NatsAuth:
+        """The credentials of a service or CLI from its settings (``SJA_NATS_*``)."""
+        fields: dict[str, str] = {
+            "user": settings.nats_user,
+            "password": settings.nats_password,
+            "password_file": settings.nats_password_file,
+            "creds_file": settings.nats_creds,
+            "nkey_seed_file": settings.nats_nkey_seed,
+            "tls_ca": settings.nats_tls_ca,
+            "tls_cert": settings.nats_tls_cert,
+            "tls_key": settings.nats_tls_key,
+            "inbox_prefix": settings.nats_inbox_prefix,
+        }
+        fields.update({k: v for k, v in overrides.items() if v})
+        return cls(**fields)
+
+    @property
+    def configured(self) -> bool:
+        return any(
+            (
+                self.user,
+                self.password,
+                self.password_file,
+                self.creds_file,
+                self.nkey_seed_file,
+                self.tls_ca,
+                self.tls_cert,
+                self.tls_key,
+            )
+        )
+
+    def describe(self) -> str:
+        """What authenticates this connection, without any secret."""
+        parts = []
+        if self.user:
+            parts.append(f"user {self.user!r}")
+        if self.creds_file:
+            parts.append(f"creds {self.creds_file}")
+        if self.nkey_seed_file:
+            parts.append(f"nkey seed {self.nkey_seed_file}")
+        if self.tls_cert:
+            parts.append(f"client certificate {self.tls_cert}")
+        if self.tls_ca:
+            parts.append(f"CA {self.tls_ca}")
+        return ", ".join(parts) or "no credentials"
+
+    def effective_inbox_prefix(self) -> str:
+        """The reply inbox prefix: explicit, else ``_INBOX.<user>`` (the user made token-safe)."""
+        if self.inbox_prefix:
+            return self.inbox_prefix
+        if self.user:
+            return f"{DEFAULT_INBOX_PREFIX}.{_UNSAFE_TOKEN.sub('_', self.user)}"
+        return DEFAULT_INBOX_PREFIX
+
+    def resolved_password(self) -> str:
+        if self.password and self.password_file:
+            raise NatsConfigError("give a NATS password or a password file, not both")
+        if self.password_file:
+            try:
+                return Path(self.password_file).read_text(encoding="utf-8").strip()
+            except OSError as e:
+                raise NatsConfigError(
+                    f"cannot read the NATS password file {self.password_file}: {e}"
+                ) from None
+        return self.password
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A TLS context when any TLS option is set (else ``None``: plain, or ``tls://`` defaults)."""
+        if not (self.tls_ca or self.tls_cert or self.tls_key):
+            return None
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise NatsConfigError("a TLS client certificate needs its key and the key its certificate")
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca or None)
+            if self.tls_cert:
+                ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        except (OSError, ssl.SSLError) as e:
+            raise NatsConfigError(f"bad NATS TLS files ({self.describe()}): {e}") from None
+        return ctx
+
+    def connect_options(self) -> dict[str, Any]:
+        """Validated keyword arguments for ``nats.connect``."""
+        opts: dict[str, Any] = {"inbox_prefix": self.effective_inbox_prefix()}
+        password = self.resolved_password()
+        if password and not self.user:
+            raise NatsConfigError("a NATS password needs a user (SJA_NATS_USER)")
+        if self.user:
+            opts["user"] = self.user
+            opts["password"] = password
+        if self.creds_file and self.nkey_seed_file:
+            raise NatsConfigError("give a NATS creds file or an NKey seed file, not both")
+        for path in (self.creds_file, self.nkey_seed_file):
+            if path and not Path(path).is_file():
+                raise NatsConfigError(f"NATS credentials file {path} does not exist")
+        if (self.creds_file or self.nkey_seed_file) and importlib.util.find_spec("nkeys") is None:
+            raise NatsConfigError(
+                "NATS creds and NKey seed files need the 'nkeys' package (pip install 'nats-py[nkeys]')"
+            )
+        if self.creds_file:
+            opts["user_credentials"] = self.creds_file
+        if self.nkey_seed_file:
+            opts["nkeys_seed"] = self.nkey_seed_file
+        ctx = self.ssl_context()
+        if ctx is not None:
+            opts["tls"] = ctx
+        return opts
+
+
+@dataclass(frozen=True)
+class PermissionViolation:
+    """A publish or subscribe the server refused for this connection's user."""
+
+    operation: str
+    """``publish`` or ``subscription``."""
+    subject: str
+    """As the server reported it (the client library lower-cases server errors)."""
+    message: str
+
+
+_VIOLATION = re.compile(
+    r"permissions violation for (publish|subscription) to \"?([^\"\s]+)\"?", re.IGNORECASE
+)
+
+
+def parse_permission_violation(error: object) -> PermissionViolation | None:
+    """The violation a NATS error reports, or ``None`` for any other error."""
+    text = str(error)
+    found = _VIOLATION.search(text)
+    if found is None:
+        return None
+    return PermissionViolation(operation=found.group(1).lower(), subject=found.group(2), message=text)
+
+
+async def connect(
+    url: str,
+    name: str,
+    *,
+    connect_timeout_s: float = 5.0,
+    auth: NatsAuth | None = None,
+    on_permission_violation: Callable[[PermissionViolation], None] | None = None,
+) -> Client:
+    """Connect with unbounded reconnects: a restarted server is rejoined, not fatal.
+
+    Credentials come from ``auth`` (none: an open server, as the dev stack runs). A server that
+    refuses the credentials at the first connection fails this call with ``NatsAuthError``; bad
+    options (a missing file, a password without user) fail with ``NatsConfigError`` before any I/O.
+    """
+    auth = auth or NatsAuth()
+    options = auth.connect_options()
+    connecting = True
 
     async def on_error(e: Exception) -> None:
+        violation = parse_permission_violation(e)
+        if violation is not None:
+            log.error(
+                "nats permissions violation in %s (%s): %s to %r refused by the server",
+                name,
+                auth.describe(),
+                violation.operation,
+                violation.subject,
+            )
+            if on_permission_violation is not None:
+                on_permission_violation(violation)
+            return
+        if "authorization violation" in str(e).lower() or isinstance(e, nats.errors.AuthorizationError):
+            if connecting:
+                # Raised out of the client's connect loop, which would otherwise retry forever.
+                raise NatsAuthError(f"NATS at {url} refused the credentials of {name} ({auth.describe()})")
+            log.error("nats refused the credentials of %s (%s) on reconnect", name, auth.describe())
+            return
         log.warning("nats error in %s: %s", name, e)
 
     async def on_disconnect() -> None:
@@ -35,9 +262,7 @@ async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Cli
     async def on_reconnect() -> None:
         log.info("%s reconnected to nats", name)
 
-    return await nats.connect(
-        servers=url.split(","),
-        name=name,
+    options.update(
         connect_timeout=connect_timeout_s,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
@@ -48,6 +273,23 @@ async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Cli
         pending_size=64 * 1024 * 1024,
         drain_timeout=5,
     )
+    nc = Client()
+    try:
+        await nc.connect(servers=url.split(","), name=name, **options)
+    except BaseException:
+        if not nc.is_closed:
+            await asyncio.shield(_close_quietly(nc))
+        raise
+    finally:
+        connecting = False
+    return nc
+
+
+async def _close_quietly(nc: Client) -> None:
+    try:
+        await nc.close()
+    except Exception as e:  # the connection never fully opened
+        log.debug("closing a failed nats connection: %s", e)
 
 
 async def ensure_jetstream(js: JetStreamContext, replicas: int = 1) -> None:

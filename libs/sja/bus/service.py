@@ -2,6 +2,10 @@
 
 ``stop()`` stops intake (drains subscriptions), waits for in-flight handlers up to the drain timeout,
 drains the connection, then flushes telemetry. ``start()`` and ``stop()`` are idempotent.
+
+A service connects with the credentials of its settings (``SJA_NATS_USER`` and friends, see
+``NatsAuth``); every publish or subscribe the server refuses is logged at ERROR by ``connect`` and
+counted here (``permission_violations``), so a deployment with a wrong permission is visible.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from sja import __version__
-from sja.bus.connection import Store, connect, ensure_jetstream, stores
+from sja.bus.connection import NatsAuth, PermissionViolation, Store, connect, ensure_jetstream, stores
 from sja.bus.settings import BaseSettings
 from sja.protocol.messages import JobState, SliceState
 from sja.telemetry.setup import flush_tracing, setup_tracing
@@ -51,6 +55,9 @@ class Service:
         self._started = False
         self._stopped = False
         self.stopping = asyncio.Event()
+        self.permission_violations = 0
+        """Publishes and subscriptions the NATS server refused for this service's user."""
+        self.last_permission_violation: PermissionViolation | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -59,7 +66,12 @@ class Service:
             return
         self._started = True
         setup_tracing(f"sja-{self.name}", out_dir=self.settings.out_dir)
-        self.nc = await connect(self.settings.nats_url, self.instance)
+        self.nc = await connect(
+            self.settings.nats_url,
+            self.instance,
+            auth=NatsAuth.from_settings(self.settings),
+            on_permission_violation=self._on_permission_violation,
+        )
         self.js = self.nc.jetstream()
         await ensure_jetstream(self.js)
         self.slices, self.jobs = await stores(self.js)
@@ -104,6 +116,10 @@ class Service:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    def _on_permission_violation(self, violation: PermissionViolation) -> None:
+        self.permission_violations += 1
+        self.last_permission_violation = violation
 
     # --- hooks for subclasses ----------------------------------------------------------------------
 

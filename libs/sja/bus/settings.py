@@ -26,6 +26,32 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Replica id; defaults to ``<service>-<host>-<pid>``."""
     log_level: str = "INFO"
     drain_timeout_s: float = 10.0
+    # NATS credentials (all optional; empty: an open server, as the one-machine stack runs).
+    nats_user: str = ""
+    nats_password: str = ""
+    nats_password_file: str = ""
+    """A file holding the password (a mounted secret); use it or ``nats_password``, not both."""
+    nats_creds: str = ""
+    """A NATS ``.creds`` file (JWT + NKey seed) for servers in operator mode."""
+    nats_nkey_seed: str = ""
+    """A file holding an NKey seed, for servers that list users by NKey."""
+    nats_tls_ca: str = ""
+    """CA bundle for the server's certificate (``tls://`` URLs use the system store without it)."""
+    nats_tls_cert: str = ""
+    nats_tls_key: str = ""
+    """Client certificate and key, for servers that verify clients."""
+    nats_inbox_prefix: str = ""
+    """Reply inbox prefix; empty: ``_INBOX.<nats_user>`` (what ``infra/nats/auth.conf`` allows)."""
+
+    def __repr__(self) -> str:
+        """Like the default, with the password masked (settings end up in logs and tracebacks)."""
+        fields = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if name == "nats_password" and value:
+                value = "***"
+            fields.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(fields)})"
 
     @classmethod
     def from_env(cls: type[S], env: Mapping[str, str] | None = None, **overrides: Any) -> S:

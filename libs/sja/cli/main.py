@@ -23,6 +23,37 @@ NatsOpt = Annotated[
     typer.Option("--nats", envvar="SJA_NATS_URL", help="NATS server URL of the stack."),
 ]
 DEFAULT_NATS = "nats://127.0.0.1:4222"
+UserOpt = Annotated[
+    str,
+    typer.Option("--user", envvar="SJA_NATS_USER", help="NATS user (a tenant's or the operator's)."),
+]
+PasswordOpt = Annotated[
+    str,
+    typer.Option(
+        "--password",
+        envvar="SJA_NATS_PASSWORD",
+        help="NATS password (prefer the env var or SJA_NATS_PASSWORD_FILE to the command line).",
+    ),
+]
+TenantOpt = Annotated[
+    str,
+    typer.Option(
+        "--tenant",
+        envvar="SJA_TENANT",
+        help="Act as this tenant: use its own API subjects (required with a tenant's credentials).",
+    ),
+]
+
+
+async def _connect_client(nats: str, user: str, password: str, tenant: str) -> Any:
+    """A gateway client with the credentials of the options and the SJA_NATS_* environment (password
+    file, creds file, TLS), scoped to ``tenant`` when one is given."""
+    from sja.bus.connection import NatsAuth
+    from sja.bus.settings import BaseSettings
+    from sja.client import SjaClient
+
+    auth = NatsAuth.from_settings(BaseSettings.from_env(), user=user, password=password)
+    return await SjaClient.connect(nats, tenant=tenant, auth=auth)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -110,9 +141,12 @@ def submit(
     files: Annotated[list[Path], typer.Argument(help="Job spec files (YAML or JSON).")],
     nats: NatsOpt = DEFAULT_NATS,
     request_id: Annotated[str, typer.Option(help="Idempotency key (one file only).")] = "",
+    user: UserOpt = "",
+    password: PasswordOpt = "",
+    tenant: TenantOpt = "",
 ) -> None:
     """Submit jobs; prints each job id."""
-    from sja.client import ApiError, SjaClient, load_spec
+    from sja.client import ApiError, load_spec
 
     specs = []
     for f in files:
@@ -124,7 +158,7 @@ def submit(
             fail(str(e))
 
     async def go() -> None:
-        c = await SjaClient.connect(nats)
+        c = await _connect_client(nats, user, password, tenant)
         try:
             for spec in specs:
                 ack = await c.submit(spec, request_id=request_id)
@@ -140,8 +174,18 @@ def submit(
 def _with_connection_errors(fn: Any) -> None:
     import nats.errors
 
+    from sja.bus.connection import NatsAuthError, NatsConfigError
+    from sja.bus.settings import SettingsError
+    from sja.client import ApiError
+
     try:
         run_async(fn())
+    except ApiError as e:
+        fail(str(e))
+    except NatsAuthError as e:
+        fail(f"{e}: check --user/--password (SJA_NATS_USER, SJA_NATS_PASSWORD) or SJA_NATS_CREDS")
+    except (NatsConfigError, SettingsError, ValueError) as e:
+        fail(str(e))
     except (nats.errors.NoServersError, OSError, nats.errors.TimeoutError, TimeoutError) as e:
         fail(f"cannot reach the SJA gateway ({type(e).__name__}): is the stack up? ({e})")
 
@@ -151,12 +195,15 @@ def status(
     job_id: str,
     nats: NatsOpt = DEFAULT_NATS,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    user: UserOpt = "",
+    password: PasswordOpt = "",
+    tenant: TenantOpt = "",
 ) -> None:
     """Show one job: state, progress, subjobs."""
-    from sja.client import ApiError, SjaClient
+    from sja.client import ApiError
 
     async def go() -> None:
-        c = await SjaClient.connect(nats)
+        c = await _connect_client(nats, user, password, tenant)
         try:
             s = await c.status(job_id)
         except ApiError as e:
@@ -210,15 +257,21 @@ def status(
 @app.command("jobs")
 def list_jobs(
     nats: NatsOpt = DEFAULT_NATS,
-    tenant: Annotated[str, typer.Option(help="Only this tenant's jobs.")] = "",
+    tenant: Annotated[
+        str,
+        typer.Option(
+            "--tenant", envvar="SJA_TENANT", help="Only this tenant's jobs (through its own API subjects)."
+        ),
+    ] = "",
+    user: UserOpt = "",
+    password: PasswordOpt = "",
 ) -> None:
     """List jobs."""
-    from sja.client import SjaClient
 
     async def go() -> None:
-        c = await SjaClient.connect(nats)
+        c = await _connect_client(nats, user, password, tenant)
         try:
-            states = await c.jobs(tenant)
+            states = await c.jobs()
         finally:
             await c.close()
         t = Table("job", "tenant", "workload", "status", "progress", "subjobs")
@@ -237,12 +290,18 @@ def list_jobs(
 
 
 @app.command()
-def cancel(job_id: str, nats: NatsOpt = DEFAULT_NATS) -> None:
+def cancel(
+    job_id: str,
+    nats: NatsOpt = DEFAULT_NATS,
+    user: UserOpt = "",
+    password: PasswordOpt = "",
+    tenant: TenantOpt = "",
+) -> None:
     """Cancel a job (a running subjob finishes; nothing new starts)."""
-    from sja.client import ApiError, SjaClient
+    from sja.client import ApiError
 
     async def go() -> None:
-        c = await SjaClient.connect(nats)
+        c = await _connect_client(nats, user, password, tenant)
         try:
             s = await c.cancel(job_id)
         except ApiError as e:
@@ -260,13 +319,15 @@ def trace_cmd(
     job_id: str,
     nats: NatsOpt = DEFAULT_NATS,
     limit: Annotated[int, typer.Option(help="Show the last N rounds.")] = 50,
+    user: UserOpt = "",
+    password: PasswordOpt = "",
+    tenant: TenantOpt = "",
 ) -> None:
     """The rounds a job took part in: who replied, who won, and why."""
     from sja.cli.render import render_rounds
-    from sja.client import SjaClient
 
     async def go() -> None:
-        c = await SjaClient.connect(nats)
+        c = await _connect_client(nats, user, password, tenant)
         try:
             rounds = await c.rounds(job_id)
         finally:
@@ -289,6 +350,78 @@ def demo(
     from sja.cli.demo import run_demo
 
     code = run_demo(out, policy=policy, quick=quick)
+    raise typer.Exit(code)
+
+
+@app.command()
+def simulate(
+    trace: Annotated[
+        Path, typer.Option("--trace", help="Trace file (openb pod list, ms-itp CSV, generic CSV).")
+    ],
+    fmt: Annotated[str, typer.Option("--format", help="alibaba-openb | ms-itp | csv")],
+    cluster: Annotated[
+        str, typer.Option("--cluster", help="Cluster spec, e.g. 8xA100-40GB or 4xH100-80GB:4g.40gb+3g.40gb.")
+    ] = "8xA100-80GB",
+    policy: Annotated[
+        str,
+        typer.Option("--policy", help="Comma-separated: fifo, easy, bestfit, sja, sja:<clearing policy>."),
+    ] = "fifo,easy,bestfit,sja",
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the metrics per policy here.")
+    ] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write report.md and plots here.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N jobs.")] = None,
+    time_scale: Annotated[float, typer.Option(help="Multiply submission times (<1 compresses).")] = 1.0,
+    start_s: Annotated[
+        float | None, typer.Option(help="Trace time that becomes 0 (earlier jobs dropped).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of every modeled quantity.")] = 0,
+    overhead_s: Annotated[
+        float | None, typer.Option(help="Per-subjob start+checkpoint seconds (default 10+5).")
+    ] = None,
+    eps_mem: Annotated[float, typer.Option(help="Jobs' memory violation target.")] = 0.05,
+    horizon_s: Annotated[float, typer.Option(help="Length of an offered window (virtual s).")] = 600.0,
+    unit_s: Annotated[float, typer.Option(help="Seconds of a job's runtime per work unit.")] = 60.0,
+    max_bidders: Annotated[int, typer.Option(help="Proposals collected per round (0: all jobs).")] = 32,
+    prior: Annotated[
+        str, typer.Option(help="core: the core's job prior; window: the proposed typical-size fix.")
+    ] = "core",
+    speed_table: Annotated[
+        Path | None, typer.Option(help="MISO mig_iter_time_summary.csv: measured slice speeds.")
+    ] = None,
+    packing_demand: Annotated[
+        float | None, typer.Option(help="Run openb packing at this demand (e.g. 1.3) instead of a replay.")
+    ] = None,
+    nodes: Annotated[Path | None, typer.Option(help="openb node list for --packing-demand.")] = None,
+    packing_seeds: Annotated[int, typer.Option(help="Seeds averaged by --packing-demand.")] = 10,
+) -> None:
+    """Replay a trace in virtual time under SJA and rigid baselines; write metrics and a report."""
+    from sja.cli.simulate import simulate_command
+
+    code = simulate_command(
+        trace=trace,
+        fmt=fmt,
+        cluster=cluster,
+        policies=policy,
+        json_out=json_out,
+        report_dir=report,
+        limit=limit,
+        time_scale=time_scale,
+        start_s=start_s,
+        seed=seed,
+        overhead_s=overhead_s,
+        eps_mem=eps_mem,
+        horizon_s=horizon_s,
+        unit_s=unit_s,
+        max_bidders=max_bidders,
+        prior=prior,
+        speed_table=speed_table,
+        packing_demand=packing_demand,
+        nodes=nodes,
+        packing_seeds=packing_seeds,
+        console=console,
+        err_console=err_console,
+    )
     raise typer.Exit(code)
 
 

@@ -59,12 +59,41 @@ def round_cleared(pool: str) -> str:
     return f"{PREFIX}.round.cleared.{_key(pool)}"
 
 
-# Requests (gateway, micro service ``sja-gateway``).
+# Requests (gateway, micro service ``sja-gateway``). The plain subjects are the operator's API (any
+# tenant); ``<subject>.<tenant>`` is a tenant's API: the gateway answers it for that tenant's jobs
+# only, and the NATS server lets a tenant's user publish only on its own (``infra/nats/auth.conf``).
 JOB_SUBMIT = f"{PREFIX}.job.submit"
 JOB_STATUS = f"{PREFIX}.job.status"
 JOB_LIST = f"{PREFIX}.job.list"
 JOB_CANCEL = f"{PREFIX}.job.cancel"
 JOB_ROUNDS = f"{PREFIX}.job.rounds"
+JOB_REQUESTS = (JOB_SUBMIT, JOB_STATUS, JOB_LIST, JOB_CANCEL, JOB_ROUNDS)
+
+TENANT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A tenant name as a subject token: the ``JobSpec.tenant`` pattern, so no tenant is ever renamed."""
+
+
+def tenant_token(tenant: str) -> str:
+    """The tenant as a subject token; refuses names that are not one (no silent renaming, which could
+    map two tenants onto one subject)."""
+    if not TENANT_TOKEN.match(tenant):
+        raise ValueError(f"invalid tenant {tenant!r}: use letters, digits, '_' and '-' (at most 64)")
+    return tenant
+
+
+def tenant_request(request: str, tenant: str) -> str:
+    """A tenant's subject for one of ``JOB_REQUESTS``; ``tenant="*"`` gives the gateway's wildcard."""
+    if request not in JOB_REQUESTS:
+        raise ValueError(f"{request!r} is not a gateway request subject")
+    return f"{request}.{tenant if tenant == '*' else tenant_token(tenant)}"
+
+
+def tenant_of(subject: str) -> str | None:
+    """The tenant of a tenant-scoped request subject; ``None`` for an operator subject."""
+    base, _, last = subject.rpartition(".")
+    if base in JOB_REQUESTS and TENANT_TOKEN.match(last):
+        return last
+    return None
 
 
 @dataclass(frozen=True)
@@ -113,6 +142,17 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.Completion, subjob_completed("*"), durable=True),
     Route(m.RoundRecord, round_cleared("*"), durable=True),
 )
+
+
+TENANT_ROUTES: tuple[Route, ...] = (
+    Route(m.SubmitJob, tenant_request(JOB_SUBMIT, "*"), durable=False),
+    Route(m.JobQuery, tenant_request(JOB_STATUS, "*"), durable=False),
+    Route(m.JobListQuery, tenant_request(JOB_LIST, "*"), durable=False),
+    Route(m.JobQuery, tenant_request(JOB_CANCEL, "*"), durable=False),
+    Route(m.RoundsQuery, tenant_request(JOB_ROUNDS, "*"), durable=False),
+)
+"""The tenant-scoped requests (``*``: the tenant), answered like their operator subjects in
+``REGISTRY`` but only for the tenant's own jobs."""
 
 
 def route_of(message: type[m.Message]) -> Route:
