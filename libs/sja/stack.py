@@ -62,6 +62,10 @@ class LocalStack:
         env["SJA_OUT_DIR"] = str(self.out_dir)
         env["SJA_INSTANCE"] = instance
         env.setdefault("PYTHONUNBUFFERED", "1")
+        base_port = int(env.get("SJA_METRICS_PORT", "0") or 0)
+        if base_port:
+            # One machine, one port each: the n-th process started gets base + n.
+            env["SJA_METRICS_PORT"] = str(base_port + len(self.procs))
         return env
 
     def spawn(self, name: str, index: int = 0) -> ServiceProc:

@@ -47,6 +47,9 @@ class AdvertiserService(Service):
         self.offers_published = 0
         self.pacer = OfferPacer(settings.reoffer_min_s, settings.reoffer_max_s)
         self._wake = asyncio.Event()
+        self.m_offers = self.metrics.counter(
+            "sja_offers", "Offers published (each opens one round).", unit="{offer}"
+        )
 
     async def on_start(self) -> None:
         assert self.js is not None
@@ -122,3 +125,4 @@ class AdvertiserService(Service):
             )
             await publish(self.bus, subjects.offer_opened(s.pool), offer)
         self.offers_published += 1
+        self.m_offers.add(1, pool=s.pool)

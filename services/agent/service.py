@@ -27,6 +27,7 @@ from sja.protocol.messages import (
     Completion,
     DemandChanged,
     Grant,
+    InFlight,
     JobCancel,
     JobState,
     Offer,
@@ -34,6 +35,7 @@ from sja.protocol.messages import (
     Proposal,
     Reply,
 )
+from sja.telemetry.metrics import RATIO_BUCKETS, watch_consumers
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.agent")
@@ -65,6 +67,18 @@ class AgentService(Service):
         self.owned: dict[str, tuple[JobState, int]] = {}
         self._plans: dict[tuple[object, ...], Proposal | None] = {}
         self.locks: dict[str, asyncio.Lock] = {}
+        self.m_subjobs = self.metrics.counter(
+            "sja_subjobs",
+            "Subjob outcomes folded into their jobs, by status (ok, oom, timeout, failed, cancelled, lost).",
+            unit="{subjob}",
+        )
+        self.m_mem_ratio = self.metrics.histogram(
+            "sja_subjob_memory_ratio",
+            "Measured peak memory of a successful subjob over its planned memory quantile "
+            "(above 1: the plan was exceeded).",
+            unit="1",
+            buckets=RATIO_BUCKETS,
+        )
 
     # --- start-up ----------------------------------------------------------------------------------
 
@@ -96,6 +110,13 @@ class AgentService(Service):
         self.loop(self._pull_forever(self._jobs_sub, self.on_submitted, batch=16))
         self.loop(self._pull_forever(self._done_sub, self.on_completed, batch=64))
         self.loop(self._heartbeat_forever())
+        self.loop(
+            watch_consumers(
+                js,
+                [(subjects.STREAM_JOBS.name, JOBS_CONSUMER), (subjects.STREAM_COMPLETIONS.name, durable)],
+                self.metrics,
+            )
+        )
 
     async def recover(self) -> None:
         """Take back the jobs this agent owned before a restart."""
@@ -179,6 +200,7 @@ class AgentService(Service):
             submitted = decode(msg.data, JobState)
         except DecodeError as e:
             log.error("dropping malformed submission: %s", e)
+            self.metrics.rejected(f"{subjects.PREFIX}.job.submitted.>", e)
             await msg.term()
             return
         if len(self.owned) >= self.cfg.max_jobs:
@@ -324,6 +346,7 @@ class AgentService(Service):
             c = decode(msg.data, Completion)
         except DecodeError as e:
             log.error("dropping malformed completion: %s", e)
+            self.metrics.rejected(f"{subjects.PREFIX}.subjob.completed.>", e)
             await msg.term()
             return
         if c.job_id not in self.owned:
@@ -345,19 +368,32 @@ class AgentService(Service):
             ) as span:
                 now = time.time()
                 applied: list[bool] = []
+                planned: list[InFlight] = []
 
                 def transition(state: JobState) -> JobState | None:
                     with tracer.start_as_current_span("sja.calibrate", attributes={"sja.job_id": c.job_id}):
                         new, ok = J.apply_completion(state, c, now)
                     applied[:] = [ok]
+                    planned[:] = [f for f in state.in_flight if f.subjob_id == c.subjob_id][:1]
                     return new if ok else None
 
                 if c.job_id in self.owned:
+                    workload = self.owned[c.job_id][0].spec.workload
                     state = await self.save(c.job_id, transition)
                     span.set_attribute("sja.applied", bool(applied and applied[0]))
+                    if applied and applied[0]:
+                        self._record_completion(c, planned[0] if planned else None, workload)
                     if state is not None and J.is_terminal(state):
                         log.info("job %s %s after %d subjobs", c.job_id, state.status, state.next_seq)
         await msg.ack()
+
+    def _record_completion(self, c: Completion, flight: InFlight | None, workload: str) -> None:
+        """Count an applied completion (a duplicate is not applied, so not counted twice)."""
+        self.m_subjobs.add(1, status=c.status)
+        if c.status == "ok" and flight is not None and flight.planned_mem_q_mib > 0 and c.peak_mem_mib > 0:
+            self.m_mem_ratio.record(
+                c.peak_mem_mib / flight.planned_mem_q_mib, workload=workload, profile=flight.profile
+            )
 
     async def on_cancel(self, msg: Msg) -> None:
         req = decode(msg.data, JobCancel)

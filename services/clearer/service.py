@@ -34,6 +34,7 @@ from sja.protocol.messages import (
     RoundRecord,
     SliceState,
 )
+from sja.telemetry.metrics import LATENCY_BUCKETS_S
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.clearer")
@@ -96,6 +97,21 @@ class ClearerService(Service):
         self.agents: dict[str, float] = {}
         self.grants = 0
         self.cleared = 0
+        self.m_rounds = self.metrics.counter(
+            "sja_rounds",
+            "Rounds cleared, by outcome: granted, no_bids (no proposal at all), no_winner (proposals, "
+            "none eligible), lost_cas (a winner, but the slice changed before the compare-and-set).",
+            unit="{round}",
+        )
+        self.m_grants = self.metrics.counter(
+            "sja_grants", "Grants issued (slice taken by compare-and-set, grant published).", unit="{grant}"
+        )
+        self.m_offer_to_grant = self.metrics.histogram(
+            "sja_offer_to_grant_seconds",
+            "Time from an offer's issue (advertiser clock) to its grant (clearer clock).",
+            unit="s",
+            buckets=LATENCY_BUCKETS_S,
+        )
 
     async def on_start(self) -> None:
         await self.replay_ledger()
@@ -226,6 +242,13 @@ class ClearerService(Service):
         finally:
             otel_context.detach(token)
         self.cleared += 1
+        if grant is not None:
+            outcome = "granted"
+        elif decision.winner is not None:
+            outcome = "lost_cas"
+        else:
+            outcome = "no_winner" if bids else "no_bids"
+        self.m_rounds.add(1, pool=offer.window.pool, policy=decision.policy, outcome=outcome)
 
     async def _grant(self, offer: Offer, decision: Decision) -> tuple[Grant | None, str]:
         """CAS the slice from free to leased; only then does the winner hold it."""
@@ -283,6 +306,10 @@ class ClearerService(Service):
             self.ledger.spend(grant.tenant, decision.price)
             self.grants += 1
             await publish(self.bus, subjects.grant_issued(win.agent_id), grant)
+            labels = {"pool": offer.window.pool, "policy": decision.policy}
+            self.m_grants.add(1, tenant=grant.tenant, **labels)
+            # Clocks of two hosts: a small skew must not make a negative latency.
+            self.m_offer_to_grant.record(max(0.0, now - offer.issued_at), **labels)
             return grant, ""
 
     async def _announce(

@@ -22,6 +22,7 @@ from sja.execution.actor import SliceActor, slice_resource
 from sja.execution.runner import RunResult
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, SliceState, Subjob
+from sja.telemetry.metrics import watch_consumers
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.executor")
@@ -49,6 +50,12 @@ class ExecutorService(Service):
         self.actors: dict[str, Any] = {}
         self.slice_info: dict[str, SliceState] = {}
         self.ran = 0
+        self.m_busy = self.metrics.counter(
+            "sja_slice_busy_seconds",
+            "Seconds a slice spent running subjobs (added when each subjob ends); "
+            "rate() over it is the slice's utilization.",
+            unit="s",
+        )
 
     async def on_start(self) -> None:
         await self._load_slices()
@@ -67,6 +74,7 @@ class ExecutorService(Service):
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1),
         )
         self.loop(self._pull_forever())
+        self.loop(watch_consumers(self.jetstream, [(subjects.STREAM_SUBJOBS.name, durable)], self.metrics))
 
     async def on_stop(self) -> None:
         with contextlib.suppress(Exception):
@@ -139,6 +147,7 @@ class ExecutorService(Service):
             sj = decode(msg.data, Subjob)
         except DecodeError as e:
             log.error("dropping malformed subjob: %s", e)
+            self.metrics.rejected(f"{subjects.PREFIX}.subjob.dispatched.{subjects._key(self.cfg.node)}.>", e)
             await msg.term()
             return
         try:
@@ -174,7 +183,11 @@ class ExecutorService(Service):
         if await self.slices.cas(sj.slice_id, started, rev) is None:
             await msg.nak(delay=0.05)  # the slice moved under us; look again
             return
+        began = time.monotonic()
         result, carrier = await self._run(msg, sj)
+        info = self.slice_info.get(sj.slice_id)
+        profile = info.profile if info else ""
+        self.m_busy.add(time.monotonic() - began, slice=sj.slice_id, profile=profile, node=self.cfg.node)
         await self._complete(sj, result, carrier)
         await self._free(sj)
         await msg.ack()

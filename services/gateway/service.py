@@ -63,6 +63,9 @@ class GatewayService(Service):
     def __init__(self, settings: GatewaySettings) -> None:
         super().__init__(settings)
         self.submitted = 0
+        self.m_submitted = self.metrics.counter(
+            "sja_jobs_submitted", "Jobs accepted by the gateway (not counting duplicates).", unit="{job}"
+        )
 
     async def add_endpoints(self, micro: Any) -> None:
         for name, subject, handler in (
@@ -72,11 +75,12 @@ class GatewayService(Service):
             ("cancel", subjects.JOB_CANCEL, self.cancel),
             ("rounds", subjects.JOB_ROUNDS, self.rounds),
         ):
-            await micro.add_endpoint(name=name, subject=subject, handler=_typed(handler))
+            await micro.add_endpoint(name=name, subject=subject, handler=_typed(handler, self, subject))
+            tenant_subject = subjects.tenant_request(subject, "*")
             await micro.add_endpoint(
                 name=f"tenant-{name}",
-                subject=subjects.tenant_request(subject, "*"),
-                handler=_typed(handler),
+                subject=tenant_subject,
+                handler=_typed(handler, self, tenant_subject),
             )
 
     async def submit(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
@@ -99,6 +103,7 @@ class GatewayService(Service):
             subjects.job_submitted(job_id), encode(state), headers={"Nats-Msg-Id": job_id}
         )
         self.submitted += 1
+        self.m_submitted.add(1, tenant=req.spec.tenant)
         log.info("job %s submitted by %s (%s)", job_id, req.spec.tenant, req.spec.workload)
         return SubmitAck(job_id=job_id)
 
@@ -219,15 +224,18 @@ def anonymize_round(record: RoundRecord, tenant: str) -> RoundRecord:
     return msgspec.structs.replace(record, verdicts=verdicts, winner_job=winner, note=scrub(record.note))
 
 
-def _typed(handler: Any) -> Any:
+def _typed(handler: Any, service: Service | None = None, subject: str = "") -> Any:
     """Turn a ``(bytes, tenant) -> Struct`` handler into a micro endpoint with typed error replies;
-    the tenant is the last token of a tenant-scoped subject, ``None`` on an operator subject."""
+    the tenant is the last token of a tenant-scoped subject, ``None`` on an operator subject. A request
+    that cannot be decoded is counted as rejected on the endpoint's ``subject`` (of ``service``)."""
 
     async def endpoint(req: Request) -> None:
         try:
             result = await handler(req.data, subjects.tenant_of(req.subject))
         except DecodeError as e:
             result = ErrorReply(code="bad_request", message=str(e), field=e.field)
+            if service is not None:
+                service.metrics.rejected(subject or req.subject, e)
         except Exception as e:
             log.exception("request on %s failed", req.subject)
             result = ErrorReply(code="internal", message=f"{type(e).__name__}: {e}")

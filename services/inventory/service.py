@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import get_args
 
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
@@ -12,9 +13,13 @@ from sja.bus.watch import KvView
 from sja.core import leases
 from sja.inventory.declared import load_declared
 from sja.protocol import subjects
-from sja.protocol.messages import SliceState
+from sja.protocol.messages import SliceState, SliceStatus
 
 log = logging.getLogger(__name__)
+
+
+SLICE_EXPORT_S = 1.0
+"""How often the slice gauges are refreshed from the watched cache."""
 
 
 class InventorySettings(BaseSettings, frozen=True, kw_only=True):
@@ -33,6 +38,14 @@ class InventoryService(Service):
         self.cfg = settings
         self.declared: list[SliceState] = []
         self.view: KvView[SliceState] | None = None
+        self.m_slices = self.metrics.gauge(
+            "sja_slices", "Slices of this inventory's nodes, by status.", unit="{slice}"
+        )
+        self.m_slice_state = self.metrics.gauge(
+            "sja_slice_state",
+            "1 for each slice of this inventory's nodes in its current status (one series per slice).",
+        )
+        self._exported_at = 0.0
 
     async def on_start(self) -> None:
         wanted = {n for n in self.cfg.nodes.split(",") if n}
@@ -79,7 +92,36 @@ class InventoryService(Service):
                 await self.sweep()
             except Exception:
                 log.exception("lease sweep failed")
+            now = time.monotonic()
+            if now - self._exported_at >= SLICE_EXPORT_S:
+                self._exported_at = now
+                self.export_slices()
             await asyncio.sleep(self.cfg.sweep_interval_s)
+
+    def export_slices(self) -> None:
+        """Set the slice gauges from the watched cache (only this replica's slices, so the sums over
+        replicas sharding by ``SJA_NODES`` are right)."""
+        if self.view is None:
+            return
+        ids = {s.slice_id for s in self.declared}
+        mine = [s for s, _ in list(self.view.entries.values()) if s.slice_id in ids]
+        counts = dict.fromkeys(get_args(SliceStatus), 0)
+        for s in mine:
+            counts[s.status] = counts.get(s.status, 0) + 1
+        self.m_slices.replace((n, {"status": status}) for status, n in counts.items())
+        self.m_slice_state.replace(
+            (
+                1,
+                {
+                    "slice": s.slice_id,
+                    "node": s.node,
+                    "pool": s.pool,
+                    "profile": s.profile,
+                    "status": s.status,
+                },
+            )
+            for s in mine
+        )
 
     async def sweep(self) -> int:
         """Free every slice of ours whose lease ran out; returns how many."""

@@ -359,6 +359,8 @@ def local_environment(
         "SJA_RAY_NUM_CPUS": "2",
         "RAY_ADDRESS": "local",
         "PYTHONUNBUFFERED": "1",
+        # In containers every service has its own 9464; as local processes they would collide.
+        "SJA_METRICS_PORT": "0",
     }
     return {**base, **local, **extra}
 

@@ -5,7 +5,13 @@ drains the connection, then flushes telemetry. ``start()`` and ``stop()`` are id
 
 A service connects with the credentials of its settings (``SJA_NATS_USER`` and friends, see
 ``NatsAuth``); every publish or subscribe the server refuses is logged at ERROR by ``connect`` and
-counted here (``permission_violations``), so a deployment with a wrong permission is visible.
+counted here (``permission_violations``, also exported as ``sja_permission_violations_total``), so a
+deployment with a wrong permission is visible.
+
+Metrics (``sja.telemetry.metrics``): ``start()`` installs the process's meter provider and, with
+``SJA_METRICS_PORT`` set, serves ``/metrics``; every service records through ``self.metrics`` (points
+labeled ``service=<name>``). A message a handler cannot decode (``DecodeError``) is counted in
+``sja_rejected_messages_total`` and logged at WARNING with its subject, without a traceback.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from sja import __version__
+from sja.bus.codec import DecodeError
 from sja.bus.connection import NatsAuth, PermissionViolation, Store, connect, ensure_jetstream, stores
 from sja.bus.settings import BaseSettings
 from sja.protocol.messages import JobState, SliceState
+from sja.telemetry.metrics import MetricsEndpoint, ServiceMetrics, flush_metrics, serve_metrics, setup_metrics
 from sja.telemetry.setup import flush_tracing, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,9 @@ class Service:
         self.permission_violations = 0
         """Publishes and subscriptions the NATS server refused for this service's user."""
         self.last_permission_violation: PermissionViolation | None = None
+        self.metrics = ServiceMetrics(self.name)
+        """This service's instruments (no-ops until ``start()`` installs the meter provider)."""
+        self._metrics_endpoint: MetricsEndpoint | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -66,6 +77,9 @@ class Service:
             return
         self._started = True
         setup_tracing(f"sja-{self.name}", out_dir=self.settings.out_dir)
+        setup_metrics(f"sja-{self.name}")
+        # The series exists from the start, so "no violation" reads 0 rather than "no data".
+        self.metrics.permission_violations.add(0)
         self.nc = await connect(
             self.settings.nats_url,
             self.instance,
@@ -81,6 +95,8 @@ class Service:
         # Round-trip to the server: every subscription above is in place before anyone is told
         # the service is up (a request right after start() must find its responder).
         await self.bus.flush()
+        # Last, like discovery: a scrape target that is up is a service that is serving.
+        self._metrics_endpoint = serve_metrics(self.settings.metrics_port)
         log.info("%s started (%s)", self.instance, self.settings.nats_url)
 
     async def stop(self) -> None:
@@ -108,7 +124,18 @@ class Service:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
         flush_tracing()
+        await self._release_metrics()
         log.info("%s stopped", self.instance)
+
+    async def _release_metrics(self) -> None:
+        """Drop this service's gauge series, push pending OTLP metrics and release the endpoint
+        (both may block briefly, so off the event loop)."""
+        self.metrics.close()
+        endpoint, self._metrics_endpoint = self._metrics_endpoint, None
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(flush_metrics)
+            if endpoint is not None:
+                await asyncio.to_thread(endpoint.release)
 
     async def __aenter__(self) -> Service:
         await self.start()
@@ -120,6 +147,7 @@ class Service:
     def _on_permission_violation(self, violation: PermissionViolation) -> None:
         self.permission_violations += 1
         self.last_permission_violation = violation
+        self.metrics.permission_violations.add(1)
 
     # --- hooks for subclasses ----------------------------------------------------------------------
 
@@ -159,6 +187,10 @@ class Service:
             await handler(msg)
         except asyncio.CancelledError:
             raise
+        except DecodeError as e:
+            # A malformed message is the sender's fault, not a bug here: count it, no traceback.
+            self.metrics.rejected(subject, e)
+            log.warning("%s: dropped a message on %s (%s): %s", self.instance, msg.subject, subject, e)
         except Exception:
             log.exception("%s: handler for %s failed", self.instance, subject)
 

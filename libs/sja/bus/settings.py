@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -26,6 +26,8 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Replica id; defaults to ``<service>-<host>-<pid>``."""
     log_level: str = "INFO"
     drain_timeout_s: float = 10.0
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    """Port of the Prometheus ``/metrics`` endpoint (``sja.telemetry.metrics``); 0: no endpoint."""
     # NATS credentials (all optional; empty: an open server, as the one-machine stack runs).
     nats_user: str = ""
     nats_password: str = ""

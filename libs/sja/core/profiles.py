@@ -250,7 +250,9 @@ class JobProfile:
         mu, _ = self.slowdown(profile, share)
         return max(self.time.mean(k), 0.0) * math.exp(mu)
 
-    def _duration_parts(self, k: int, profile: str, share: float) -> tuple[float, float, float, float, float, float]:
+    def _duration_parts(
+        self, k: int, profile: str, share: float
+    ) -> tuple[float, float, float, float, float, float]:
         """(mean, sd) of the full-speed duration at ``k`` and at 1, and of the log slowdown."""
         mu, sd = self.slowdown(profile, share)
         t = self.time
