@@ -8,6 +8,9 @@ from sja.workloads.base import SpecError, Workload
 from sja.workloads.matmul import MatMul
 from sja.workloads.montecarlo import MonteCarloPi
 
+BUILTIN: tuple[str, ...] = ("matmul", "montecarlo")
+"""The workloads that really compute; the simulator registers its own modeled one ("sim")."""
+
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (MatMul(), MonteCarloPi())}
 
 
@@ -26,4 +29,4 @@ def run_in_one_piece(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return w.finalize(p, w.merge(b"", w.run(p, 0, w.total_units(p), b"")))
 
 
-__all__ = ["WORKLOADS", "SpecError", "Workload", "run_in_one_piece", "workload"]
+__all__ = ["BUILTIN", "WORKLOADS", "SpecError", "Workload", "run_in_one_piece", "workload"]

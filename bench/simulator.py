@@ -1,0 +1,95 @@
+"""Benchmark of the simulator: the whole Microsoft ITP cluster04 trace under SJA.
+
+Prints progress to stderr and, as its last stdout line, a JSON object with ``events_per_s``,
+``wall_s``, ``events`` and ``jobs``. Run ``python bench/simulator.py --json``.
+
+Defaults (see ``docs/evaluation.md``): 512 A100-80GB GPUs, each one whole slice (cluster04 kept about
+491 GPUs busy on average); 4-hour windows and 10-minute work units, so the 705,683 GPU-hours of the
+trace become a few hundred thousand subjobs; ``eps_mem`` 0.2 and the window-sized profile prior,
+without which most of cluster04's jobs can never be atomized (see the evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from sja.sim.cluster import parse_cluster
+from sja.sim.engine import SimConfig, run_sja
+from sja.sim.metrics import summarize
+from sja.sim.trace import load_trace
+
+REPO = Path(__file__).resolve().parent.parent
+CANDIDATES = (
+    Path("/work/shared/traces/ms-itp/cluster04.csv"),
+    REPO.parent / "shared" / "traces" / "ms-itp" / "cluster04.csv",
+    REPO / "shared" / "traces" / "ms-itp" / "cluster04.csv",
+)
+
+
+def find_trace(explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    for p in CANDIDATES:
+        if p.is_file():
+            return p
+    raise SystemExit(f"cluster04.csv not found (looked in {', '.join(map(str, CANDIDATES))}); pass --trace")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the result line as JSON (always last)")
+    ap.add_argument("--trace", default=None, help="path to cluster04.csv")
+    ap.add_argument("--cluster", default="512xA100-80GB")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--horizon-s", type=float, default=14400.0)
+    ap.add_argument("--unit-s", type=float, default=600.0)
+    ap.add_argument("--eps-mem", type=float, default=0.2)
+    ap.add_argument("--prior", default="window", choices=("core", "window"))
+    ap.add_argument("--policy", default="efficiency")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    jobs = load_trace(find_trace(args.trace), "ms-itp", seed=args.seed, limit=args.limit)
+    cluster = parse_cluster(args.cluster)
+    cfg = SimConfig(
+        seed=args.seed,
+        policy=args.policy,
+        horizon_s=args.horizon_s,
+        unit_s=args.unit_s,
+        eps_mem=args.eps_mem,
+        prior_typical=args.prior,
+        bin_s=86400.0,
+    )
+
+    def progress(events: int, done: int) -> None:
+        if events % 50_000 < 2000:
+            print(
+                f"  {events} events, {done}/{len(jobs)} jobs, {time.perf_counter() - t0:.0f} s",
+                file=sys.stderr,
+            )
+
+    t0 = time.perf_counter()
+    result = run_sja(cluster, jobs, cfg, progress)
+    wall = time.perf_counter() - t0
+    m = summarize(result.recorder)
+    events = int(result.counters["events"])
+    line = {
+        "events_per_s": round(events / wall, 1),
+        "wall_s": round(wall, 2),
+        "events": events,
+        "jobs": len(jobs),
+        "jobs_finished": m["jobs_finished"],
+        "subjobs": m["subjobs"],
+        "rounds": int(result.counters["rounds"]),
+        "cluster": args.cluster,
+        "horizon_s": args.horizon_s,
+    }
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()

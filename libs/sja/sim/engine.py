@@ -1,0 +1,785 @@
+"""Discrete-event simulation of SJA in virtual time, driving the same decision core as the services.
+
+One round per offer, exactly as the live stack runs it: a freed slice becomes a window
+(``core.windows.find_windows``) and an ``Offer``; the jobs that can take work reply with
+``core.jobs.propose``; ``core.policies.clear`` picks a winner with the clearer's ``Ledger``; the slice is
+leased (``core.leases.grant``), the winner materializes its subjob (``core.jobs.materialize``), the subjob
+runs for a modeled duration, and its ``Completion`` is folded back with ``core.jobs.apply_completion``
+(which calibrates the job's profiles). Rounds clear instantly in virtual time, or after a configurable
+negotiation latency. There is no bus, no asyncio and no wall clock.
+
+What the simulator models, and the live stack measures:
+
+- **work**: a trace job is ``total_units = ceil(duration x GPUs / unit_s)`` units, one unit being
+  ``unit_s`` seconds of the job's own runtime on what it asked for (``unit_s x f`` GPU-seconds for a job
+  asking for a fraction ``f`` of a GPU; ``unit_s`` GPU-seconds for whole-GPU jobs). A piece progresses at
+  rate ``min(speed of the slice, f)``: a slice larger than the job's fraction does not speed it up.
+- **cost of atomization**: every subjob pays ``start_s`` before and ``checkpoint_s`` after its work,
+  on the slice, counted as overhead (the planner takes both off the window).
+- **speed**: a slice runs at its compute share of the full GPU (or the measured MISO speed of its
+  profile, ``load_speed_table``), times seeded log-normal noise.
+- **declared vs real memory**: the job declares ``peak(k) = base + per_unit * k`` from the trace's
+  declared memory; its real peak follows the trace's true memory the same way, times seeded noise. A
+  real peak above the slice's memory cap is an OOM: the work is lost, the completion says ``oom`` and
+  the core re-plans the range.
+
+For speed the engine asks only jobs that can take work: a per-slice-kind queue of candidate bidders
+holds jobs whose state changed since they last declined that kind of window, so a job that cannot fit
+a 1g slice is not asked again until a completion changes its profile. Proposals are memoized per
+(job state, window kind): ``propose`` is a pure function of both, since a window always starts now.
+With ``max_bidders > 0`` a round collects at most that many proposals, taken in the policy's natural
+order (submission order; least attained tenant first under ``fair``); ``max_bidders = 0`` asks every
+job, as the live agents do.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import math
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+
+from sja import workloads
+from sja.core import leases
+from sja.core.jobs import apply_completion, can_take_more, materialize, new_job, propose
+from sja.core.planner import PlanLimits
+from sja.core.policies import POLICIES, Bid, Ledger, PolicyConfig, clear, grant_cost
+from sja.core.profiles import JobProfile
+from sja.core.windows import WindowRequest, find_windows
+from sja.protocol.messages import (
+    Completion,
+    Grant,
+    JobSpec,
+    JobState,
+    MemoryDecl,
+    Offer,
+    Proposal,
+    SliceState,
+    SubjobStatus,
+    TimeDecl,
+)
+from sja.sim.metrics import JobRecord, ScheduleRecorder
+from sja.sim.model import SimCluster, SimSlice, TraceJob
+from sja.workloads.base import check_known, int_param
+
+# --- the simulator's own workload -----------------------------------------------------------------
+
+
+class SimWorkload:
+    """A workload with no computation: ``units`` opaque units whose partial results are empty.
+
+    The core's job transitions need a registered workload for a job's unit count and for merging
+    results; a simulated job has neither data nor result, so merge and finalize are trivial.
+    """
+
+    name: ClassVar[str] = "sim"
+    sequential: ClassVar[bool] = False
+
+    def validate(self, params: dict[str, Any]) -> dict[str, Any]:
+        check_known(params, {"units"})
+        return {"units": int_param(params, "units", 1, 1, 2**62)}
+
+    def total_units(self, params: dict[str, Any]) -> int:
+        return int(params["units"])
+
+    def declared_memory(self, params: dict[str, Any]) -> MemoryDecl:
+        return MemoryDecl(base_mib=1024.0, per_unit_mib=0.0)
+
+    def declared_time(self, params: dict[str, Any]) -> TimeDecl:
+        return TimeDecl(warmup_s=0.0, per_unit_s=1.0)
+
+    def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
+        return b""
+
+    def merge(self, acc: bytes, partial: bytes) -> bytes:
+        return b""
+
+    def finalize(self, params: dict[str, Any], acc: bytes) -> dict[str, Any]:
+        return {}
+
+
+workloads.WORKLOADS.setdefault(SimWorkload.name, SimWorkload())
+
+
+# --- configuration ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything a simulated run depends on besides the trace and the cluster."""
+
+    seed: int = 0
+    policy: str = "efficiency"
+    """SJA clearing policy (``core.policies.POLICIES``)."""
+    mode: str = "sja"
+    """Reply mode of the simulated jobs: ``sja`` (one candidate) or ``jasda`` (several)."""
+    unit_s: float = 60.0
+    """Seconds of a job's own runtime (on the resources it asked for) in one unit of work."""
+    start_s: float = 10.0
+    """Per-subjob start cost (container, process, loading a checkpoint)."""
+    checkpoint_s: float = 5.0
+    """Per-subjob checkpoint cost at its end."""
+    horizon_s: float = 600.0
+    """Length of an offered window."""
+    eps_mem: float = 0.05
+    eps_time: float = 0.05
+    mem_reserve_mib: float = 256.0
+    """Driver/context memory of every slice, unavailable to work (all policies)."""
+    mem_noise_sd: float = 0.05
+    """Log-normal spread of a piece's real peak memory around the job's true profile."""
+    time_noise_sd: float = 0.10
+    """Log-normal spread of a subjob's compute time around its modeled mean."""
+    mem_per_unit_frac: float = 0.0
+    """Share of a job's peak memory that grows with the subjob size (the rest is a fixed base); the
+    trace's per-GPU memory is the peak of a subjob as long as one window on a full GPU."""
+    decl_mem_rel_sd: float = 0.25
+    decl_time_rel_sd: float = 0.3
+    parallel_per_gpu: float = 1.0
+    """SJA: subjobs a job may run at once per GPU it asked for (``max_parallel``, capped at 64)."""
+    max_bidders: int = 32
+    """Proposals collected per round (0: every job that can take work is asked)."""
+    negotiation_latency_s: float = 0.0
+    """Virtual time between an offer and the start of the subjob it grants (the slice is held)."""
+    oom_detect_s: float = 30.0
+    """An OOM surfaces after this much of a piece's compute (or at its end if shorter)."""
+    default_mem_mib: float = 8192.0
+    """Declared memory of a trace job that carries none."""
+    speed_table: Mapping[str, float] | None = None
+    """Speed relative to the full GPU per MIG profile (MISO measurements); default: compute share."""
+    bin_s: float = 3600.0
+    """Width of the time bins of the utilization-over-time series."""
+    lease_s: float = 30.0
+    prior_typical: str = "core"
+    """How a job's profile prior is scaled. ``core``: exactly ``core.jobs.new_job`` (typical subjob =
+    an eighth of the job). ``window``: the typical subjob is what fits one window at the declared speed,
+    the change proposed for ``new_job`` in ``docs/evaluation.md`` (results using it say so)."""
+
+    def limits(self) -> PlanLimits:
+        return PlanLimits(
+            mem_reserve_mib=self.mem_reserve_mib,
+            start_overhead_s=self.start_s + self.checkpoint_s,
+            horizon_s=self.horizon_s,
+        )
+
+
+def load_speed_table(path: str | Path) -> dict[str, float]:
+    """Median ``speed_rel_7g`` per MIG profile over the models MISO measured (A100-40GB)."""
+    by_slice: dict[str, list[float]] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            by_slice.setdefault(row["mig_slice"], []).append(float(row["speed_rel_7g"]))
+    out = {}
+    for name, values in sorted(by_slice.items()):
+        values.sort()
+        n = len(values)
+        out[name] = values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
+    return out
+
+
+def slice_speed(s: SimSlice, cfg: SimConfig) -> float:
+    """Speed of a slice relative to the full GPU."""
+    if cfg.speed_table is not None and s.profile in cfg.speed_table:
+        return cfg.speed_table[s.profile]
+    return s.compute_share
+
+
+# --- how a trace job becomes work -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """The modeled truth about one trace job, shared by SJA and the baselines."""
+
+    trace: TraceJob
+    fraction: float
+    """Largest rate (GPU equivalents) one piece of the job can use."""
+    work_gpu_s: float
+    units: int
+    decl_mem_mib: float
+    """Declared per-GPU peak memory (what rigid schedulers size by)."""
+    true_mem_mib: float
+    """Real per-GPU peak memory of the whole job (one window-sized piece for SJA)."""
+    k_ref: int
+    """Units of one window-long piece at full speed: the size at which the trace memory applies."""
+
+    def decl_memory(self, cfg: SimConfig) -> MemoryDecl:
+        return MemoryDecl(
+            base_mib=self.decl_mem_mib * (1.0 - self.beta),
+            per_unit_mib=self.decl_mem_mib * self.beta / self.k_ref,
+            rel_sd=cfg.decl_mem_rel_sd,
+        )
+
+    beta: float
+    """Share of the peak that grows with the piece's size (``SimConfig.mem_per_unit_frac``)."""
+
+    def true_peak(self, units: int) -> float:
+        """Mean real peak memory of a piece of ``units`` units (before noise)."""
+        return self.true_mem_mib * ((1.0 - self.beta) + self.beta * units / self.k_ref)
+
+
+def job_model(tj: TraceJob, cfg: SimConfig) -> JobModel:
+    fraction = min(max(tj.gpu_fraction, 1e-3), 1.0)
+    runtime = max(tj.duration_s, 0.0) * max(tj.num_gpus, 1)
+    units = max(1, math.ceil(runtime / cfg.unit_s))
+    decl = tj.mem_mib if tj.mem_mib is not None else cfg.default_mem_mib
+    true = tj.true_mem_mib if tj.true_mem_mib is not None else decl
+    k_ref = max(1, int((cfg.horizon_s - cfg.start_s - cfg.checkpoint_s) / cfg.unit_s))
+    return JobModel(
+        trace=tj,
+        fraction=fraction,
+        work_gpu_s=runtime * fraction,
+        units=units,
+        decl_mem_mib=float(decl),
+        true_mem_mib=float(true),
+        k_ref=k_ref,
+        beta=min(max(cfg.mem_per_unit_frac, 0.0), 1.0),
+    )
+
+
+def job_spec(m: JobModel, cfg: SimConfig) -> JobSpec:
+    tj = m.trace
+    deadline = (
+        tj.deadline_s - tj.submit_s if tj.deadline_s is not None and tj.deadline_s > tj.submit_s else None
+    )
+    return JobSpec(
+        name=_name(tj.job_id),
+        tenant=_name(tj.tenant),
+        workload=SimWorkload.name,
+        params={"units": m.units},
+        mode="jasda" if cfg.mode == "jasda" else "sja",
+        eps_mem=cfg.eps_mem,
+        eps_time=cfg.eps_time,
+        deadline_s=deadline,
+        max_parallel=max(1, min(64, math.ceil(max(tj.num_gpus, 1) * cfg.parallel_per_gpu))),
+        memory=m.decl_memory(cfg),
+        # The job declares its own speed (a unit takes unit_s on what it asked for) as its full-GPU
+        # speed: conservative on every slice; calibration learns each slice profile's real speed.
+        time=TimeDecl(warmup_s=0.0, per_unit_s=cfg.unit_s, rel_sd=cfg.decl_time_rel_sd),
+    )
+
+
+def sim_job(job_id: str, spec: JobSpec, now: float, cfg: SimConfig) -> JobState:
+    """A submitted job's state, as ``core.jobs.new_job`` makes it (see ``SimConfig.prior_typical``)."""
+    state = new_job(job_id, spec, now)
+    if cfg.prior_typical == "window" and spec.memory is not None and spec.time is not None:
+        usable = cfg.horizon_s - cfg.start_s - cfg.checkpoint_s
+        typical = max(1, min(state.total_units // 8, int(usable / spec.time.per_unit_s)))
+        profile = JobProfile.from_declaration(spec.memory, spec.time, typical_units=typical)
+        state = msgspec.structs.replace(state, profile=profile.to_state())
+    return state
+
+
+_BAD = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _name(raw: str) -> str:
+    return (_BAD.sub("-", raw) or "x")[:64]
+
+
+def slice_states(cluster: SimCluster) -> list[SliceState]:
+    """The cluster's slices as the inventory would publish them (all free, fence 0)."""
+    index_of: dict[str, int] = {}
+    per_node: dict[str, int] = {}
+    for g in cluster.gpus:
+        index_of[g.gpu_id] = per_node.get(g.node, 0)
+        per_node[g.node] = index_of[g.gpu_id] + 1
+    return [
+        SliceState(
+            slice_id=s.slice_id,
+            node=_name(s.node),
+            pool="sim",
+            gpu_index=index_of.get(s.gpu_id, 0),
+            gpu_model=s.gpu_model,
+            profile=s.profile,
+            mem_mib=max(1, int(s.mem_mib)),
+            compute_slots=max(1, round(s.compute_share * 7)),
+            compute_share=s.compute_share,
+        )
+        for s in cluster.slices
+    ]
+
+
+def compute_capacity(cluster: SimCluster) -> float:
+    return sum(s.compute_share for s in cluster.slices)
+
+
+def mem_capacity(cluster: SimCluster) -> float:
+    return float(sum(s.mem_mib for s in cluster.slices))
+
+
+def lognormal(rng: random.Random, sd: float) -> float:
+    """A mean-one log-normal factor."""
+    return math.exp(rng.gauss(0.0, sd) - 0.5 * sd * sd) if sd > 0 else 1.0
+
+
+# --- results ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class SimResult:
+    """What one simulated policy produced: the recorder (for metrics and plots) and counters."""
+
+    policy: str
+    recorder: ScheduleRecorder
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+Progress = Callable[[int, int], None]
+"""Called as ``progress(events_done, jobs_done)`` every few thousand events."""
+
+PROGRESS_EVERY = 2000
+
+# --- the engine -------------------------------------------------------------------------------------
+
+WindowKind = tuple[str, int, float]
+"""(profile, memory, compute share): windows of one kind get the same proposals from a job."""
+
+_FAIR_LIKE = frozenset({"fair", "token", "jasda"})
+
+
+@dataclass
+class _Job:
+    idx: int
+    model: JobModel
+    state: JobState
+    version: int = 0
+    proposals: dict[WindowKind, Proposal | None] = field(default_factory=dict)
+
+
+@dataclass
+class _Slice:
+    idx: int
+    sim: SimSlice
+    state: SliceState
+    kind: WindowKind
+    speed: float
+    idle: bool = False
+    """Offered and not taken: re-offered only when a job that might want it changes."""
+
+
+@dataclass
+class _Running:
+    job: _Job
+    slice: _Slice
+    grant: Grant
+    completion: Completion
+    held_from: float
+    overhead_s: float
+    useful_gpu_s: float
+    real_peak_mib: float
+
+
+class SjaEngine:
+    """Runs SJA over a trace on a cluster. ``run()`` returns a ``SimResult``."""
+
+    def __init__(self, cluster: SimCluster, jobs: Sequence[TraceJob], cfg: SimConfig) -> None:
+        if cfg.prior_typical not in ("core", "window"):
+            raise ValueError(f"prior_typical must be 'core' or 'window', got {cfg.prior_typical!r}")
+        if cfg.policy not in POLICIES:
+            raise ValueError(f"unknown SJA policy {cfg.policy!r} (known: {', '.join(sorted(POLICIES))})")
+        if not cluster.slices:
+            raise ValueError("the cluster has no slices")
+        self.cfg = cfg
+        self.limits = cfg.limits()
+        self.policy_config = PolicyConfig(horizon_s=cfg.horizon_s)
+        self.ledger = Ledger()
+        self.rng = random.Random(cfg.seed)
+        states = slice_states(cluster)
+        self.slices = [
+            _Slice(
+                idx=i,
+                sim=s,
+                state=st,
+                kind=(st.profile, st.mem_mib, st.compute_share),
+                speed=slice_speed(s, cfg),
+            )
+            for i, (s, st) in enumerate(zip(cluster.slices, states, strict=True))
+        ]
+        self.kinds: list[WindowKind] = sorted({s.kind for s in self.slices})
+        self.recorder = ScheduleRecorder(
+            mem_capacity_mib=mem_capacity(cluster),
+            compute_capacity=compute_capacity(cluster),
+            bin_s=cfg.bin_s,
+        )
+        self.models = sorted(
+            (job_model(tj, cfg) for tj in jobs), key=lambda m: (m.trace.submit_s, m.trace.job_id)
+        )
+        for m in self.models:
+            tj = m.trace
+            parallel = max(1, min(64, math.ceil(max(tj.num_gpus, 1) * cfg.parallel_per_gpu)))
+            self.recorder.add_job(
+                JobRecord(
+                    job_id=tj.job_id,
+                    tenant=tj.tenant,
+                    submit_s=tj.submit_s,
+                    duration_s=tj.duration_s,
+                    work_gpu_s=m.work_gpu_s,
+                    critical_path_s=m.work_gpu_s / (m.fraction * parallel),
+                )
+            )
+        self.jobs: dict[str, _Job] = {}
+        # Bidder queues: kind -> partition (tenant under fair-like policies, else "") -> heap of
+        # (rank key, job index, job version). Entries of an older version are stale and skipped.
+        self.queues: dict[WindowKind, dict[str, list[tuple[tuple[float, ...], int, int]]]] = {
+            k: {} for k in self.kinds
+        }
+        self.by_idx: dict[int, _Job] = {}
+        self.events: list[tuple[float, int, _Running]] = []
+        self.seq = 0
+        self.round_no = 0
+        self.now = 0.0
+        self.fresh: set[int] = {s.idx for s in self.slices}
+        """Free slices not yet offered since they were freed."""
+        self.counters: dict[str, float] = {
+            "events": 0,
+            "rounds": 0,
+            "rounds_without_winner": 0,
+            "proposals_computed": 0,
+            "declined_grants": 0,
+        }
+        self.idle_by_kind: dict[WindowKind, set[int]] = {k: set() for k in self.kinds}
+        self.idle_mem = 0.0
+        """Memory of free slices that were offered and drew no taker."""
+        self.waiting = 0
+        """Jobs with work not yet handed out and room for another subjob (for fragmentation)."""
+
+    # --- bidder queues ---------------------------------------------------------------------------
+
+    def _partition(self, job: _Job) -> str:
+        return job.state.spec.tenant if self.cfg.policy in _FAIR_LIKE else ""
+
+    def _rank(self, job: _Job) -> tuple[float, ...]:
+        st = job.state
+        if self.cfg.policy == "fair":
+            return (self.ledger.job_attained.get(st.job_id, 0.0), st.submitted_at)
+        if self.cfg.policy == "sla":
+            deadline = st.submitted_at + st.spec.deadline_s if st.spec.deadline_s else math.inf
+            return (deadline, st.submitted_at)
+        return (st.submitted_at,)
+
+    def _touch(self, job: _Job) -> None:
+        """The job's state changed: forget its proposals and queue it for every kind of window."""
+        job.version += 1
+        job.proposals.clear()
+        if not can_take_more(job.state):
+            return
+        entry = (self._rank(job), job.idx, job.version)
+        part = self._partition(job)
+        for kind in self.kinds:
+            heapq.heappush(self.queues[kind].setdefault(part, []), entry)
+
+    def _proposal(self, job: _Job, kind: WindowKind, offer: Offer) -> Proposal | None:
+        if kind not in job.proposals:
+            job.proposals[kind] = propose(job.state, offer, self.now, self.limits)
+            self.counters["proposals_computed"] += 1
+        return job.proposals[kind]
+
+    def _collect_bids(self, kind: WindowKind, offer: Offer) -> list[Bid]:
+        """Proposals for an offer from the jobs queued for its kind, in the policy's natural order."""
+        parts = self.queues[kind]
+        limit = self.cfg.max_bidders if self.cfg.max_bidders > 0 else math.inf
+        if self.cfg.policy in _FAIR_LIKE:
+            order = sorted((p for p in parts if parts[p]), key=lambda t: (self.ledger.normalized(t), t))
+        else:
+            order = [p for p in parts if parts[p]]
+        bids: list[Bid] = []
+        keep: list[tuple[str, tuple[tuple[float, ...], int, int]]] = []
+        for part in order:
+            heap = parts[part]
+            while heap and len(bids) < limit:
+                entry = heapq.heappop(heap)
+                job = self.by_idx[entry[1]]
+                if entry[2] != job.version or not can_take_more(job.state):
+                    continue  # stale, or queued again when it can take work
+                p = self._proposal(job, kind, offer)
+                if p is None:
+                    continue  # cannot fit this kind until its state changes
+                bids.append(Bid(agent_id="sim", proposal=p))
+                keep.append((part, entry))
+            if len(bids) >= limit:
+                break
+        for part, entry in keep:
+            heapq.heappush(parts[part], entry)
+        return bids
+
+    # --- rounds ------------------------------------------------------------------------------------
+
+    def _offer_round(self, s: _Slice) -> bool:
+        """One round for a free slice. Returns whether a subjob started on it."""
+        now = self.now
+        self.round_no += 1
+        self.counters["rounds"] += 1
+        req = WindowRequest(now=now, horizon_s=self.cfg.horizon_s)
+        windows = find_windows([s.state], req)
+        if not windows:
+            return False
+        offer = Offer(
+            offer_id=f"o{self.round_no}",
+            round=self.round_no,
+            window=windows[0],
+            slice_fence=s.state.fence,
+            slice_revision=s.state.fence,
+            issued_at=now,
+            reply_by=now + self.cfg.negotiation_latency_s,
+            reply_to="sim",
+        )
+        bids = self._collect_bids(s.kind, offer)
+        decision = clear(self.cfg.policy, offer, bids, self.ledger, config=self.policy_config)
+        if decision.winner is None or decision.candidate is None:
+            self._set_idle(s, True)
+            self.counters["rounds_without_winner"] += 1
+            return False
+        job = self.jobs[decision.winner.proposal.job_id]
+        grant_id = f"g{self.round_no}"
+        leased = leases.grant(
+            s.state,
+            offered_fence=offer.slice_fence,
+            job_id=job.state.job_id,
+            grant_id=grant_id,
+            now=now,
+            lease_s=self.cfg.lease_s,
+        )
+        grant = Grant(
+            grant_id=grant_id,
+            offer_id=offer.offer_id,
+            round=offer.round,
+            job_id=job.state.job_id,
+            tenant=job.state.spec.tenant,
+            agent_id="sim",
+            window=offer.window,
+            candidate=decision.candidate,
+            fence=leased.fence,
+            lease_until=leased.lease_until,
+            policy=decision.policy,
+            granted_at=now,
+        )
+        self.ledger.charge(grant.tenant, grant.job_id, grant_cost(offer, decision.candidate))
+        self.ledger.record_grant(grant.job_id, grant.lease_until)
+        self.ledger.spend(grant.tenant, decision.price)
+        was_waiting = self._is_waiting(job)
+        made = materialize(job.state, grant, now, self.limits, "sim")
+        job.state = made.state
+        if made.subjob is None:
+            s.state = leases.release(leased, grant_id=grant_id, fence=leased.fence, now=now)
+            self._set_idle(s, True)
+            self.counters["declined_grants"] += 1
+            self._touch(job)
+            self._update_waiting(was_waiting, job)
+            return False
+        sj = made.subjob
+        start = now + self.cfg.negotiation_latency_s
+        run = self._model_subjob(
+            job, s, grant, sj.subjob_id, sj.unit_start, sj.units, sj.mem_cap_mib, sj.time_cap_s, start
+        )
+        self.recorder.add_plan_check(
+            mem_violated=run.real_peak_mib > sj.planned_mem_q_mib,
+            time_violated=run.completion.status == "ok"
+            and run.completion.duration_s > sj.planned_duration_q_s,
+        )
+        s.state = leases.start(
+            leased,
+            grant_id=grant_id,
+            fence=leased.fence,
+            now=start,
+            time_cap_s=sj.time_cap_s,
+            expected_s=sj.planned_duration_q_s,
+            grace_s=self.cfg.lease_s,
+        )
+        self._set_idle(s, False)
+        self.recorder.start_job(job.model.trace.job_id, start)
+        self.seq += 1
+        heapq.heappush(self.events, (run.completion.finished_at, self.seq, run))
+        self._touch(job)
+        self._update_waiting(was_waiting, job)
+        return True
+
+    def _model_subjob(
+        self,
+        job: _Job,
+        s: _Slice,
+        grant: Grant,
+        subjob_id: str,
+        unit_start: int,
+        units: int,
+        mem_cap_mib: int,
+        time_cap_s: float,
+        start: float,
+    ) -> _Running:
+        """Draw what really happens to a subjob: its peak memory, duration and outcome."""
+        cfg = self.cfg
+        m = job.model
+        rate = min(s.speed, m.fraction)
+        compute = units * cfg.unit_s * m.fraction / rate * lognormal(self.rng, cfg.time_noise_sd)
+        peak = m.true_peak(units) * lognormal(self.rng, cfg.mem_noise_sd)
+        compute_cap = max(time_cap_s - self.limits.start_overhead_s, 0.0)
+        useful = 0.0
+        status: SubjobStatus
+        if peak > mem_cap_mib:
+            status = "oom"
+            ran = min(compute, cfg.oom_detect_s)
+            held = cfg.start_s + ran
+            overhead = cfg.start_s
+            units_done = 0
+        elif compute > compute_cap:
+            status = "timeout"
+            ran = compute_cap
+            held = time_cap_s
+            overhead = cfg.start_s
+            units_done = 0
+        else:
+            status = "ok"
+            ran = compute
+            held = cfg.start_s + compute + cfg.checkpoint_s
+            overhead = cfg.start_s + cfg.checkpoint_s
+            units_done = units
+            useful = units * cfg.unit_s * m.fraction
+        completion = Completion(
+            subjob_id=subjob_id,
+            job_id=job.state.job_id,
+            grant_id=grant.grant_id,
+            fence=grant.fence,
+            slice_id=s.state.slice_id,
+            status=status,
+            unit_start=unit_start,
+            units=units,
+            units_done=units_done,
+            peak_mem_mib=round(peak if status != "oom" else mem_cap_mib, 3),
+            duration_s=round(ran, 6),
+            mem_cap_mib=mem_cap_mib,
+            time_cap_s=round(compute_cap, 6),
+            started_at=start,
+            finished_at=start + held,
+        )
+        return _Running(
+            job=job,
+            slice=s,
+            grant=grant,
+            completion=completion,
+            held_from=self.now,
+            overhead_s=overhead,
+            useful_gpu_s=useful,
+            real_peak_mib=min(peak, float(mem_cap_mib)),
+        )
+
+    def _complete(self, run: _Running) -> None:
+        job, s, c = run.job, run.slice, run.completion
+        self.recorder.add_piece(
+            run.held_from,
+            c.finished_at,
+            share=s.state.compute_share,
+            mem_mib=run.real_peak_mib,
+            useful_gpu_s=run.useful_gpu_s,
+            overhead_s=run.overhead_s,
+            status=c.status,
+        )
+        s.state = leases.release(s.state, grant_id=run.grant.grant_id, fence=run.grant.fence, now=self.now)
+        self._set_idle(s, False)
+        self.fresh.add(s.idx)
+        was_waiting = self._is_waiting(job)
+        job.state, applied = apply_completion(job.state, c, self.now)
+        assert applied, f"completion {c.subjob_id} not applied"
+        if job.state.status in ("done", "failed", "cancelled"):
+            if job.state.status == "done":
+                self.recorder.finish_job(job.model.trace.job_id, self.now)
+            job.version += 1
+            job.proposals.clear()
+        else:
+            self._touch(job)
+        self._update_waiting(was_waiting, job)
+
+    # --- waiting jobs and stranded memory ------------------------------------------------------
+
+    @staticmethod
+    def _is_waiting(job: _Job) -> bool:
+        return can_take_more(job.state)
+
+    def _update_waiting(self, was: bool, job: _Job) -> None:
+        self.waiting += int(self._is_waiting(job)) - int(was)
+
+    def _set_idle(self, s: _Slice, idle: bool) -> None:
+        if idle == s.idle:
+            return
+        s.idle = idle
+        if idle:
+            self.idle_by_kind[s.kind].add(s.idx)
+            self.idle_mem += s.state.mem_mib
+        else:
+            self.idle_by_kind[s.kind].discard(s.idx)
+            self.idle_mem -= s.state.mem_mib
+
+    # --- the loop ------------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Offer freshly freed slices, then idle slices of kinds some changed job might now take."""
+        for idx in sorted(self.fresh):
+            s = self.slices[idx]
+            if s.state.status == "free":
+                self._offer_round(s)
+        self.fresh.clear()
+        for kind in self.kinds:
+            parts = self.queues[kind]
+            for idx in sorted(self.idle_by_kind[kind]):
+                if not any(parts.values()):
+                    break
+                self._offer_round(self.slices[idx])
+
+    def run(self, progress: Progress | None = None) -> SimResult:
+        arrivals = self.models
+        next_arrival = 0
+        events = 0
+        jobs_done = 0
+        stranded = 0.0
+        next_progress = PROGRESS_EVERY
+        last_t = arrivals[0].trace.submit_s if arrivals else 0.0
+        while next_arrival < len(arrivals) or self.events:
+            t_arr = arrivals[next_arrival].trace.submit_s if next_arrival < len(arrivals) else math.inf
+            t_evt = self.events[0][0] if self.events else math.inf
+            t = min(t_arr, t_evt)
+            self.recorder.add_stranded(stranded, t - last_t)
+            self.now = last_t = t
+            # Completions first (they free slices), then arrivals, all at time t; then one dispatch.
+            while self.events and self.events[0][0] <= t:
+                _, _, run = heapq.heappop(self.events)
+                self._complete(run)
+                events += 1
+                if run.job.state.status in ("done", "failed", "cancelled"):
+                    jobs_done += 1
+            while next_arrival < len(arrivals) and arrivals[next_arrival].trace.submit_s <= t:
+                self._arrive(arrivals[next_arrival], next_arrival)
+                next_arrival += 1
+                events += 1
+            self._dispatch()
+            stranded = self.idle_mem if self.waiting > 0 else 0.0
+            if progress is not None and events >= next_progress:
+                progress(events, jobs_done)
+                next_progress = events + PROGRESS_EVERY
+        self.counters["events"] = events
+        self.counters["jobs_done"] = jobs_done
+        self.recorder.end_s = last_t
+        if progress is not None:
+            progress(events, jobs_done)
+        return SimResult(
+            policy=f"sja:{self.cfg.policy}", recorder=self.recorder, counters=dict(self.counters)
+        )
+
+    def _arrive(self, m: JobModel, idx: int) -> None:
+        state = sim_job(f"j{idx}", job_spec(m, self.cfg), self.now, self.cfg)
+        job = _Job(idx=idx, model=m, state=state)
+        self.jobs[state.job_id] = job
+        self.by_idx[idx] = job
+        self._touch(job)
+        self._update_waiting(False, job)
+
+
+def run_sja(
+    cluster: SimCluster, jobs: Sequence[TraceJob], cfg: SimConfig, progress: Progress | None = None
+) -> SimResult:
+    """Simulate SJA with ``cfg.policy`` clearing on ``cluster`` over ``jobs``."""
+    return SjaEngine(cluster, jobs, cfg).run(progress)

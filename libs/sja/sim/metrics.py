@@ -1,0 +1,252 @@
+"""Metrics of one simulated schedule, the same for SJA and the rigid baselines.
+
+A scheduler under simulation feeds a ``ScheduleRecorder``: every *piece* it ran (a subjob, or a whole
+rigid job on its slice or GPUs) with the slice share and memory it held, the work it completed and the
+overhead it paid; every job's submit, first start and finish; and the time free memory sat stranded.
+``summarize`` turns that into the numbers the reports compare.
+
+Definitions (also in ``docs/evaluation.md``):
+
+- **makespan** — last job finish minus first submission.
+- **makespan lower bound** — ``max(total work / compute capacity, max_j (submit_j - t0 + cp_j))`` where
+  ``cp_j`` is job ``j``'s critical path: its trace duration divided by the parallelism the scheduler may
+  give it beyond its request (1 for the rigid baselines). Neither term can be beaten by any schedule.
+- **utilization** — completed work (GPU-seconds at full-GPU speed) over compute capacity times makespan.
+  Every policy completes the same work when every job finishes, so this is the inverse of the makespan;
+  ``alloc_utilization`` (slice compute share held, overheads and lost work included) and
+  ``mem_utilization`` (real peak memory held over memory capacity) show how the capacity was spent.
+- **wait** — first start minus submission; **JCT** — finish minus submission (finished jobs only).
+- **slowdown** — JCT over the job's trace duration.
+- **fragmentation** — time-averaged fraction of the cluster's memory (over the whole simulated span)
+  that was free while jobs were waiting, but in slices no waiting job could use (for SJA: free slices
+  that were offered and drew no proposal; for rigid baselines: free capacity too small for every
+  waiting request).
+- **Jain's fairness** — ``(sum x)^2 / (n sum x^2)`` over tenants, with ``x`` the tenant's mean of
+  ``duration / JCT`` over its finished jobs (1 = every tenant got the same relative service).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class JobRecord:
+    """What a scheduler did with one trace job."""
+
+    job_id: str
+    tenant: str
+    submit_s: float
+    duration_s: float
+    """Trace duration (its runtime on what it asked for)."""
+    work_gpu_s: float
+    """Work in full-GPU seconds (duration x GPUs x fraction)."""
+    critical_path_s: float
+    """Shortest time the job could take on this scheduler with the whole cluster to itself."""
+    first_start_s: float | None = None
+    finish_s: float | None = None
+    unschedulable: bool = False
+    """No resource of the cluster can ever hold it under this scheduler."""
+
+
+@dataclass
+class ScheduleRecorder:
+    """Accumulates what a schedule used, piece by piece, in fixed time bins for the plots."""
+
+    mem_capacity_mib: float
+    compute_capacity: float
+    """Sum of the slices' compute shares (GPU equivalents)."""
+    bin_s: float = 3600.0
+    mem_time: float = 0.0
+    """Real peak memory held x time (MiB-s)."""
+    alloc_time: float = 0.0
+    """Compute share held x time (GPU-s)."""
+    useful_gpu_s: float = 0.0
+    overhead_s: float = 0.0
+    """Slice-seconds spent on per-subjob start and checkpoint."""
+    wasted_s: float = 0.0
+    """Slice-seconds of pieces whose work was lost (OOM, timeout)."""
+    stranded_mem_time: float = 0.0
+    end_s: float = 0.0
+    """Time of the simulation's last event (later than the last finish when some job never ends)."""
+    pieces: int = 0
+    oom_count: int = 0
+    timeout_count: int = 0
+    mem_violations: int = 0
+    """Completed or failed pieces whose real peak exceeded the planned memory quantile."""
+    time_violations: int = 0
+    """Pieces whose real duration exceeded the planned duration quantile."""
+    planned_pieces: int = 0
+    """Pieces that carried a planned quantile (SJA subjobs)."""
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    compute_bins: dict[int, float] = field(default_factory=dict)
+    mem_bins: dict[int, float] = field(default_factory=dict)
+
+    def add_job(self, record: JobRecord) -> None:
+        self.jobs[record.job_id] = record
+
+    def start_job(self, job_id: str, now: float) -> None:
+        rec = self.jobs[job_id]
+        if rec.first_start_s is None:
+            rec.first_start_s = now
+
+    def finish_job(self, job_id: str, now: float) -> None:
+        self.jobs[job_id].finish_s = now
+
+    def add_piece(
+        self,
+        start_s: float,
+        end_s: float,
+        *,
+        share: float,
+        mem_mib: float,
+        useful_gpu_s: float,
+        overhead_s: float = 0.0,
+        status: str = "ok",
+    ) -> None:
+        """One piece held ``share`` of compute and ``mem_mib`` of real memory over ``[start, end)``."""
+        length = max(end_s - start_s, 0.0)
+        self.pieces += 1
+        self.mem_time += mem_mib * length
+        self.alloc_time += share * length
+        self.useful_gpu_s += useful_gpu_s
+        self.overhead_s += overhead_s
+        if status == "oom":
+            self.oom_count += 1
+        elif status == "timeout":
+            self.timeout_count += 1
+        if status != "ok":
+            self.wasted_s += max(length - overhead_s, 0.0)
+        if length <= 0.0:
+            return
+        # Spread the piece's compute (useful rate over its whole occupancy) and memory over the bins.
+        rate = useful_gpu_s / length
+        first, last = int(start_s // self.bin_s), int(end_s // self.bin_s)
+        for b in range(first, last + 1):
+            lo, hi = max(start_s, b * self.bin_s), min(end_s, (b + 1) * self.bin_s)
+            if hi > lo:
+                self.compute_bins[b] = self.compute_bins.get(b, 0.0) + rate * (hi - lo)
+                self.mem_bins[b] = self.mem_bins.get(b, 0.0) + mem_mib * (hi - lo)
+
+    def add_plan_check(self, *, mem_violated: bool, time_violated: bool) -> None:
+        self.planned_pieces += 1
+        self.mem_violations += int(mem_violated)
+        self.time_violations += int(time_violated)
+
+    def add_stranded(self, mem_mib: float, dt: float) -> None:
+        if mem_mib > 0 and dt > 0:
+            self.stranded_mem_time += mem_mib * dt
+
+    def utilization_series(self) -> tuple[list[float], list[float], list[float]]:
+        """(bin start times, compute utilization, memory utilization) per bin."""
+        if not self.compute_bins:
+            return [], [], []
+        lo, hi = min(self.compute_bins), max(self.compute_bins)
+        times = [b * self.bin_s for b in range(lo, hi + 1)]
+        comp = [
+            self.compute_bins.get(b, 0.0) / (self.compute_capacity * self.bin_s) for b in range(lo, hi + 1)
+        ]
+        mem = [self.mem_bins.get(b, 0.0) / (self.mem_capacity_mib * self.bin_s) for b in range(lo, hi + 1)]
+        return times, comp, mem
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` percentile (linear interpolation), NaN for no values."""
+    if not values:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def jain_index(values: Iterable[float]) -> float:
+    """Jain's fairness index of non-negative values: 1 when all are equal, 1/n at worst."""
+    xs = [v for v in values if math.isfinite(v)]
+    if not xs:
+        return math.nan
+    sq = sum(x * x for x in xs)
+    return (sum(xs) ** 2) / (len(xs) * sq) if sq > 0 else 1.0
+
+
+def makespan_lower_bound(jobs: Iterable[JobRecord], compute_capacity: float) -> float:
+    """``max(total work / capacity, max_j (submit_j - t0 + critical_path_j))`` over schedulable jobs."""
+    todo = [j for j in jobs if not j.unschedulable]
+    if not todo:
+        return 0.0
+    t0 = min(j.submit_s for j in todo)
+    work = sum(j.work_gpu_s for j in todo) / compute_capacity if compute_capacity > 0 else math.inf
+    path = max(j.submit_s - t0 + j.critical_path_s for j in todo)
+    return max(work, path)
+
+
+def summarize(rec: ScheduleRecorder, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The metrics of one schedule (see the module docstring for definitions)."""
+    jobs = list(rec.jobs.values())
+    finished = [j for j in jobs if j.finish_s is not None]
+    started = [j for j in jobs if j.first_start_s is not None]
+    jct = [j.finish_s - j.submit_s for j in finished if j.finish_s is not None]
+    wait = [j.first_start_s - j.submit_s for j in started if j.first_start_s is not None]
+    slowdown = [
+        (j.finish_s - j.submit_s) / j.duration_s
+        for j in finished
+        if j.finish_s is not None and j.duration_s > 0
+    ]
+    if finished:
+        t0 = min(j.submit_s for j in jobs if not j.unschedulable)
+        makespan = max(j.finish_s for j in finished if j.finish_s is not None) - t0
+    else:
+        makespan = 0.0
+    span_compute = rec.compute_capacity * makespan
+    span_mem = rec.mem_capacity_mib * makespan
+    # Stranded memory is integrated over the whole simulation, which outlasts the makespan when some
+    # job never finishes.
+    t_first = min((j.submit_s for j in jobs if not j.unschedulable), default=0.0)
+    simulated_mem = rec.mem_capacity_mib * max(makespan, rec.end_s - t_first)
+    by_tenant: dict[str, list[float]] = {}
+    for j in finished:
+        if j.finish_s is not None and j.finish_s > j.submit_s:
+            by_tenant.setdefault(j.tenant, []).append(min(j.duration_s / (j.finish_s - j.submit_s), 1.0))
+    tenant_service = {t: sum(v) / len(v) for t, v in sorted(by_tenant.items())}
+    out: dict[str, Any] = {
+        "jobs": len(jobs),
+        "jobs_finished": len(finished),
+        "jobs_unfinished": sum(1 for j in jobs if j.finish_s is None and not j.unschedulable),
+        "jobs_unschedulable": sum(1 for j in jobs if j.unschedulable),
+        "utilization": rec.useful_gpu_s / span_compute if span_compute > 0 else 0.0,
+        "alloc_utilization": rec.alloc_time / span_compute if span_compute > 0 else 0.0,
+        "mem_utilization": rec.mem_time / span_mem if span_mem > 0 else 0.0,
+        "mean_jct_s": float(np.mean(jct)) if jct else math.nan,
+        "p50_jct_s": percentile(jct, 50),
+        "p95_jct_s": percentile(jct, 95),
+        "p99_jct_s": percentile(jct, 99),
+        "mean_wait_s": float(np.mean(wait)) if wait else math.nan,
+        "p50_wait_s": percentile(wait, 50),
+        "p95_wait_s": percentile(wait, 95),
+        "p99_wait_s": percentile(wait, 99),
+        "mean_slowdown": float(np.mean(slowdown)) if slowdown else math.nan,
+        "p95_slowdown": percentile(slowdown, 95),
+        "makespan_s": makespan,
+        "makespan_lower_bound_s": makespan_lower_bound(jobs, rec.compute_capacity),
+        "fragmentation": rec.stranded_mem_time / simulated_mem if simulated_mem > 0 else 0.0,
+        "oom_count": rec.oom_count,
+        "timeout_count": rec.timeout_count,
+        "replans": rec.oom_count + rec.timeout_count,
+        "subjobs": rec.pieces,
+        "overhead_s": rec.overhead_s,
+        "wasted_s": rec.wasted_s,
+        "mem_violation_rate": rec.mem_violations / rec.planned_pieces if rec.planned_pieces else 0.0,
+        "time_violation_rate": rec.time_violations / rec.planned_pieces if rec.planned_pieces else 0.0,
+        "jain_fairness": jain_index(tenant_service.values()),
+        "tenant_service": tenant_service,
+    }
+    if extra:
+        out.update(extra)
+    return out
+
+
+def jct_values(rec: ScheduleRecorder) -> list[float]:
+    """Completion times of the finished jobs (for CDF plots)."""
+    return sorted(j.finish_s - j.submit_s for j in rec.jobs.values() if j.finish_s is not None)

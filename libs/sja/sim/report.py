@@ -1,0 +1,140 @@
+"""A comparison report: ``report.md`` with PNG plots (JCT CDF, utilization over time, a bar per metric)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sja.sim.engine import SimResult
+from sja.sim.metrics import jct_values
+
+BAR_METRICS: tuple[tuple[str, str], ...] = (
+    ("utilization", "utilization (useful work / capacity x makespan)"),
+    ("alloc_utilization", "allocated compute / capacity x makespan"),
+    ("mean_jct_s", "mean JCT (s)"),
+    ("p95_jct_s", "p95 JCT (s)"),
+    ("mean_wait_s", "mean wait (s)"),
+    ("makespan_s", "makespan (s)"),
+    ("fragmentation", "fragmentation"),
+    ("overhead_s", "atomization overhead (slice-s)"),
+)
+
+TABLE_METRICS: tuple[str, ...] = (
+    "jobs_finished",
+    "jobs_unfinished",
+    "jobs_unschedulable",
+    "utilization",
+    "alloc_utilization",
+    "mem_utilization",
+    "mean_jct_s",
+    "p95_jct_s",
+    "mean_wait_s",
+    "p95_wait_s",
+    "makespan_s",
+    "makespan_lower_bound_s",
+    "fragmentation",
+    "oom_count",
+    "timeout_count",
+    "subjobs",
+    "overhead_s",
+    "jain_fairness",
+)
+
+
+def fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:,.0f}"
+    return str(value)
+
+
+def metrics_table(metrics: Mapping[str, Mapping[str, Any]], keys: Sequence[str] = TABLE_METRICS) -> str:
+    """A markdown table: one row per metric, one column per policy."""
+    names = list(metrics)
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for k in keys:
+        lines.append(f"| {k} | " + " | ".join(fmt(metrics[n].get(k)) for n in names) + " |")
+    return "\n".join(lines)
+
+
+def write_report(
+    out_dir: str | Path,
+    results: Mapping[str, SimResult],
+    metrics: Mapping[str, Mapping[str, Any]],
+    meta: Mapping[str, Any],
+) -> Path:
+    """Write ``report.md`` and its plots into ``out_dir``; returns the markdown's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in results.items():
+        jct = jct_values(r.recorder)
+        if jct:
+            ys = [(i + 1) / len(jct) for i in range(len(jct))]
+            ax.step(jct, ys, where="post", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of finished jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "jct_cdf.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, r in results.items():
+        times, comp, _mem = r.recorder.utilization_series()
+        if times:
+            ax.plot([t / 3600 for t in times], comp, label=name, linewidth=1)
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel("useful compute / capacity")
+    ax.set_title(f"utilization over time (bins of {next(iter(results.values())).recorder.bin_s:g} s)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "utilization.png", dpi=120)
+    plt.close(fig)
+
+    bar_files = []
+    for key, label in BAR_METRICS:
+        names = list(metrics)
+        values = [metrics[n].get(key) for n in names]
+        heights = [v if isinstance(v, int | float) and math.isfinite(v) else 0.0 for v in values]
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        ax.bar(names, heights, color="tab:blue")
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=20)
+        fig.tight_layout()
+        fname = f"bar_{key}.png"
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+        bar_files.append((label, fname))
+
+    synthetic = sorted({f for m in metrics.values() for f in m.get("synthetic_fields", [])})
+    lines = ["# Simulation report", ""]
+    for k, v in meta.items():
+        lines.append(f"- **{k}**: {v}")
+    if synthetic:
+        lines += [
+            "",
+            f"**Synthetic**: these results use modeled trace fields ({', '.join(synthetic)}); "
+            "see `docs/evaluation.md` for the models.",
+        ]
+    lines += ["", "## Metrics", "", metrics_table(metrics), ""]
+    lines += ["## Job completion time", "", "![JCT CDF](jct_cdf.png)", ""]
+    lines += ["## Utilization over time", "", "![utilization](utilization.png)", ""]
+    lines += ["## Per metric", ""]
+    lines += [f"![{label}]({fname})" for label, fname in bar_files]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,113 @@
+"""Glue: run named policies on one trace and one cluster, and collect their metrics.
+
+Policy names: ``fifo``, ``easy``, ``bestfit`` (rigid baselines) and ``sja`` or ``sja:<clearing
+policy>`` (SJA through the decision core; plain ``sja`` clears by ``efficiency``, the policy that
+targets utilization, which is what the baselines are compared on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sja.core.policies import POLICIES
+from sja.sim.baselines import BASELINES, run_baseline
+from sja.sim.engine import Progress, SimConfig, SimResult, run_sja
+from sja.sim.metrics import summarize
+from sja.sim.model import SimCluster, TraceJob
+
+DEFAULT_SJA_POLICY = "efficiency"
+
+
+def parse_policies(text: str) -> list[str]:
+    """Comma-separated policy names, normalized (``sja`` -> ``sja:efficiency``), in the given order.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    out: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name in BASELINES:
+            norm = name
+        elif name == "sja" or name.startswith("sja:"):
+            clearing = name.partition(":")[2] or DEFAULT_SJA_POLICY
+            if clearing not in POLICIES:
+                known = ", ".join(f"sja:{p}" for p in sorted(POLICIES))
+                raise ValueError(f"unknown SJA clearing policy {clearing!r} (known: {known})")
+            norm = f"sja:{clearing}"
+        else:
+            known = ", ".join([*BASELINES, "sja", "sja:<policy>"])
+            raise ValueError(f"unknown policy {name!r} (known: {known})")
+        if norm not in out:
+            out.append(norm)
+    if not out:
+        raise ValueError("no policy given")
+    return out
+
+
+def run_policy(
+    name: str,
+    cluster: SimCluster,
+    jobs: Sequence[TraceJob],
+    cfg: SimConfig,
+    progress: Progress | None = None,
+) -> SimResult:
+    """Simulate one normalized policy name (see ``parse_policies``)."""
+    if name.startswith("sja:"):
+        result = run_sja(cluster, jobs, dataclasses.replace(cfg, policy=name[4:]), progress)
+    else:
+        result = run_baseline(name, cluster, jobs, cfg, progress)
+    result.policy = name
+    return result
+
+
+def synthetic_fields(jobs: Sequence[TraceJob]) -> list[str]:
+    """The trace fields a seeded model filled in for at least one job (results using them are synthetic)."""
+    return sorted({f for j in jobs for f in j.synthetic})
+
+
+def metrics_of(result: SimResult, jobs: Sequence[TraceJob]) -> dict[str, Any]:
+    """The metrics dict of one result, with its counters and the synthetic labels."""
+    extra: dict[str, Any] = {f"counter_{k}": v for k, v in sorted(result.counters.items())}
+    synthetic = synthetic_fields(jobs)
+    extra["synthetic"] = bool(synthetic)
+    extra["synthetic_fields"] = synthetic
+    return _finite(summarize(result.recorder, extra))
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities as ``None`` so the JSON stays standard."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            out[k] = None
+        elif isinstance(v, dict):
+            out[k] = _finite(v)
+        else:
+            out[k] = v
+    return out
+
+
+ProgressFactory = Callable[[str], Progress | None]
+
+
+def run_comparison(
+    cluster: SimCluster,
+    jobs: Sequence[TraceJob],
+    policies: Sequence[str],
+    cfg: SimConfig,
+    progress_for: ProgressFactory | None = None,
+) -> tuple[dict[str, SimResult], dict[str, dict[str, Any]]]:
+    """Run every policy on the same trace and cluster; returns the raw results and their metrics."""
+    results: dict[str, SimResult] = {}
+    metrics: dict[str, dict[str, Any]] = {}
+    for name in policies:
+        progress = progress_for(name) if progress_for is not None else None
+        results[name] = run_policy(name, cluster, jobs, cfg, progress)
+        metrics[name] = metrics_of(results[name], jobs)
+    return results, metrics
