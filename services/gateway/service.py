@@ -46,7 +46,10 @@ log = logging.getLogger(__name__)
 
 
 class GatewaySettings(BaseSettings, frozen=True, kw_only=True):
-    pass
+    horizon_s: float = 8.0
+    """The planning window the advertiser offers (same ``SJA_HORIZON_S``): new jobs' priors are
+    scaled to what fits one window."""
+    start_overhead_s: float = 0.3
 
 
 def job_id_for(spec_name: str, tenant: str, request_id: str) -> str:
@@ -63,6 +66,7 @@ class GatewayService(Service):
     def __init__(self, settings: GatewaySettings) -> None:
         super().__init__(settings)
         self.submitted = 0
+        self.planning_window_s = max(settings.horizon_s - settings.start_overhead_s, 0.0) or None
         self.m_submitted = self.metrics.counter(
             "sja_jobs_submitted", "Jobs accepted by the gateway (not counting duplicates).", unit="{job}"
         )
@@ -93,7 +97,7 @@ class GatewayService(Service):
             )
         job_id = job_id_for(req.spec.name, req.spec.tenant, req.request_id)
         try:
-            state = J.new_job(job_id, req.spec, time.time())
+            state = J.new_job(job_id, req.spec, time.time(), window_s=self.planning_window_s)
         except SpecError as e:
             return ErrorReply(code="bad_request", message=e.message, field=e.field)
         assert self.jobs is not None

@@ -44,12 +44,22 @@ def validate_spec(spec: JobSpec) -> tuple[JobSpec, int]:
     return msgspec.structs.replace(spec, params=params), total
 
 
-def new_job(job_id: str, spec: JobSpec, now: float) -> JobState:
+def new_job(job_id: str, spec: JobSpec, now: float, *, window_s: float | None = None) -> JobState:
+    """A submitted job's initial state, its profiles built from the declaration.
+
+    The prior's reference scale is a typical subjob: an eighth of the job, or what fits one planning
+    window (``window_s``) when that is less. Scaled by the whole job instead, a long job's prior
+    would predict even a one-unit subjob to take a share of the whole runtime, and a job longer than
+    a few dozen windows could never start.
+    """
     spec, total = validate_spec(spec)
     w = workload(spec.workload)
     mem = spec.memory or w.declared_memory(spec.params)
     time = spec.time or w.declared_time(spec.params)
-    profile = JobProfile.from_declaration(mem, time, typical_units=max(1, total // 8))
+    typical = max(1, total // 8)
+    if window_s is not None and window_s > 0:
+        typical = max(1, min(typical, int(window_s / time.per_unit_s)))
+    profile = JobProfile.from_declaration(mem, time, typical_units=typical)
     return JobState(
         job_id=job_id,
         spec=spec,

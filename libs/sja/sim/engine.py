@@ -267,13 +267,9 @@ def job_spec(m: JobModel, cfg: SimConfig) -> JobSpec:
 
 def sim_job(job_id: str, spec: JobSpec, now: float, cfg: SimConfig) -> JobState:
     """A submitted job's state, as ``core.jobs.new_job`` makes it (see ``SimConfig.prior_typical``)."""
-    state = new_job(job_id, spec, now)
-    if cfg.prior_typical == "window" and spec.memory is not None and spec.time is not None:
-        usable = cfg.horizon_s - cfg.start_s - cfg.checkpoint_s
-        typical = max(1, min(state.total_units // 8, int(usable / spec.time.per_unit_s)))
-        profile = JobProfile.from_declaration(spec.memory, spec.time, typical_units=typical)
-        state = msgspec.structs.replace(state, profile=profile.to_state())
-    return state
+    if cfg.prior_typical == "window":
+        return new_job(job_id, spec, now, window_s=cfg.horizon_s - cfg.start_s - cfg.checkpoint_s)
+    return new_job(job_id, spec, now)
 
 
 _BAD = re.compile(r"[^A-Za-z0-9_-]")
