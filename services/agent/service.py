@@ -296,6 +296,24 @@ class AgentService(Service):
                     span.set_attribute("sja.note", "job not owned here")
                     await self.release(grant, "job not owned here")
                     return
+                # A grant is only as good as the slice's lease: a replayed or stale grant (the slice
+                # moved on to another fence) must not become a subjob.
+                assert self.slices is not None
+                got = await self.slices.get(grant.window.slice_id)
+                if (
+                    got is None
+                    or not leases.holds(got[0], grant.grant_id, grant.fence)
+                    or got[0].status != "leased"
+                ):
+                    span.set_attribute("sja.note", "stale grant: the slice's lease moved on")
+                    log.warning(
+                        "ignoring stale grant %s for %s on %s (fence %d)",
+                        grant.grant_id,
+                        grant.job_id,
+                        grant.window.slice_id,
+                        grant.fence,
+                    )
+                    return
                 now = time.time()
                 made: list[J.Materialized] = []
 

@@ -110,8 +110,11 @@ async def test_a_negotiation_round_shows_in_every_services_metrics(
 
         s = await eventually(
             port,
+            # The provider is per process: earlier tests' clearers counted too, so wait for this
+            # test's own tenant to show up.
             lambda s: (
-                total(s, "sja_rounds_total", service="clearer", outcome="granted") > 0
+                total(s, "sja_grants_total", service="clearer", tenant="tm") > 0
+                and total(s, "sja_rounds_total", service="clearer", outcome="granted") > 0
                 and total(s, "sja_offer_to_grant_seconds_count", service="clearer") > 0
                 and len(series(s, "sja_slice_state", service="inventory")) == 6
             ),
