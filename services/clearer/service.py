@@ -52,6 +52,10 @@ class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
     jasda_weights: str = "0.5,0.3,0.2"
     """``jasda`` policy: weights of utilization, fairness, responsiveness."""
     token_overuse: float = 0.10
+    offer_queue: str = "sja-clearers"
+    """NATS queue group for offers: replicas on the same pools share the rounds (each offer is
+    cleared by one of them). Empty: every replica clears every offer it sees, and the KV
+    compare-and-set picks one grant per slice."""
     lease_s: float = 5.0
     """How long a winner has to start its subjob before the slice returns to the pool."""
     agent_liveness_s: float = 3.0
@@ -117,7 +121,7 @@ class ClearerService(Service):
         await self.replay_ledger()
         pools = self.pools or ["*"]
         for pool in pools:
-            await self.subscribe(subjects.offer_opened(pool), self.on_offer)
+            await self.subscribe(subjects.offer_opened(pool), self.on_offer, queue=self.cfg.offer_queue)
             await self.subscribe(subjects.offer_replied(pool), self.on_reply)
         await self.subscribe(subjects.AGENT_HEARTBEAT, self.on_heartbeat)
 

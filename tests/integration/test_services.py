@@ -82,7 +82,10 @@ async def test_rounds_grant_each_slice_once_and_dispatch_subjobs(nats_url: str, 
     c = lambda name: common(nats_url, tmp_path, name)  # noqa: E731
     inventory = InventoryService(InventorySettings(**c("inventory-t")))
     gateway = GatewayService(GatewaySettings(**c("gateway-t")))
-    clearers = [ClearerService(ClearerSettings(**c(f"clearer-{i}"), policy="fair")) for i in (0, 1)]
+    # No queue group: both clearers clear every offer, so each grant is a real race for the slice.
+    clearers = [
+        ClearerService(ClearerSettings(**c(f"clearer-{i}"), policy="fair", offer_queue="")) for i in (0, 1)
+    ]
     agent = AgentService(AgentSettings(**c("agent-t"), horizon_s=4.0))
     advertiser = AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=4.0))
 
