@@ -44,14 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import msgspec
-
 from sja import workloads
 from sja.core import leases
 from sja.core.jobs import apply_completion, can_take_more, materialize, new_job, propose
 from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES, Bid, Ledger, PolicyConfig, clear, grant_cost
-from sja.core.profiles import JobProfile
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import (
     Completion,
