@@ -142,7 +142,14 @@ class GatewayService(Service):
         if wanted:
             states = [s for s in states if s.spec.tenant == wanted]
         states.sort(key=lambda s: (s.submitted_at, s.job_id))
-        return JobList(jobs=states[: q.limit])
+        # A listing is a summary: without the subjob history, the profiles and the accumulator a
+        # job is a few hundred bytes, so thousands fit one reply (`status` has the full state).
+        return JobList(
+            jobs=[
+                msgspec.structs.replace(s, history=[], profile=None, accumulator=b"")
+                for s in states[: q.limit]
+            ]
+        )
 
     async def cancel(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         q = decode(data, JobQuery)

@@ -282,7 +282,7 @@ def list_jobs(
                 s.spec.workload,
                 s.status,
                 f"{s.units_done}/{s.total_units}",
-                str(len(s.history)),
+                str(s.next_seq),
             )
         console.print(t)
 

@@ -411,6 +411,8 @@ class JobView(Message, tag="sja.job_view.v1", frozen=True, kw_only=True):
 
 
 class JobList(Message, tag="sja.job_list.v1", frozen=True, kw_only=True):
+    """Summaries: each job's state without its subjob history, profiles and accumulator."""
+
     jobs: list[JobState]
 
 
