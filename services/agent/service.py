@@ -118,6 +118,13 @@ class AgentService(Service):
             )
         )
 
+    async def on_stop(self) -> None:
+        # See ExecutorService.on_stop: pull subscriptions go before the connection drains.
+        for sub in (getattr(self, "_jobs_sub", None), getattr(self, "_done_sub", None)):
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
     async def recover(self) -> None:
         """Take back the jobs this agent owned before a restart."""
         assert self.jobs is not None
@@ -233,6 +240,10 @@ class AgentService(Service):
 
     async def on_offer(self, msg: Msg) -> None:
         offer = decode(msg.data, Offer)
+        if offer.reply_to != subjects.offer_replied(offer.window.pool):
+            # Replies go only where clearers listen: an offer cannot make agents publish elsewhere.
+            log.warning("ignoring offer %s with reply subject %r", offer.offer_id, offer.reply_to)
+            return
         now = time.time()
         with tracer.start_as_current_span(
             "sja.reply",
@@ -327,7 +338,8 @@ class AgentService(Service):
                 if m is None or m.subjob is None:
                     reason = m.reason if m else "job gone"
                     span.set_attribute("sja.note", reason)
-                    await self.release(grant, reason)
+                    if reason != "grant already materialized":
+                        await self.release(grant, reason)
                     return
                 sj = m.subjob
                 span.set_attribute("sja.subjob_id", sj.subjob_id)

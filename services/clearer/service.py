@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.clearer")
 
 
+MAX_EARLY_OFFERS = 10_000
+MAX_EARLY_REPLIES_PER_OFFER = 64
+"""Replies that overtook their offer are kept briefly; bounded so a flood cannot grow memory."""
+
+
 class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
     pools: str = ""
     """Comma-separated pools this replica clears; empty: all. Pools must not overlap between
@@ -125,11 +130,23 @@ class ClearerService(Service):
             await self.subscribe(subjects.offer_replied(pool), self.on_reply)
         await self.subscribe(subjects.AGENT_HEARTBEAT, self.on_heartbeat)
 
+    async def on_stop(self) -> None:
+        """Open rounds die with the service: their timers must not fire on a closed connection
+        (their offers are re-offered; the slices were never taken)."""
+        for rnd in self.rounds.values():
+            if rnd.timer is not None:
+                rnd.timer.cancel()
+        self.rounds.clear()
+
     async def add_endpoints(self, micro: object) -> None:
         async def set_policy(req: object) -> None:
-            name = req.data.decode().strip()  # type: ignore[attr-defined]
+            name = req.data.decode(errors="replace").strip()  # type: ignore[attr-defined]
             if name not in POLICIES:
-                err = ErrorReply(code="bad_request", message=f"unknown policy {name!r}", field="policy")
+                err = ErrorReply(
+                    code="bad_request",
+                    message=f"unknown policy {name[:64]!r} (known: {', '.join(POLICIES)})",
+                    field="policy",
+                )
                 await req.respond(encode(err))  # type: ignore[attr-defined]
                 return
             self.policy = name
@@ -197,8 +214,10 @@ class ClearerService(Service):
         rnd = self.rounds.get(reply.offer_id)
         if rnd is None:
             # The reply overtook its offer (no ordering across publishers): keep it briefly.
-            self.early.setdefault(reply.offer_id, []).append(reply)
-            if len(self.early) > 10_000:
+            kept = self.early.setdefault(reply.offer_id, [])
+            if len(kept) < MAX_EARLY_REPLIES_PER_OFFER:
+                kept.append(reply)
+            while len(self.early) > MAX_EARLY_OFFERS:
                 self.early.pop(next(iter(self.early)))
             return
         if rnd.closed:

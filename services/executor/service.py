@@ -49,6 +49,7 @@ class ExecutorService(Service):
         self.cfg = settings
         self.actors: dict[str, Any] = {}
         self.slice_info: dict[str, SliceState] = {}
+        self.running: set[str] = set()
         self.ran = 0
         self.m_busy = self.metrics.counter(
             "sja_slice_busy_seconds",
@@ -77,6 +78,10 @@ class ExecutorService(Service):
         self.loop(watch_consumers(self.jetstream, [(subjects.STREAM_SUBJOBS.name, durable)], self.metrics))
 
     async def on_stop(self) -> None:
+        # A cancelled fetch leaves a late status message on the pull subscription that would hold
+        # the connection's drain for its whole timeout: drop the subscription first.
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
         with contextlib.suppress(Exception):
             ray.shutdown()
 
@@ -161,6 +166,10 @@ class ExecutorService(Service):
         got = await self.slices.get(sj.slice_id)
         now = time.time()
         current, rev = got if got is not None else (None, 0)
+        if sj.subjob_id in self.running:
+            # Delivered again while it runs here (ack wait passed, or a replay): not a lost run.
+            await msg.in_progress()
+            return
         verdict = leases.admit(
             current, grant_id=sj.grant_id, fence=sj.fence, known=sj.slice_id in self.actors
         )
@@ -184,7 +193,11 @@ class ExecutorService(Service):
             await msg.nak(delay=0.05)  # the slice moved under us; look again
             return
         began = time.monotonic()
-        result, carrier = await self._run(msg, sj)
+        self.running.add(sj.subjob_id)
+        try:
+            result, carrier = await self._run(msg, sj)
+        finally:
+            self.running.discard(sj.subjob_id)
         info = self.slice_info.get(sj.slice_id)
         profile = info.profile if info else ""
         self.m_busy.add(time.monotonic() - began, slice=sj.slice_id, profile=profile, node=self.cfg.node)

@@ -70,10 +70,25 @@ def new_job(job_id: str, spec: JobSpec, now: float, *, window_s: float | None = 
 
 
 def claim(state: JobState, agent_id: str, now: float) -> JobState | None:
-    """The job taken on by ``agent_id``, or ``None`` when it already has an owner or is over."""
-    if state.owner_agent or is_terminal(state):
+    """The job taken on by ``agent_id``, or ``None`` when it already has an owner, is over, or is not
+    a state the gateway could have written (no profile, inconsistent counters)."""
+    if state.owner_agent or is_terminal(state) or not is_consistent(state):
         return None
     return settle(msgspec.structs.replace(state, owner_agent=agent_id), now)
+
+
+def is_consistent(state: JobState) -> bool:
+    """Whether a job state is one this code could have produced (checked on what arrives from the bus)."""
+    try:
+        _, total = validate_spec(state.spec)
+    except SpecError:
+        return False
+    return (
+        state.profile is not None
+        and total == state.total_units
+        and state.units_done <= state.total_units
+        and state.next_unit <= state.total_units
+    )
 
 
 def profile_of(state: JobState) -> JobProfile:
@@ -169,6 +184,9 @@ class Materialized:
 def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, agent_id: str) -> Materialized:
     """Cut the subjob for a granted window, sized with the latest profile, never larger than the
     proposal; or decline (the caller releases the lease)."""
+    if any(f.grant_id == grant.grant_id for f in state.in_flight):
+        # The same grant delivered again (a replay): its subjob exists already.
+        return Materialized(state, None, "grant already materialized")
     seen = msgspec.structs.replace(state, grants_seen=state.grants_seen + 1)
     if not can_take_more(state):
         return Materialized(seen, None, "job cannot take more work now")

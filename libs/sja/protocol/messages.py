@@ -13,7 +13,10 @@ import msgspec
 
 # --- constrained scalar types, validated at decode time -------------------------------------------
 
-Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Id = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+]
+"""Dot-separated tokens: valid as a KV key and, with dots replaced, as a subject token."""
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -211,16 +214,16 @@ class RoundRecord(Message, tag="sja.round_record.v1", frozen=True, kw_only=True)
 class MemoryDecl(msgspec.Struct, frozen=True, kw_only=True):
     """Declared functional memory profile: ``peak = base + per_unit * size`` with a relative spread."""
 
-    base_mib: NonNegFloat
-    per_unit_mib: NonNegFloat
+    base_mib: Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+    per_unit_mib: Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
     rel_sd: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.25
 
 
 class TimeDecl(msgspec.Struct, frozen=True, kw_only=True):
     """Declared temporal profile on a full-speed slice: ``duration = warmup + per_unit * size``."""
 
-    warmup_s: NonNegFloat
-    per_unit_s: PosFloat
+    warmup_s: Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+    per_unit_s: Annotated[float, msgspec.Meta(gt=0.0, le=1e9)]
     rel_sd: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.5
 
 
