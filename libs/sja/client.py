@@ -14,6 +14,7 @@ import contextlib
 from typing import Any, TypeVar
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client as Nats
 
 from sja.bus.codec import decode_union, encode
@@ -35,6 +36,8 @@ from sja.protocol.messages import (
 )
 
 T = TypeVar("T")
+
+NO_RESPONDER_RETRIES = 10
 
 
 class ApiError(Exception):
@@ -109,6 +112,17 @@ class SjaClient:
         return subjects.tenant_request(request, self.tenant) if self.tenant else request
 
     async def _call(self, request: str, req: msgspec.Struct, typ: type[T]) -> T:
+        """One request; "no responders" (a gateway starting or restarting) is retried for a while."""
+        for attempt in range(NO_RESPONDER_RETRIES):
+            try:
+                return await self._call_once(request, req, typ)
+            except nats.errors.NoRespondersError:
+                if attempt == NO_RESPONDER_RETRIES - 1:
+                    raise
+                await asyncio.sleep(0.2)
+        raise AssertionError("unreachable")
+
+    async def _call_once(self, request: str, req: msgspec.Struct, typ: type[T]) -> T:
         subject = self._subject(request)
         if self.denials is None:
             msg = await self.nc.request(subject, encode(req), timeout=self.timeout_s)

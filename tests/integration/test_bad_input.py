@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
@@ -1213,7 +1214,16 @@ async def test_hostile_profile_declaration_is_a_bad_request(
             await st_.enter_async_context(GatewayService(GatewaySettings(**settings_)))
             spec = {"name": "x", "tenant": "t", "workload": "montecarlo", **decl}
             data = msgspec.msgpack.encode({"type": "sja.submit_job.v1", "spec": spec})
-            reply = await nc.request(subjects.JOB_SUBMIT, data, timeout=REQUEST_TIMEOUT_S)
+            # Seen once on a loaded CI machine: no responders right after start(); a client
+            # retries that (the gateway may be restarting), this test too.
+            for attempt in range(20):
+                try:
+                    reply = await nc.request(subjects.JOB_SUBMIT, data, timeout=REQUEST_TIMEOUT_S)
+                    break
+                except nats.errors.NoRespondersError:
+                    if attempt == 19:
+                        raise
+                    await asyncio.sleep(0.1)
             err = decode(reply.data, m.ErrorReply)
             assert err.code == "bad_request" and err.field.startswith(("spec.memory", "spec.time")), err
     finally:
