@@ -13,6 +13,7 @@ usable memory is an OOM (a censored observation). We report after how many compl
 size is within 10 % of the true safe maximum, and the realized OOM rate against ``eps_mem``.
 
     python bench/calibration.py --json        # last line: a JSON object
+    python bench/calibration.py --json --mem-prior wide   # the memory weights' former 50 % floor
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from sja.core.mig import gpu_model
 from sja.core.planner import PlanLimits, PlanRequest, largest_safe_size
-from sja.core.profiles import JobProfile
+from sja.core.profiles import MEMORY_NOISE_PRIOR, WEIGHT_PRIOR_REL_SD, JobProfile, LinearPosterior
 from sja.protocol.messages import MemoryDecl, TimeDecl, Window
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "mig-profiles"
@@ -102,16 +103,37 @@ class TrueMemory:
         return best
 
 
+DECL_REL_SD = 0.25
+
+
 def run_case(
-    truth: TrueMemory, mem_mib: int, eps: float, seed: int, completions: int, noise: float, limits: PlanLimits
+    truth: TrueMemory,
+    mem_mib: int,
+    eps: float,
+    seed: int,
+    completions: int,
+    noise: float,
+    limits: PlanLimits,
+    mem_prior: str = "declared",
 ) -> dict[str, object]:
     rng = random.Random(seed)
     base, slope = truth.least_squares()
+    typical = max(1, truth.max_batch // 2)
     profile = JobProfile.from_declaration(
-        MemoryDecl(base_mib=2 * base, per_unit_mib=2 * slope, rel_sd=0.25),
+        MemoryDecl(base_mib=2 * base, per_unit_mib=2 * slope, rel_sd=DECL_REL_SD),
         TimeDecl(warmup_s=0.01, per_unit_s=1e-6, rel_sd=0.1),
-        typical_units=max(1, truth.max_batch // 2),
+        typical_units=typical,
     )
+    if mem_prior == "wide":
+        # The prior as it was before the memory weights followed the declaration: at least 50 %.
+        profile.mem = LinearPosterior.prior_from(
+            2 * base,
+            2 * slope,
+            DECL_REL_SD,
+            typical,
+            MEMORY_NOISE_PRIOR,
+            weight_rel_sd=max(DECL_REL_SD, WEIGHT_PRIOR_REL_SD),
+        )
     cap = mem_mib - limits.mem_reserve_mib
     k_star = truth.safe_max(cap)
     window = Window(
@@ -162,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--completions", type=int, default=40)
     ap.add_argument("--noise", type=float, default=0.03, help="run-to-run relative sd of peak memory")
     ap.add_argument("--table", help="path of mps_configs_memory.json")
+    ap.add_argument(
+        "--mem-prior",
+        choices=("declared", "wide"),
+        default="declared",
+        help="memory weights' prior width: the declaration's rel_sd (the core's) or at least 50 %%",
+    )
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -178,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         finals = []
         k_star = 0
         for seed in range(args.seeds):
-            r = run_case(truth, mem, args.eps_mem, seed, args.completions, args.noise, limits)
+            r = run_case(truth, mem, args.eps_mem, seed, args.completions, args.noise, limits, args.mem_prior)
             k_star = int(r["k_star"])  # type: ignore[call-overload]
             ooms += int(r["ooms"])  # type: ignore[call-overload]
             runs += int(r["runs"])  # type: ignore[call-overload]
@@ -207,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "calibration",
         "source": "MISO (SoCC'22) mps_configs_memory.json, A100-40GB",
         "prior": "2x the least-squares line through the measured table",
+        "mem_prior": args.mem_prior,
         "eps_mem": args.eps_mem,
         "noise_rel_sd": args.noise,
         "seeds": args.seeds,

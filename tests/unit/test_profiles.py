@@ -260,3 +260,44 @@ def test_one_fast_observation_does_not_make_small_subjobs_free() -> None:
     quantiles = [p.duration_quantile(k, Q, "2g", 2 / 7) for k in (1, 10, 29, 39, 100, 215)]
     assert p.duration_mean(29, "2g", 2 / 7) > 0.5
     assert quantiles == sorted(quantiles)
+
+
+def test_memory_prior_width_follows_the_declaration() -> None:
+    # A declaration that says it is within 10 % gets a prior quantile close to it; the old floor of
+    # 50 % asked for more than twice the declared peak at eps 0.05 before any observation.
+    def q95(rel_sd: float) -> float:
+        p = JobProfile.from_declaration(
+            MemoryDecl(base_mib=10_000.0, per_unit_mib=0.0, rel_sd=rel_sd),
+            TimeDecl(warmup_s=1.0, per_unit_s=1.0, rel_sd=0.3),
+            typical_units=8,
+        )
+        return p.mem_quantile(8, Q) / 10_000.0
+
+    tight, default, loose = q95(0.1), q95(0.25), q95(0.8)
+    assert tight < default < loose
+    assert default < 1.7  # 2.17x with the 50 % floor
+    assert loose > 2.0
+    # a sensible minimum: a declaration claiming certainty still leaves room to learn
+    assert q95(0.0) == pytest.approx(tight)
+    assert q95(0.0) > 1.1
+
+
+def test_weight_rel_sd_is_opt_in() -> None:
+    # without weight_rel_sd the weights keep their wide prior (time profiles); with it they follow it
+    wide = LinearPosterior.prior_from(1000.0, 10.0, 0.1, 8, 0.05)
+    assert wide == LinearPosterior.prior_from(1000.0, 10.0, 0.1, 8, 0.05, weight_rel_sd=0.5)
+    narrow = LinearPosterior.prior_from(1000.0, 10.0, 0.1, 8, 0.05, weight_rel_sd=0.1)
+    assert narrow.quantile(8, Q) < wide.quantile(8, Q)
+    assert narrow.mean(8) == pytest.approx(wide.mean(8))
+    # a 2x-pessimistic memory prior with a narrow width is still corrected by observations
+    p = JobProfile.from_declaration(
+        MemoryDecl(base_mib=200.0, per_unit_mib=20.0, rel_sd=0.1),
+        TimeDecl(warmup_s=1.0, per_unit_s=0.1, rel_sd=0.5),
+        typical_units=16,
+    )
+    rng = random.Random(3)
+    for _ in range(20):
+        k = rng.randint(5, 100)
+        p.observe_memory(k, true_mem(k) * (1 + rng.gauss(0.0, 0.02)))
+    assert p.mem.mean(50) == pytest.approx(true_mem(50), rel=0.05)
+    assert p.mem_quantile(50, Q) >= true_mem(50)

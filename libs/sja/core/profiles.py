@@ -36,6 +36,11 @@ def z_of(q: float) -> float:
 
 
 WEIGHT_PRIOR_REL_SD = 0.5
+"""Relative sd of a prior's weights when the caller does not say (time profiles): declared speeds are
+often off by 2x or more, so the prior is kept wide whatever the declared noise."""
+WEIGHT_PRIOR_MIN_REL_SD = 0.1
+"""Smallest relative sd of a prior's weights when the caller sets it (memory profiles follow their
+declaration's ``rel_sd``): even a confident declaration leaves room to learn it was 10 % off."""
 
 MEMORY_NOISE_PRIOR = 0.05
 """Expected run-to-run spread of peak memory at a given size (memory is nearly deterministic)."""
@@ -82,21 +87,27 @@ class LinearPosterior:
         rel_sd: float,
         typical_x: float,
         noise_rel_sd: float | None = None,
+        weight_rel_sd: float | None = None,
     ) -> LinearPosterior:
         """A weak prior centred on a declaration.
 
-        ``rel_sd`` says how far off the declaration may be: the weights get a prior sd of at least
-        50 % of their value. ``noise_rel_sd`` is the expected run-to-run spread (default ``rel_sd``);
-        with ``a = 2`` it weighs about four observations, so measured spread takes over quickly.
+        ``rel_sd`` says how far off the declaration may be. ``weight_rel_sd`` is the weights' prior
+        sd relative to their value: by default at least 50 % (``WEIGHT_PRIOR_REL_SD``) whatever
+        ``rel_sd`` says; when given, it is followed down to ``WEIGHT_PRIOR_MIN_REL_SD``.
+        ``noise_rel_sd`` is the expected run-to-run spread (default ``rel_sd``); with ``a = 2`` it
+        weighs about four observations, so measured spread takes over quickly.
         """
         rel_sd = max(rel_sd, 0.02)
         typical_y = max(intercept + slope * typical_x, 1e-9)
         noise_var = max(noise_rel_sd if noise_rel_sd is not None else rel_sd, 0.01) ** 2
         a = 2.0
-        # The weights' prior is kept wide (at least 50 % of their value) whatever the declared noise:
-        # in a NIG model the weight prior scales with the noise, and a declaration that is 2x off
-        # must not outweigh a few dozen precise observations.
-        w_rel = max(rel_sd, WEIGHT_PRIOR_REL_SD)
+        # The weights' prior is independent of the declared noise: in a NIG model the weight prior
+        # scales with the noise, and a declaration that is 2x off must not outweigh a few dozen
+        # precise observations. Without an explicit width it is kept wide (at least 50 %).
+        if weight_rel_sd is None:
+            w_rel = max(rel_sd, WEIGHT_PRIOR_REL_SD)
+        else:
+            w_rel = max(weight_rel_sd, WEIGHT_PRIOR_MIN_REL_SD)
         sd0 = max(w_rel * abs(intercept), 0.05 * typical_y)
         sd1 = max(w_rel * abs(slope), 0.05 * typical_y / max(typical_x, 1.0))
         post = cls(
@@ -220,8 +231,16 @@ class JobProfile:
     @classmethod
     def from_declaration(cls, mem: MemoryDecl, time: TimeDecl, typical_units: int) -> JobProfile:
         return cls(
+            # Memory follows its declaration's confidence: a 50 % floor would make the planner ask
+            # for 2.2x the declared peak at eps 0.05 before the first observation, and a job that
+            # declares most of the largest slice could then never run and never learn.
             mem=LinearPosterior.prior_from(
-                mem.base_mib, mem.per_unit_mib, mem.rel_sd, typical_units, MEMORY_NOISE_PRIOR
+                mem.base_mib,
+                mem.per_unit_mib,
+                mem.rel_sd,
+                typical_units,
+                MEMORY_NOISE_PRIOR,
+                weight_rel_sd=mem.rel_sd,
             ),
             time=LinearPosterior.prior_from(
                 time.warmup_s, time.per_unit_s, time.rel_sd, typical_units, min(time.rel_sd, TIME_NOISE_PRIOR)
