@@ -1,4 +1,9 @@
-"""Inventory: publishes the node's slices to the ``sja-slices`` KV bucket and expires leases."""
+"""Inventory: publishes the node's slices to the ``sja-slices`` KV bucket and expires leases.
+
+Slices come from a declared file (emulated GPUs) or from NVML (``SJA_INVENTORY_SOURCE=nvml``), which
+is read again every ``poll_interval_s``: slices of a GPU that stopped answering are marked offline,
+and come back free when it answers again.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,9 @@ from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.watch import KvView
 from sja.core import leases
-from sja.inventory.declared import load_declared
+from sja.inventory.declared import InventoryError
+from sja.inventory.nvml import NvmlUnavailable, SoftSlices
+from sja.inventory.sources import check_source, is_nvml, read_source
 from sja.protocol import subjects
 from sja.protocol.messages import SliceState, SliceStatus
 
@@ -23,10 +30,22 @@ SLICE_EXPORT_S = 1.0
 
 
 class InventorySettings(BaseSettings, frozen=True, kw_only=True):
+    inventory_source: str = ""
+    """``declared`` (default; the file ``inventory``), ``declared:FILE``, ``nvml`` (this machine's GPUs
+    through NVML) or ``fake-nvml:SCENARIO`` (see ``sja.inventory.fake_nvml``)."""
     inventory: str = ""
     """Declared inventory file; empty: the built-in default (one A100-40GB and one H100-80GB)."""
     nodes: str = ""
     """Comma-separated nodes this replica owns; empty: every node of the file."""
+    node: str = "local"
+    """The node NVML-discovered slices belong to (the executor of this machine uses the same name)."""
+    pool: str = ""
+    """Pool of NVML-discovered slices; empty: the node's name."""
+    soft_slices: str = ""
+    """How NVML GPUs without MIG are cut: empty or ``1``: one whole-GPU slice; ``N``: N equal
+    memory-capped soft slices; ``MIB,MIB,...``: soft slices of these sizes."""
+    poll_interval_s: float = 5.0
+    """How often NVML is read again (GPUs lost or back)."""
     sweep_interval_s: float = 0.25
 
 
@@ -37,6 +56,14 @@ class InventoryService(Service):
         super().__init__(settings)
         self.cfg = settings
         self.declared: list[SliceState] = []
+        """The slices the source sees now (this replica's)."""
+        self.known: dict[str, SliceState] = {}
+        """Every slice of this replica seen since it started, offline ones included."""
+        self.source = check_source(settings.inventory_source)
+        self.soft = SoftSlices.parse(settings.soft_slices)
+        self.nvml: object | None = None
+        """The NVML module read on every poll (kept: a fake's state lives in it)."""
+        self.lost: list[str] = []
         self.view: KvView[SliceState] | None = None
         self.m_slices = self.metrics.gauge(
             "sja_slices", "Slices of this inventory's nodes, by status.", unit="{slice}"
@@ -48,23 +75,77 @@ class InventoryService(Service):
         self._exported_at = 0.0
 
     async def on_start(self) -> None:
-        wanted = {n for n in self.cfg.nodes.split(",") if n}
-        self.declared = [s for s in load_declared(self.cfg.inventory) if not wanted or s.node in wanted]
+        if is_nvml(self.source):
+            from sja.inventory.nvml import nvml_for
+
+            self.nvml = nvml_for(self.source)
+        self.declared = self.discover()
         await self.publish_inventory()
         assert self.js is not None
         # The sweep reads a watched cache: listing the bucket would create a consumer per sweep.
         self.view = KvView(await self.js.key_value(subjects.BUCKET_SLICES), SliceState)
         await self.view.start()
         self.loop(self._sweep_forever())
+        if self.nvml is not None:
+            self.loop(self._poll_forever())
 
     async def on_stop(self) -> None:
         if self.view is not None:
             await self.view.stop()
 
+    def discover(self) -> list[SliceState]:
+        """The slices of this replica the source sees now; raises ``InventoryError``."""
+        found = read_source(
+            self.source,
+            node=self.cfg.node,
+            pool=self.cfg.pool,
+            soft_slices=self.soft,
+            nvml=self.nvml,
+            declared_file=self.cfg.inventory,
+        )
+        for w in found.warnings:
+            log.warning("inventory: %s", w)
+        if found.lost != self.lost:
+            for gpu in found.lost:
+                log.error("GPU %s: its slices go offline", gpu)
+            self.lost = list(found.lost)
+        wanted = {n for n in self.cfg.nodes.split(",") if n}
+        mine = [s for s in found.slices if not wanted or s.node in wanted]
+        for s in mine:
+            self.known[s.slice_id] = s
+        return mine
+
+    def owned_nodes(self) -> set[str]:
+        """Nodes whose slices this replica answers for (a slice of theirs not discovered is offline)."""
+        if self.nvml is not None:
+            return {self.cfg.node}
+        return {s.node for s in self.declared}
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.poll_interval_s)
+            await self.poll()
+
+    async def poll(self) -> None:
+        """Read NVML again and publish what changed (lost GPUs' slices offline, returned ones free)."""
+        try:
+            self.declared = await asyncio.to_thread(self.discover)
+        except NvmlUnavailable as e:
+            # The driver went away under us: no GPU of this node can run anything.
+            log.error("NVML unavailable (%s): every slice of %s goes offline", e, self.cfg.node)
+            self.declared = []
+        except InventoryError as e:
+            log.error("inventory poll failed: %s", e)
+            return
+        try:
+            await self.publish_inventory()
+        except Exception:
+            log.exception("publishing the inventory failed")
+
     async def publish_inventory(self) -> None:
         assert self.slices is not None
         now = time.time()
-        nodes = {s.node for s in self.declared}
+        nodes = self.owned_nodes()
         declared_ids = {s.slice_id for s in self.declared}
         for s in self.declared:
             while True:
@@ -103,7 +184,7 @@ class InventoryService(Service):
         replicas sharding by ``SJA_NODES`` are right)."""
         if self.view is None:
             return
-        ids = {s.slice_id for s in self.declared}
+        ids = set(self.known) | {s.slice_id for s in self.declared}
         mine = [s for s, _ in list(self.view.entries.values()) if s.slice_id in ids]
         counts = dict.fromkeys(get_args(SliceStatus), 0)
         for s in mine:
