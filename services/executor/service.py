@@ -1,28 +1,46 @@
 """Executor: one per node. Keeps a Ray actor per slice, runs the subjobs granted on this node's
-slices, enforces the time cap, and publishes completions."""
+slices, enforces the time cap, and publishes completions.
+
+Each actor is pinned twice: by the custom Ray resource of its slice (``sja_slice:<id>``, which only
+the owning node declares, so in a Ray cluster of many nodes the actor lands on the right one) and by
+``CUDA_VISIBLE_DEVICES`` (the slice's MIG device or GPU). With ``SJA_RAY_ADDRESS`` the node's Ray
+must have been started with those resources (``sja inventory --ray-resources`` prints them);
+without it the executor starts a local Ray that declares them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+from collections import deque
 from typing import Any
 
+import msgspec
 import ray
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, ObjectStoreConfig
 from opentelemetry import propagate, trace
 
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.core import leases
-from sja.execution.actor import SliceActor, slice_resource
+from sja.execution.actor import (
+    NODE_SHARE,
+    SliceActor,
+    actor_env,
+    node_resource,
+    node_resources,
+    slice_resource,
+)
 from sja.execution.runner import RunResult
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, SliceState, Subjob
 from sja.telemetry.metrics import watch_consumers
+from sja.workloads import checkpoint as ckpt
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.executor")
@@ -39,6 +57,9 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     kill_margin_s: float = 0.5
     """How far past its time cap a subjob may run before it is stopped and reported ``timeout``."""
     wait_for_slices_s: float = 30.0
+    preload: str = ""
+    """Modules every slice actor imports when it starts (``torch`` on GPU nodes), so that a
+    framework's start-up does not count against the first subjob's window."""
 
 
 class ExecutorService(Service):
@@ -51,6 +72,11 @@ class ExecutorService(Service):
         self.slice_info: dict[str, SliceState] = {}
         self.running: set[str] = set()
         self.ran = 0
+        self.pin_node = True
+        """Whether actors also take a share of the node's resource (``sja_node:<node>``)."""
+        self._store: Any = None
+        self.placements: deque[tuple[str, str, str]] = deque(maxlen=1000)
+        """``(subjob_id, slice_id, ray_node_id)`` of recent runs: where each subjob really ran."""
         self.m_busy = self.metrics.counter(
             "sja_slice_busy_seconds",
             "Seconds a slice spent running subjobs (added when each subjob ends); "
@@ -98,11 +124,13 @@ class ExecutorService(Service):
             await asyncio.sleep(0.2)
 
     def _init_ray(self) -> None:
+        resources = node_resources(self.cfg.node, self.slice_info)
         if ray.is_initialized():
+            self._check_cluster(resources)
             return
-        resources = {slice_resource(s): 1.0 for s in self.slice_info}
         if self.cfg.ray_address:
             ray.init(address=self.cfg.ray_address, namespace="sja", log_to_driver=False)
+            self._check_cluster(resources)
         else:
             kwargs: dict[str, Any] = {}
             if self.cfg.ray_num_cpus:
@@ -117,20 +145,27 @@ class ExecutorService(Service):
                 **kwargs,
             )
 
+    def _check_cluster(self, wanted: dict[str, float]) -> None:
+        """Fail at start, not at the first subjob, when the cluster lacks this node's slices."""
+        have = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        missing = sorted(r for r in wanted if r.startswith("sja_slice:") and r not in have)
+        if missing:
+            raise RuntimeError(
+                f"the Ray cluster has no resource {', '.join(missing)}: start node {self.cfg.node!r} with "
+                f"ray start --address=... --resources='{json.dumps(wanted)}' "
+                f"(sja inventory --node {self.cfg.node} --ray-resources prints it)"
+            )
+        self.pin_node = node_resource(self.cfg.node) in have
+
     def _new_actor(self, s: SliceState) -> Any:
-        visible = s.gpu_uuid if s.source != "declared" else ""
-        env = {
-            "CUDA_VISIBLE_DEVICES": visible,
-            "SJA_SLICE_ID": s.slice_id,
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
+        resources = {slice_resource(s.slice_id): 1.0}
+        if self.pin_node:
+            resources[node_resource(self.cfg.node)] = NODE_SHARE
         return SliceActor.options(  # type: ignore[attr-defined]
-            resources={slice_resource(s.slice_id): 1.0},
-            runtime_env={"env_vars": env},
+            resources=resources,
+            runtime_env={"env_vars": actor_env(s)},
             max_concurrency=1,
-        ).remote(s.slice_id, self.settings.out_dir)
+        ).remote(s.slice_id, self.settings.out_dir, self.cfg.preload)
 
     async def _pull_forever(self) -> None:
         while True:
@@ -210,13 +245,32 @@ class ExecutorService(Service):
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=propagate.extract(dict(msg.headers or {})))
         actor = self.actors[sj.slice_id]
-        ref = actor.run.remote(msg.data, carrier)
         started = time.time()
+        checkpoint: bytes | None = None
+        if ckpt.is_ref(sj.input_checkpoint):
+            try:
+                checkpoint = await self._fetch_checkpoint(sj.input_checkpoint)
+            except Exception as e:
+                log.error("subjob %s: input checkpoint not readable: %s", sj.subjob_id, e)
+                now = time.time()
+                return RunResult(
+                    status="failed",
+                    units_done=0,
+                    peak_mem_mib=0.0,
+                    duration_s=0.0,
+                    started_at=started,
+                    finished_at=now,
+                    error=f"input checkpoint not readable: {e}",
+                ), carrier
+        ref = actor.run.remote(msg.data, carrier, checkpoint)
         limit = sj.time_cap_s + self.cfg.kill_margin_s
         keepalive = self.spawn(_keep_alive(msg))
         try:
             raw = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=limit)
             result, carrier_out = decode(raw, tuple[RunResult, dict[str, str]])
+            self.placements.append((sj.subjob_id, sj.slice_id, result.node_id))
+            if ckpt.is_blob(result.output):
+                result = await self._store_checkpoint(sj, result)
             return result, carrier_out
         except TimeoutError:
             log.warning("subjob %s ran past its %.2fs window: stopped", sj.subjob_id, sj.time_cap_s)
@@ -247,6 +301,40 @@ class ExecutorService(Service):
             ), carrier
         finally:
             keepalive.cancel()
+
+    async def _checkpoints(self) -> Any:
+        if self._store is None:
+            try:
+                self._store = await self.jetstream.object_store(ckpt.BUCKET)
+            except Exception:
+                self._store = await self.jetstream.create_object_store(
+                    ckpt.BUCKET, ObjectStoreConfig(description="SJA checkpoints of sequential jobs")
+                )
+        return self._store
+
+    async def _fetch_checkpoint(self, raw: bytes) -> bytes:
+        """The full checkpoint (a blob) a reference points to, checked against its digest."""
+        ref = ckpt.unpack_ref(raw)
+        store = await self._checkpoints()
+        got = await store.get(ref.name)
+        data = bytes(got.data or b"")
+        if ckpt.digest(data) != ref.sha256:
+            raise ValueError(f"checkpoint {ref.name} does not match its digest")
+        return ckpt.pack_blob(ref.summary, data)
+
+    async def _store_checkpoint(self, sj: Subjob, result: RunResult) -> RunResult:
+        """Put a subjob's checkpoint blob in the object store; its completion carries the reference."""
+        blob = ckpt.unpack_blob(result.output)
+        name = f"{sj.job_id}/{sj.subjob_id}"
+        try:
+            store = await self._checkpoints()
+            await store.put(name, blob.data)
+        except Exception as e:
+            log.error("subjob %s: checkpoint not stored: %s", sj.subjob_id, e)
+            return msgspec.structs.replace(
+                result, status="failed", units_done=0, output=b"", error=f"checkpoint not stored: {e}"
+            )
+        return msgspec.structs.replace(result, output=ckpt.make_ref(ckpt.BUCKET, name, blob))
 
     async def _restart_actor(self, slice_id: str) -> None:
         old = self.actors.get(slice_id)

@@ -341,6 +341,77 @@ def trace_cmd(
 
 
 @app.command()
+def inventory(
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source",
+            envvar="SJA_INVENTORY_SOURCE",
+            help="declared[:FILE] | nvml | fake-nvml:SCENARIO (h100-mig, h100-nomig, a100-40gb, node, ...).",
+        ),
+    ] = "declared",
+    node: Annotated[
+        str, typer.Option("--node", envvar="SJA_NODE", help="Node name of NVML-discovered slices.")
+    ] = "local",
+    soft_slices: Annotated[
+        str,
+        typer.Option(
+            "--soft-slices",
+            envvar="SJA_SOFT_SLICES",
+            help="GPUs without MIG: N equal soft slices, or MiB sizes '20000,40000'; empty: whole.",
+        ),
+    ] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the slices as JSON.")] = False,
+    ray_resources: Annotated[
+        bool,
+        typer.Option(
+            "--ray-resources",
+            help="Print the custom resources to give `ray start --resources` on this node (JSON).",
+        ),
+    ] = False,
+) -> None:
+    """Show the slices an inventory source sees (what the inventory service would publish)."""
+    from sja.execution.actor import node_resources
+    from sja.inventory.declared import InventoryError
+    from sja.inventory.sources import read_source
+
+    try:
+        found = read_source(source, node=node, soft_slices=soft_slices)
+    except InventoryError as e:
+        fail(str(e))
+    if ray_resources:
+        print(json.dumps(node_resources(node, [s.slice_id for s in found.slices if s.node == node])))
+        return
+    if as_json:
+        payload = {
+            "source": source,
+            "slices": [msgspec.to_builtins(s) for s in found.slices],
+            "lost": found.lost,
+            "warnings": found.warnings,
+        }
+        print(json.dumps(payload, indent=2))
+        return
+    table = Table("slice", "node", "gpu", "model", "profile", "MiB", "share", "source", "device")
+    for s in found.slices:
+        table.add_row(
+            s.slice_id,
+            s.node,
+            str(s.gpu_index),
+            s.gpu_model,
+            s.profile,
+            str(s.mem_mib),
+            f"{s.compute_share:.2f}",
+            s.source,
+            s.gpu_uuid,
+        )
+    console.print(table)
+    for w in found.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}")
+    for gpu in found.lost:
+        err_console.print(f"[red]lost GPU[/] {gpu}")
+
+
+@app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="Where the summary, timeline and logs go.")] = Path("out/demo"),
     policy: Annotated[str, typer.Option(help="Clearing policy.")] = "fair",

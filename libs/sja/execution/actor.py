@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
+import msgspec
 import ray
 from opentelemetry import propagate, trace
 
 from sja.bus.codec import decode, encode
 from sja.execution.runner import run_subjob
-from sja.protocol.messages import Subjob
+from sja.protocol.messages import SliceState, Subjob
+
+NODE_CAPACITY = 1000.0
+"""Units of a node's resource; each slice actor takes one thousandth (any number fit)."""
+NODE_SHARE = 1.0 / NODE_CAPACITY
 
 
 def slice_resource(slice_id: str) -> str:
@@ -18,12 +24,55 @@ def slice_resource(slice_id: str) -> str:
     return f"sja_slice:{slice_id}"
 
 
+def node_resource(node: str) -> str:
+    """The custom Ray resource that names an SJA node (a Ray node may carry several SJA nodes)."""
+    return f"sja_node:{node}"
+
+
+def node_resources(node: str, slice_ids: Iterable[str]) -> dict[str, float]:
+    """What ``ray start --resources`` must declare on the node that owns these slices."""
+    out = {node_resource(node): NODE_CAPACITY}
+    out.update({slice_resource(s): 1.0 for s in sorted(slice_ids)})
+    return out
+
+
+def cuda_visible_devices(s: SliceState) -> str:
+    """The device a slice's actor sees: its MIG device (``MIG-<uuid>``) or its GPU (``GPU-<uuid>``,
+    shared by the soft slices of one GPU); none for an emulated slice, or a GPU index when NVML gave
+    no UUID."""
+    if s.source == "declared":
+        return ""
+    return s.gpu_uuid or str(s.gpu_index)
+
+
+def actor_env(s: SliceState) -> dict[str, str]:
+    return {
+        "CUDA_VISIBLE_DEVICES": cuda_visible_devices(s),
+        # Device order as NVML counts GPUs, for the index fallback.
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "SJA_SLICE_ID": s.slice_id,
+        "SJA_SLICE_SOURCE": s.source,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class SliceActor:
-    def __init__(self, slice_id: str, out_dir: str) -> None:
+    def __init__(self, slice_id: str, out_dir: str, preload: str = "") -> None:
+        import contextlib
+        import importlib
+
         from sja.telemetry.setup import setup_tracing
 
+        # Import heavy frameworks (``torch``) now, so that their start-up does not eat the first
+        # subjob's window; a framework this node lacks is left to fail the subjobs that need it.
+        for module in filter(None, (m.strip() for m in preload.split(","))):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
         self.slice_id = slice_id
+        self.node_id = ray.get_runtime_context().get_node_id()
         setup_tracing("sja-executor-actor", out_dir=out_dir, simple=True)
         self.tracer = trace.get_tracer("sja.executor.actor")
 
@@ -31,12 +80,16 @@ class SliceActor:
         return {
             "slice_id": self.slice_id,
             "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_id": self.node_id,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         }
 
-    def run(self, subjob: bytes, carrier: dict[str, str]) -> bytes:
+    def run(self, subjob: bytes, carrier: dict[str, str], checkpoint: bytes | None = None) -> bytes:
+        """Run a subjob; ``checkpoint`` replaces its input checkpoint when the executor fetched a
+        large one from the object store (the subjob itself carries only the reference)."""
         sj = decode(subjob, Subjob)
+        if checkpoint is not None:
+            sj = msgspec.structs.replace(sj, input_checkpoint=checkpoint)
         ctx = propagate.extract(carrier)
         with self.tracer.start_as_current_span(
             "sja.execute",
@@ -49,10 +102,12 @@ class SliceActor:
                 "sja.mem_cap_mib": sj.mem_cap_mib,
             },
         ) as span:
-            result = run_subjob(sj)
+            result = msgspec.structs.replace(run_subjob(sj), node_id=self.node_id)
             span.set_attribute("sja.status", result.status)
             span.set_attribute("sja.peak_mem_mib", result.peak_mem_mib)
             span.set_attribute("sja.duration_s", result.duration_s)
+            span.set_attribute("sja.device", result.device)
+            span.set_attribute("sja.meter", result.meter)
             carrier_out: dict[str, str] = {}
             propagate.inject(carrier_out)
         return encode([result, carrier_out])

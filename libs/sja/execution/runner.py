@@ -1,23 +1,31 @@
 """Run one subjob in the current process and measure it. Used inside the slice's Ray actor.
 
-Peak memory is what the subjob allocated through Python and NumPy (``tracemalloc``), on top of the
-process's steady state. On an emulated slice (no GPU) the slice's memory cap is enforced after the
-fact: a subjob whose peak exceeded the cap is reported ``oom`` and its result discarded, as a real
-slice would have failed it. A ``MemoryError`` is an OOM too. Any other exception is ``failed``.
+Where peak memory comes from depends on where the workload allocates (``sja.execution.meters``):
+Python and NumPy workloads are measured with ``tracemalloc``; PyTorch workloads on a GPU with the
+CUDA allocator's peak (and NVML's per-process accounting where the driver gives it), on the CPU
+with the process's resident high-water mark.
+
+On a GPU the slice's memory is a hard limit: a MIG instance has only its own memory, and a soft
+slice is held to its share with ``torch.cuda.set_per_process_memory_fraction``; going past it
+raises CUDA's out-of-memory error, reported ``oom`` with the peak reached, after which the
+allocator's cache is emptied so the actor serves the next subjob. Elsewhere (an emulated slice, a
+CPU) the cap is enforced after the fact: a subjob whose peak exceeded it is reported ``oom`` and its
+result discarded, as a real slice would have failed it. A ``MemoryError`` is an OOM too. Any other
+exception is ``failed``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
-import tracemalloc
+from typing import Any
 
 import msgspec
 
+from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter
 from sja.protocol.messages import Subjob
 from sja.workloads import workload
-
-_MIB = 1024.0 * 1024.0
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,31 +37,114 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: float
     output: bytes = b""
     error: str = ""
+    device: str = "cpu"
+    """Where the subjob computed: ``cpu`` or ``cuda`` (the slice's device)."""
+    meter: str = ""
+    """What measured ``peak_mem_mib`` (``tracemalloc``, ``rss``, ``torch.cuda``, ``nvml``)."""
+    node_id: str = ""
+    """The Ray node the actor ran on."""
 
 
-def run_subjob(sj: Subjob) -> RunResult:
+def is_oom(e: BaseException) -> bool:
+    """An allocation failure: ``MemoryError``, CUDA's ``OutOfMemoryError``, an allocator's message."""
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and (
+        "CUDA out of memory" in text or "can't allocate memory" in text or "out of memory" in text.lower()
+    )
+
+
+class _Device:
+    """The device a subjob runs on and how it is measured and capped."""
+
+    def __init__(self, meters: list[Meter], device: str, enforced: bool, torch: Any = None) -> None:
+        self.meters = meters
+        self.device = device
+        self.enforced = enforced
+        """The cap is held by the device itself (an allocation past it fails)."""
+        self.torch = torch
+
+
+def _torch_cuda(torch: Any) -> bool:
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def prepare_device(framework: str, mem_cap_mib: int, nvml: Any = None) -> _Device:
+    """Meters and cap for a workload of ``framework`` (``numpy``, ``torch``) under ``mem_cap_mib``."""
+    if framework != "torch":
+        return _Device([TracemallocMeter()], "cpu", enforced=False)
+    import torch
+
+    if not _torch_cuda(torch):
+        return _Device([RssMeter()], "cpu", enforced=False, torch=torch)
+    total = torch.cuda.get_device_properties(0).total_memory
+    fraction = min(1.0, mem_cap_mib * 1024 * 1024 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    meters: list[Meter] = [TorchCudaMeter(torch)]
+    device_uuid = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if nvml is None and device_uuid:
+        from sja.inventory.nvml import load_nvml
+
+        nvml = load_nvml()
+    if nvml is not None and device_uuid:
+        meters.append(NvmlProcessMeter(nvml, device_uuid))
+    return _Device(meters, "cuda", enforced=True, torch=torch)
+
+
+def _start(meters: list[Meter]) -> list[Meter]:
+    started = []
+    for m in meters:
+        try:
+            m.start()
+        except Exception:
+            continue  # a meter that cannot read this device (NVML without it) is left out
+        started.append(m)
+    return started
+
+
+def _peak(meters: list[Meter]) -> tuple[float, str]:
+    best, name = 0.0, ""
+    for m in meters:
+        try:
+            value = m.stop()
+        except Exception:
+            continue
+        if value > best or not name:
+            best, name = value, m.name
+    return best, name
+
+
+def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
     w = workload(sj.workload)
     params = w.validate(dict(sj.params))
-    if not tracemalloc.is_tracing():
-        tracemalloc.start()
-    tracemalloc.clear_traces()
-    tracemalloc.reset_peak()
-    base, _ = tracemalloc.get_traced_memory()
+    dev = prepare_device(getattr(w, "framework", "numpy"), sj.mem_cap_mib, nvml=nvml)
+    meters = _start(dev.meters)
     started = time.time()
     t0 = time.perf_counter()
     status, output, error = "ok", b"", ""
     try:
         output = w.run(params, sj.unit_start, sj.units, sj.input_checkpoint)
-    except MemoryError:
-        status, error = "oom", "MemoryError"
     except Exception as e:
-        status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
+        if isinstance(e, MemoryError):
+            status, error = "oom", "MemoryError"
+        elif is_oom(e):
+            status, error = "oom", f"{type(e).__name__}: {str(e)[:1000]}"
+        else:
+            status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
     duration = time.perf_counter() - t0
-    _, peak = tracemalloc.get_traced_memory()
-    peak_mib = max(peak - base, 0) / _MIB
-    if status == "ok" and peak_mib > sj.mem_cap_mib:
+    peak_mib, meter = _peak(meters)
+    if dev.torch is not None and dev.device == "cuda":
+        # Give the cache back: the next subjob on this slice starts from an empty allocator.
+        dev.torch.cuda.empty_cache()
+    if status == "ok" and not dev.enforced and peak_mib > sj.mem_cap_mib:
         status, output = "oom", b""
         error = f"peak {peak_mib:.1f} MiB exceeded the slice's {sj.mem_cap_mib} MiB"
+    elif status == "oom" and not error.startswith("MemoryError"):
+        error = f"{error} (peak {peak_mib:.1f} MiB of the slice's {sj.mem_cap_mib} MiB)"
     return RunResult(
         status=status,
         units_done=sj.units if status == "ok" else 0,
@@ -63,4 +154,6 @@ def run_subjob(sj: Subjob) -> RunResult:
         finished_at=time.time(),
         output=output,
         error=error,
+        device=dev.device,
+        meter=meter,
     )

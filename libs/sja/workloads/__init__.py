@@ -7,11 +7,17 @@ from typing import Any
 from sja.workloads.base import SpecError, Workload
 from sja.workloads.matmul import MatMul
 from sja.workloads.montecarlo import MonteCarloPi
+from sja.workloads.torch_infer import TorchInfer
+from sja.workloads.torch_train import TorchTrain
 
 BUILTIN: tuple[str, ...] = ("matmul", "montecarlo")
 """The workloads that really compute; the simulator registers its own modeled one ("sim")."""
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (MatMul(), MonteCarloPi())}
+GPU: tuple[str, ...] = ("torch-train", "torch-infer")
+"""PyTorch workloads (the ``gpu`` extra): on a slice's GPU when there is one, else on the CPU.
+Registering them does not import ``torch``; running one does."""
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (MatMul(), MonteCarloPi(), TorchTrain(), TorchInfer())}
 
 
 def workload(name: str) -> Workload:
@@ -29,4 +35,4 @@ def run_in_one_piece(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return w.finalize(p, w.merge(b"", w.run(p, 0, w.total_units(p), b"")))
 
 
-__all__ = ["BUILTIN", "WORKLOADS", "SpecError", "Workload", "run_in_one_piece", "workload"]
+__all__ = ["BUILTIN", "GPU", "WORKLOADS", "SpecError", "Workload", "run_in_one_piece", "workload"]
