@@ -12,6 +12,12 @@
   free GPUs (all their slices). The queue is scanned in submission order and every job that fits is
   placed (no head-of-line blocking, no reservation), as a Kubernetes-style pod scheduler does.
 
+**Repartitioning** (``bestfit`` only; ``fifo`` and ``easy`` give whole GPUs, whatever their layout):
+a GPU marked repartitionable whose slices are all free may be re-cut before the queue is scanned.
+The demand is the queue's single-GPU jobs, in order, less those that free slices of other GPUs can
+hold (smallest fit, as placement does); ``core.repartition.plan_repartitions`` picks the GPUs to re-cut
+and their layouts. A re-cut GPU offers nothing for its reconfiguration time, then its new slices.
+
 A job whose real peak memory exceeds what it was given fails with an OOM once its peak is reached
 (``SimConfig.oom_detect_s``) and is queued again with its declaration raised to what it really
 needed, as a user would resubmit it. Rigid jobs pay no per-subjob start or checkpoint cost: the trace
@@ -20,11 +26,15 @@ durations already include their one start.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sja.core.mig import gpu_model
+from sja.core.repartition import MAX_DEMAND_ITEMS, SliceDemand, canonical_layout, plan_repartitions
+from sja.sim.cluster import slices_of
 from sja.sim.engine import (
     PROGRESS_EVERY,
     JobModel,
@@ -34,10 +44,11 @@ from sja.sim.engine import (
     compute_capacity,
     job_model,
     mem_capacity,
+    repartitionable,
     slice_speed,
 )
 from sja.sim.metrics import JobRecord, ScheduleRecorder
-from sja.sim.model import SimCluster, TraceJob
+from sja.sim.model import SimCluster, SimGpu, TraceJob
 
 BASELINES = ("fifo", "easy", "bestfit")
 
@@ -52,6 +63,20 @@ class _Unit:
     share: float
     speed: float
     busy: bool = False
+    retired: bool = False
+    """Destroyed by a re-cut of its GPU (kept busy so no scan takes it)."""
+    profile: str = ""
+
+
+@dataclass
+class _Cut:
+    """A repartitionable GPU (``bestfit``): its layout, and whether it is being re-cut."""
+
+    gpu: SimGpu
+    layout: tuple[str, ...]
+    reconfig_s: float
+    generation: int = 0
+    reconfiguring: bool = False
 
 
 @dataclass
@@ -108,13 +133,37 @@ class RigidScheduler:
                 g = gpu_index[s.gpu_id]
                 self.gpu_units.setdefault(g, []).append(len(self.units))
                 self.units.append(
-                    _Unit(len(self.units), g, float(s.mem_mib), s.compute_share, slice_speed(s, cfg))
+                    _Unit(
+                        len(self.units),
+                        g,
+                        float(s.mem_mib),
+                        s.compute_share,
+                        slice_speed(s, cfg),
+                        profile=s.profile,
+                    )
                 )
+        self.units_live = len(self.units)
+        """Units that exist now (re-cuts retire units and add others)."""
+        self.cuts: dict[int, _Cut] = {}
+        if not self.whole_gpus:
+            for gpu in cluster.gpus:
+                if repartitionable(gpu):
+                    model = gpu_model(gpu.model)
+                    cost = gpu.reconfig_s if gpu.reconfig_s is not None else cfg.reconfig_s
+                    layout = canonical_layout(model, gpu.layout)
+                    self.cuts[gpu_index[gpu.gpu_id]] = _Cut(gpu, layout, cost)
+        self.recut_events: list[tuple[float, int, int, tuple[str, ...]]] = []
+        """(end, seq, GPU, new layout) of re-cuts in progress."""
+        self.repartitions: list[tuple[int, float, tuple[str, ...]]] = []
+        """(GPU, start, new layout) of every re-cut, in order."""
         self.gpu_mem = {g: sum(self.units[u].mem_mib for u in us) for g, us in self.gpu_units.items()}
         self.gpu_busy = dict.fromkeys(self.gpu_units, 0)
         """Busy units per GPU (0: the whole GPU is free)."""
         self.busy_units = 0
         self.max_gpu_usable = max(self.gpu_mem.values()) - self.reserve
+        for cut in self.cuts.values():
+            whole = max(gpu_model(cut.gpu.model).profiles, key=lambda p: (p.compute_slots, p.mem_slots))
+            self.max_gpu_usable = max(self.max_gpu_usable, whole.mem_mib - self.reserve)
         self.recorder = ScheduleRecorder(
             mem_capacity_mib=mem_capacity(cluster),
             compute_capacity=compute_capacity(cluster),
@@ -156,11 +205,80 @@ class RigidScheduler:
         return [
             g
             for g in self.gpu_units
-            if self.gpu_busy[g] == 0 and self.gpu_mem[g] - self.reserve >= min_mem_mib
+            if self.gpu_busy[g] == 0 and self.gpu_units[g] and self.gpu_mem[g] - self.reserve >= min_mem_mib
         ]
 
     def all_busy(self) -> bool:
-        return self.busy_units == len(self.units)
+        return self.busy_units == self.units_live
+
+    # --- repartitioning (bestfit) ---------------------------------------------------------------
+
+    def repartition(self) -> None:
+        """Re-cut the free repartitionable GPUs the queue's single-GPU demand is better served by."""
+        idle = sorted(g for g, cut in self.cuts.items() if not cut.reconfiguring and self.gpu_busy[g] == 0)
+        if not idle or not self.queue:
+            return
+        idle_set = set(idle)
+        others = sorted(
+            (u.mem_mib, u.share, u.idx) for u in self.units if not u.busy and u.gpu not in idle_set
+        )
+        demand: list[SliceDemand] = []
+        for w in self.queue:
+            if w.need != 1:
+                continue
+            need = w.decl_mem_mib + self.reserve
+            pos = next((i for i, (mem, _, _) in enumerate(others) if mem >= need), None)
+            if pos is not None:
+                del others[pos]  # placement will put it on a free slice elsewhere
+                continue
+            demand.append(SliceDemand(need, w.model.fraction, w.model.trace.job_id))
+            if len(demand) >= MAX_DEMAND_ITEMS:
+                break
+        if not demand:
+            return
+        by_model: dict[str, list[int]] = {}
+        for g in idle:
+            by_model.setdefault(self.cuts[g].gpu.model, []).append(g)
+        for model, gpus in sorted(by_model.items()):
+            plan = plan_repartitions([(str(g), gpu_model(model), self.cuts[g].layout) for g in gpus], demand)
+            for r in plan:
+                self._start_recut(int(r.gpu_id), r.new)
+
+    def _start_recut(self, g: int, layout: tuple[str, ...]) -> None:
+        cut = self.cuts[g]
+        for i in self.gpu_units[g]:
+            u = self.units[i]
+            u.busy = True
+            u.retired = True
+            self.free_mem -= u.mem_mib
+        self.units_live -= len(self.gpu_units[g])
+        self.gpu_units[g] = []
+        self.gpu_mem[g] = 0.0
+        cut.reconfiguring = True
+        self.seq += 1
+        end = self.now + cut.reconfig_s
+        heapq.heappush(self.recut_events, (end, self.seq, g, layout))
+        self.repartitions.append((g, self.now, layout))
+        self.recorder.add_reconfig(self.now, end, share=1.0)
+        self.units_changed()
+
+    def _finish_recut(self, g: int, layout: tuple[str, ...]) -> None:
+        cut = self.cuts[g]
+        cut.generation += 1
+        cut.layout = layout
+        cut.reconfiguring = False
+        for s in slices_of(dataclasses.replace(cut.gpu, layout=layout), cut.generation):
+            u = _Unit(len(self.units), g, float(s.mem_mib), s.compute_share, slice_speed(s, self.cfg))
+            u.profile = s.profile
+            self.units.append(u)
+            self.gpu_units[g].append(u.idx)
+            self.free_mem += u.mem_mib
+        self.units_live += len(self.gpu_units[g])
+        self.gpu_mem[g] = sum(self.units[i].mem_mib for i in self.gpu_units[g])
+        self.units_changed()
+
+    def units_changed(self) -> None:
+        """The set of units changed (a re-cut); subclasses refresh their indices."""
 
     def start(self, w: _Waiting, unit_ids: list[int]) -> None:
         """Run a waiting job on units now, for its trace duration scaled by their speed."""
@@ -233,14 +351,19 @@ class RigidScheduler:
         next_progress = PROGRESS_EVERY
         last_t = arrivals[0].trace.submit_s if arrivals else 0.0
         stranded = 0.0
-        while nxt < len(arrivals) or self.running:
+        while nxt < len(arrivals) or self.running or self.recut_events:
             t_arr = arrivals[nxt].trace.submit_s if nxt < len(arrivals) else math.inf
             t_fin = self.running[0].time if self.running else math.inf
-            t = min(t_arr, t_fin)
+            t_cut = self.recut_events[0][0] if self.recut_events else math.inf
+            t = min(t_arr, t_fin, t_cut)
             self.recorder.add_stranded(stranded, t - last_t)
             self.now = last_t = t
             while self.running and self.running[0].time <= t:
                 self.finish(heapq.heappop(self.running))
+                events += 1
+            while self.recut_events and self.recut_events[0][0] <= t:
+                _, _, g, layout = heapq.heappop(self.recut_events)
+                self._finish_recut(g, layout)
                 events += 1
             while nxt < len(arrivals) and arrivals[nxt].trace.submit_s <= t:
                 m = arrivals[nxt]
@@ -256,7 +379,11 @@ class RigidScheduler:
         self.recorder.end_s = last_t
         if progress is not None:
             progress(events, sum(1 for j in self.recorder.jobs.values() if j.finish_s is not None))
-        return SimResult(policy=self.name, recorder=self.recorder, counters={"events": events})
+        return SimResult(
+            policy=self.name,
+            recorder=self.recorder,
+            counters={"events": events, "repartitions": len(self.repartitions)},
+        )
 
 
 class _WholeGpuScheduler(RigidScheduler):
@@ -276,7 +403,7 @@ class _WholeGpuScheduler(RigidScheduler):
         return True
 
     def stranded_mem(self) -> float:
-        free = len(self.units) - self.busy_units
+        free = self.units_live - self.busy_units
         if free == 0:
             return 0.0
         smallest = min(w.need for w in self.queue)
@@ -289,7 +416,7 @@ class FifoScheduler(_WholeGpuScheduler):
     def schedule(self) -> None:
         while (
             self.queue
-            and self.queue[0].need <= len(self.units) - self.busy_units
+            and self.queue[0].need <= self.units_live - self.busy_units
             and self.try_start(self.queue[0])
         ):
             self.queue.pop(0)
@@ -319,7 +446,7 @@ class EasyBackfillScheduler(_WholeGpuScheduler):
                 break
         extra = avail - head.need if math.isfinite(shadow) else 0
         started: list[int] = []
-        free_count = len(self.units) - self.busy_units
+        free_count = self.units_live - self.busy_units
         for i in range(1, len(self.queue)):
             if free_count == 0:
                 break
@@ -345,11 +472,17 @@ class BestFitMigScheduler(RigidScheduler):
 
     def __init__(self, cluster: SimCluster, jobs: Sequence[TraceJob], cfg: SimConfig) -> None:
         super().__init__(cluster, jobs, cfg)
-        self.by_fit = sorted(
-            range(len(self.units)), key=lambda i: (self.units[i].mem_mib, self.units[i].share, i)
-        )
-
+        self.by_fit: list[int] = []
+        self.units_changed()
         self.max_slice_usable = max(u.mem_mib for u in self.units) - self.reserve
+        if self.cuts:  # a re-cut can make the largest profile out of any repartitionable GPU
+            self.max_slice_usable = max(self.max_slice_usable, self.max_gpu_usable)
+
+    def units_changed(self) -> None:
+        self.by_fit = sorted(
+            (i for i, u in enumerate(self.units) if not u.retired),
+            key=lambda i: (self.units[i].mem_mib, self.units[i].share, i),
+        )
 
     def place(self, w: _Waiting, free_by_fit: list[int]) -> bool:
         """Place one job if it fits now; ``free_by_fit`` (free units, smallest first) is kept current."""
@@ -371,6 +504,8 @@ class BestFitMigScheduler(RigidScheduler):
         return True
 
     def schedule(self) -> None:
+        if self.cuts:
+            self.repartition()
         free_by_fit = [i for i in self.by_fit if not self.units[i].busy]
         placed: list[int] = []
         for i, w in enumerate(self.queue):
@@ -382,7 +517,7 @@ class BestFitMigScheduler(RigidScheduler):
             self.queue.pop(i)
 
     def stranded_mem(self) -> float:
-        if self.busy_units == len(self.units):
+        if self.busy_units == self.units_live:
             return 0.0
         smallest = min(w.decl_mem_mib for w in self.queue)
         return sum(u.mem_mib for u in self.units if not u.busy and u.mem_mib - self.reserve < smallest)

@@ -3,13 +3,15 @@
 Spec grammar (``docs/traces.md`` has examples)::
 
     spec   := group ("," group)*            or a path to a .yaml/.yml/.json file
-    group  := [count "x"] model (":" option)* ["~repart"]
-    option := "whole" | "repartitionable" | profile ("+" profile)*
+    group  := [count "x"] model (":" option)* ["~repart" ["=" seconds]]
+    option := "whole" | "repartitionable" ["=" seconds] | profile ("+" profile)*
 
 ``8xA100-40GB`` is eight A100-40GB GPUs, each one whole slice (the model's largest MIG profile, 7g.40gb);
-``4xH100-80GB:4g.40gb+3g.40gb`` gives every GPU that MIG layout; ``~repart`` or ``:repartitionable`` marks
-GPUs whose layout the simulator may change. Models are the MIG catalogue's (``sja.core.mig``) or the
-non-MIG cards of the openb trace (``T4``, ``V100M32``, ...), which are always one whole slice.
+``4xH100-80GB:4g.40gb+3g.40gb`` gives every GPU that MIG layout (the initial one, for a repartitionable
+GPU); ``~repart`` or ``:repartitionable`` marks GPUs whose layout the simulator may change while they are
+idle, ``=<seconds>`` sets how long a re-cut takes (default ``SimConfig.reconfig_s``). Models are the MIG
+catalogue's (``sja.core.mig``) or the non-MIG cards of the openb trace (``T4``, ``V100M32``, ...), which
+are always one whole slice.
 
 GPUs fill nodes of ``gpus_per_node`` (default 8) within a group; every group starts a new node. Node ids
 are ``n<i>``, GPU ids ``<node>-g<j>``, slice ids ``<gpu_id>-<profile>-<start>``.
@@ -33,7 +35,8 @@ GPUS_PER_NODE = 8
 WHOLE_PROFILE = "whole"
 """Profile name of the single slice of a GPU without MIG (a model outside the MIG catalogue)."""
 
-_REPART_SUFFIX = "~repart"
+_REPART_SUFFIX_RE = re.compile(r"~repart(?:=(?P<seconds>[^:~\s]*))?\s*$", re.IGNORECASE)
+_REPART_OPTION_RE = re.compile(r"^repartitionable(?:=(?P<seconds>.*))?$", re.IGNORECASE)
 _GROUP_RE = re.compile(r"^(?:(?P<count>\d+)\s*[xX]\s*)?(?P<model>[^:~\s]+)(?P<rest>.*)$")
 _CLUSTER_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -46,6 +49,18 @@ class GpuGroup:
     model: str
     layout: tuple[str, ...] | None
     repartitionable: bool
+    reconfig_s: float | None = None
+    """Seconds one re-cut takes; ``None``: the simulation's default."""
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"reconfiguration time must be a number of seconds, got {text!r}") from None
+    if not (value >= 0 and value < float("inf")):
+        raise ValueError(f"reconfiguration time must be >= 0 seconds, got {text!r}")
+    return value
 
 
 def _canonical_model(name: str) -> str:
@@ -66,12 +81,16 @@ def parse_group(text: str) -> GpuGroup:
     """Parse one group of the spec grammar; raises ``ValueError`` saying what is wrong."""
     s = text.strip()
     repart = False
-    if s.endswith(_REPART_SUFFIX):
+    reconfig_s: float | None = None
+    suffix = _REPART_SUFFIX_RE.search(s)
+    if suffix is not None:
         repart = True
-        s = s[: -len(_REPART_SUFFIX)].rstrip()
+        if suffix["seconds"] is not None:
+            reconfig_s = _seconds(suffix["seconds"])
+        s = s[: suffix.start()].rstrip()
     m = _GROUP_RE.match(s)
     if not s or m is None:
-        raise ValueError("expected [<count>x]<model>[:<layout>][~repart]")
+        raise ValueError("expected [<count>x]<model>[:<layout>][~repart[=<seconds>]]")
     count = int(m["count"]) if m["count"] is not None else 1
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
@@ -84,8 +103,11 @@ def parse_group(text: str) -> GpuGroup:
     for option in (o.strip() for o in rest.split(":")[1:]):
         if option == "":
             raise ValueError("empty option after ':'")
-        if option.lower() == "repartitionable":
+        repart_option = _REPART_OPTION_RE.match(option)
+        if repart_option is not None:
             repart = True
+            if repart_option["seconds"] is not None:
+                reconfig_s = _seconds(repart_option["seconds"])
             continue
         if layout_given:
             raise ValueError(f"more than one layout (second: {option!r})")
@@ -101,17 +123,18 @@ def parse_group(text: str) -> GpuGroup:
             raise ValueError(f"{model} has no MIG: it cannot be repartitioned")
     elif layout is not None:
         place_layout(gpu_model(model), layout)  # LayoutError (a ValueError) says why it does not fit
-    return GpuGroup(count=count, model=model, layout=layout, repartitionable=repart)
+    return GpuGroup(count=count, model=model, layout=layout, repartitionable=repart, reconfig_s=reconfig_s)
 
 
 def _group_from_mapping(item: Mapping[str, object]) -> GpuGroup:
-    unknown = set(item) - {"count", "model", "layout", "repartitionable"}
+    unknown = set(item) - {"count", "model", "layout", "repartitionable", "reconfig_s"}
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}")
     count = item.get("count", 1)
     model = item.get("model")
     layout = item.get("layout")
     repart = item.get("repartitionable", False)
+    reconfig = item.get("reconfig_s")
     if not isinstance(count, int) or isinstance(count, bool):
         raise ValueError(f"count must be an integer, got {count!r}")
     if not isinstance(model, str):
@@ -125,8 +148,12 @@ def _group_from_mapping(item: Mapping[str, object]) -> GpuGroup:
         text += ":" + layout
     elif layout is not None:
         raise ValueError(f"layout must be a string or a list of profiles, got {layout!r}")
+    if reconfig is not None and (not isinstance(reconfig, int | float) or isinstance(reconfig, bool)):
+        raise ValueError(f"reconfig_s must be a number of seconds, got {reconfig!r}")
+    if reconfig is not None and not repart:
+        raise ValueError("reconfig_s needs repartitionable: true")
     if repart:
-        text += ":repartitionable"
+        text += ":repartitionable" if reconfig is None else f":repartitionable={reconfig!r}"
     return parse_group(text)
 
 
@@ -167,12 +194,21 @@ def _groups_from_file(path: Path) -> tuple[list[tuple[str, GpuGroup]], int | Non
     return groups, per_node
 
 
-def _slices_of(gpu: SimGpu) -> list[SimSlice]:
+def slices_of(gpu: SimGpu, generation: int = 0) -> list[SimSlice]:
+    """The slices of a GPU's layout. ``generation`` counts re-cuts: slices of a re-cut GPU get ids
+    ending in ``.r<generation>`` so that no id names two different instances in one run."""
+    suffix = f".r{generation}" if generation else ""
     if gpu.model not in CATALOGUE:
         mem = OPENB_GPU_MEM_MIB[gpu.model]
         return [
             SimSlice(
-                f"{gpu.gpu_id}-{WHOLE_PROFILE}-0", gpu.gpu_id, gpu.node, gpu.model, WHOLE_PROFILE, mem, 1.0
+                f"{gpu.gpu_id}-{WHOLE_PROFILE}-0{suffix}",
+                gpu.gpu_id,
+                gpu.node,
+                gpu.model,
+                WHOLE_PROFILE,
+                mem,
+                1.0,
             )
         ]
     model = gpu_model(gpu.model)
@@ -182,7 +218,7 @@ def _slices_of(gpu: SimGpu) -> list[SimSlice]:
         placements = [(model.profile(pl.profile), pl.start) for pl in place_layout(model, gpu.layout)]
     return [
         SimSlice(
-            slice_id=f"{gpu.gpu_id}-{p.name}-{start}",
+            slice_id=f"{gpu.gpu_id}-{p.name}-{start}{suffix}",
             gpu_id=gpu.gpu_id,
             node=gpu.node,
             gpu_model=gpu.model,
@@ -213,9 +249,10 @@ def build_cluster(groups: Sequence[GpuGroup], *, gpus_per_node: int = GPUS_PER_N
                 model=group.model,
                 layout=layout,
                 repartitionable=group.repartitionable,
+                reconfig_s=group.reconfig_s,
             )
             cluster.gpus.append(gpu)
-            cluster.slices.extend(_slices_of(gpu))
+            cluster.slices.extend(slices_of(gpu))
         node_index += -(-group.count // gpus_per_node)
     return cluster
 
@@ -224,8 +261,8 @@ def parse_cluster(spec: str, *, gpus_per_node: int = GPUS_PER_NODE) -> SimCluste
     """Build a cluster from a spec string or a YAML/JSON file of groups.
 
     A file holds a list of groups, each a spec string (``"4xH100-80GB:4g.40gb+3g.40gb"``) or a mapping
-    ``{count, model, layout, repartitionable}`` (``layout``: ``"whole"``, a ``+``-joined string or a list of
-    profiles); or a mapping ``{groups: [...], gpus_per_node: 8}``.
+    ``{count, model, layout, repartitionable, reconfig_s}`` (``layout``: ``"whole"``, a ``+``-joined
+    string or a list of profiles); or a mapping ``{groups: [...], gpus_per_node: 8}``.
 
     Raises:
         ValueError: naming the offending group (its position and text) and what is wrong with it.
@@ -280,5 +317,5 @@ def load_openb_nodes(path: str | Path) -> SimCluster:
         for j in range(count):
             gpu = SimGpu(gpu_id=f"{node}-g{j}", node=node, model=model)
             cluster.gpus.append(gpu)
-            cluster.slices.extend(_slices_of(gpu))
+            cluster.slices.extend(slices_of(gpu))
     return cluster

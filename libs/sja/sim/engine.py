@@ -30,11 +30,21 @@ a 1g slice is not asked again until a completion changes its profile. Proposals 
 With ``max_bidders > 0`` a round collects at most that many proposals, taken in the policy's natural
 order (submission order; least attained tenant first under ``fair``); ``max_bidders = 0`` asks every
 job, as the live agents do.
+
+**Repartitioning.** A GPU marked repartitionable in the cluster spec may be re-cut into another MIG
+layout, only while every one of its slices is free and was offered without a taker (nothing runs on
+it, and nobody waiting could use what it offers). After the dispatch of an instant, if jobs are
+waiting, the idle repartitionable GPUs and the waiting jobs' demand (``repartition_demand``: one
+slice per subjob a job could still start, as large as its memory quantile for a one-unit subjob
+needs) go to ``core.repartition.plan_repartitions``, which returns the GPUs to re-cut and their new
+layouts. A re-cut GPU offers nothing for its reconfiguration time (``SimConfig.reconfig_s`` or the
+group's ``=<seconds>``), then its new slices are offered as freshly freed ones.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import heapq
 import math
 import random
@@ -44,11 +54,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import msgspec
+
 from sja import workloads
 from sja.core import leases
 from sja.core.jobs import apply_completion, can_take_more, materialize, new_job, propose
+from sja.core.mig import CATALOGUE, gpu_model
 from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES, Bid, Ledger, PolicyConfig, clear, grant_cost
+from sja.core.repartition import SliceDemand, plan_repartitions
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import (
     Completion,
@@ -62,8 +76,9 @@ from sja.protocol.messages import (
     SubjobStatus,
     TimeDecl,
 )
+from sja.sim.cluster import slices_of
 from sja.sim.metrics import JobRecord, ScheduleRecorder
-from sja.sim.model import SimCluster, SimSlice, TraceJob
+from sja.sim.model import SimCluster, SimGpu, SimSlice, TraceJob
 from sja.workloads.base import check_known, int_param
 
 # --- the simulator's own workload -----------------------------------------------------------------
@@ -157,6 +172,10 @@ class SimConfig:
     """How a job's profile prior is scaled. ``core``: exactly ``core.jobs.new_job`` (typical subjob =
     an eighth of the job). ``window``: the typical subjob is what fits one window at the declared speed,
     the change proposed for ``new_job`` in ``docs/evaluation.md`` (results using it say so)."""
+    reconfig_s: float = 5.0
+    """Seconds a repartitionable GPU offers nothing while it is re-cut into another MIG layout
+    (destroying and creating MIG instances, which needs the GPU idle, takes seconds; a cluster
+    group's ``~repart=<seconds>`` overrides it)."""
 
     def limits(self) -> PlanLimits:
         return PlanLimits(
@@ -276,35 +295,74 @@ def _name(raw: str) -> str:
     return (_BAD.sub("-", raw) or "x")[:64]
 
 
-def slice_states(cluster: SimCluster) -> list[SliceState]:
-    """The cluster's slices as the inventory would publish them (all free, fence 0)."""
+def gpu_indices(cluster: SimCluster) -> dict[str, int]:
+    """Each GPU's index on its node (``SliceState.gpu_index``)."""
     index_of: dict[str, int] = {}
     per_node: dict[str, int] = {}
     for g in cluster.gpus:
         index_of[g.gpu_id] = per_node.get(g.node, 0)
         per_node[g.node] = index_of[g.gpu_id] + 1
-    return [
-        SliceState(
-            slice_id=s.slice_id,
-            node=_name(s.node),
-            pool="sim",
-            gpu_index=index_of.get(s.gpu_id, 0),
-            gpu_model=s.gpu_model,
-            profile=s.profile,
-            mem_mib=max(1, int(s.mem_mib)),
-            compute_slots=max(1, round(s.compute_share * 7)),
-            compute_share=s.compute_share,
-        )
-        for s in cluster.slices
-    ]
+    return index_of
+
+
+def slice_state(s: SimSlice, gpu_index: int) -> SliceState:
+    """One slice as the inventory would publish it (free, fence 0)."""
+    return SliceState(
+        slice_id=s.slice_id,
+        node=_name(s.node),
+        pool="sim",
+        gpu_index=gpu_index,
+        gpu_model=s.gpu_model,
+        profile=s.profile,
+        mem_mib=max(1, int(s.mem_mib)),
+        compute_slots=max(1, round(s.compute_share * 7)),
+        compute_share=s.compute_share,
+    )
+
+
+def slice_states(cluster: SimCluster) -> list[SliceState]:
+    """The cluster's slices as the inventory would publish them (all free, fence 0)."""
+    index_of = gpu_indices(cluster)
+    return [slice_state(s, index_of.get(s.gpu_id, 0)) for s in cluster.slices]
+
+
+def repartitionable(gpu: SimGpu) -> bool:
+    """Whether the simulator may re-cut this GPU (marked so, and a MIG model)."""
+    return gpu.repartitionable and gpu.model in CATALOGUE
+
+
+def _whole_gpu_capacity(gpu: SimGpu) -> tuple[float, float]:
+    whole = max(gpu_model(gpu.model).profiles, key=lambda p: (p.compute_slots, p.mem_slots))
+    return 1.0, float(whole.mem_mib)
 
 
 def compute_capacity(cluster: SimCluster) -> float:
-    return sum(s.compute_share for s in cluster.slices)
+    """Sum of the slices' compute shares; a repartitionable GPU counts as a whole GPU (what any of
+    its layouts could offer at most)."""
+    repart = {g.gpu_id: g for g in cluster.gpus if repartitionable(g)}
+    fixed = sum(s.compute_share for s in cluster.slices if s.gpu_id not in repart)
+    return fixed + sum(_whole_gpu_capacity(g)[0] for g in repart.values())
 
 
 def mem_capacity(cluster: SimCluster) -> float:
-    return float(sum(s.mem_mib for s in cluster.slices))
+    """Sum of the slices' memory; a repartitionable GPU counts with its largest profile's memory."""
+    repart = {g.gpu_id: g for g in cluster.gpus if repartitionable(g)}
+    fixed = float(sum(s.mem_mib for s in cluster.slices if s.gpu_id not in repart))
+    return fixed + sum(_whole_gpu_capacity(g)[1] for g in repart.values())
+
+
+def repartition_kinds(cluster: SimCluster) -> dict[tuple[str, int, float], SliceState]:
+    """Every window kind a repartitionable GPU of the cluster could offer after a re-cut, with a
+    template slice state of that kind."""
+    kinds: dict[tuple[str, int, float], SliceState] = {}
+    for g in cluster.gpus:
+        if not repartitionable(g):
+            continue
+        for p in gpu_model(g.model).profiles:
+            for s in slices_of(dataclasses.replace(g, layout=(p.name,))):
+                st = slice_state(s, 0)
+                kinds.setdefault((st.profile, st.mem_mib, st.compute_share), st)
+    return kinds
 
 
 def lognormal(rng: random.Random, sd: float) -> float:
@@ -328,6 +386,9 @@ Progress = Callable[[int, int], None]
 """Called as ``progress(events_done, jobs_done)`` every few thousand events."""
 
 PROGRESS_EVERY = 2000
+
+REPART_DEMAND_ITEMS = 64
+"""Slices of waiting demand considered when choosing layouts for idle repartitionable GPUs."""
 
 # --- the engine -------------------------------------------------------------------------------------
 
@@ -355,6 +416,29 @@ class _Slice:
     speed: float
     idle: bool = False
     """Offered and not taken: re-offered only when a job that might want it changes."""
+    retired: bool = False
+    """Destroyed by a re-cut of its GPU: never offered again."""
+
+
+@dataclass
+class _Cut:
+    """A repartitionable GPU: its current layout and whether it is being re-cut."""
+
+    gpu: SimGpu
+    layout: tuple[str, ...]
+    reconfig_s: float
+    generation: int = 0
+    reconfiguring: bool = False
+
+
+@dataclass
+class _Recut:
+    """A re-cut in progress: ``gpu_id`` offers nothing until ``ends``, then ``layout``."""
+
+    gpu_id: str
+    layout: tuple[str, ...]
+    started: float
+    ends: float
 
 
 @dataclass
@@ -395,7 +479,33 @@ class SjaEngine:
             )
             for i, (s, st) in enumerate(zip(cluster.slices, states, strict=True))
         ]
-        self.kinds: list[WindowKind] = sorted({s.kind for s in self.slices})
+        self.gpu_index = gpu_indices(cluster)
+        self.gpu_slices: dict[str, list[int]] = {}
+        for sl in self.slices:
+            self.gpu_slices.setdefault(sl.sim.gpu_id, []).append(sl.idx)
+        self.gpu_busy = dict.fromkeys(self.gpu_slices, 0)
+        """Slices of each GPU running a subjob: a repartitionable GPU is re-cut only at 0."""
+        self.cuts: dict[str, _Cut] = {}
+        for g in cluster.gpus:
+            if repartitionable(g) and g.gpu_id in self.gpu_slices:
+                layout = tuple(self.slices[i].sim.profile for i in self.gpu_slices[g.gpu_id])
+                cost = g.reconfig_s if g.reconfig_s is not None else cfg.reconfig_s
+                self.cuts[g.gpu_id] = _Cut(gpu=g, layout=layout, reconfig_s=cost)
+        self.recuts: list[_Recut] = []
+        """Every re-cut, in order (for checks and plots)."""
+        self.demand_epoch = 0
+        """Bumped whenever some job's state changes (the demand a re-cut serves may differ)."""
+        self.repart_checked: tuple[int, tuple[str, ...]] | None = None
+        self.cut_free: set[str] = set(self.cuts)
+        """Repartitionable GPUs with nothing running and no re-cut in progress."""
+        self.kind_states = repartition_kinds(cluster)
+        """A template slice state of every kind a re-cut could create."""
+        self.model_kinds: dict[str, list[WindowKind]] = {}
+        for cut in self.cuts.values():
+            self.model_kinds[cut.gpu.model] = sorted(
+                {k for k, st in self.kind_states.items() if st.gpu_model == cut.gpu.model}
+            )
+        self.kinds: list[WindowKind] = sorted({s.kind for s in self.slices} | set(self.kind_states))
         self.recorder = ScheduleRecorder(
             mem_capacity_mib=mem_capacity(cluster),
             compute_capacity=compute_capacity(cluster),
@@ -424,7 +534,7 @@ class SjaEngine:
             k: {} for k in self.kinds
         }
         self.by_idx: dict[int, _Job] = {}
-        self.events: list[tuple[float, int, _Running]] = []
+        self.events: list[tuple[float, int, _Running | _Recut]] = []
         self.seq = 0
         self.round_no = 0
         self.now = 0.0
@@ -436,12 +546,15 @@ class SjaEngine:
             "rounds_without_winner": 0,
             "proposals_computed": 0,
             "declined_grants": 0,
+            "repartitions": 0,
         }
         self.idle_by_kind: dict[WindowKind, set[int]] = {k: set() for k in self.kinds}
         self.idle_mem = 0.0
         """Memory of free slices that were offered and drew no taker."""
         self.waiting = 0
         """Jobs with work not yet handed out and room for another subjob (for fragmentation)."""
+        self.waiting_jobs: set[int] = set()
+        """Their indices (the demand a re-cut serves)."""
 
     # --- bidder queues ---------------------------------------------------------------------------
 
@@ -459,6 +572,7 @@ class SjaEngine:
 
     def _touch(self, job: _Job) -> None:
         """The job's state changed: forget its proposals and queue it for every kind of window."""
+        self.demand_epoch += 1
         job.version += 1
         job.proposals.clear()
         if not can_take_more(job.state):
@@ -576,6 +690,7 @@ class SjaEngine:
             time_violated=run.completion.status == "ok"
             and run.completion.duration_s > sj.planned_duration_q_s,
         )
+        self._slice_busy(s, +1)
         s.state = leases.start(
             leased,
             grant_id=grant_id,
@@ -673,6 +788,7 @@ class SjaEngine:
             status=c.status,
         )
         s.state = leases.release(s.state, grant_id=run.grant.grant_id, fence=run.grant.fence, now=self.now)
+        self._slice_busy(s, -1)
         self._set_idle(s, False)
         self.fresh.add(s.idx)
         was_waiting = self._is_waiting(job)
@@ -681,6 +797,7 @@ class SjaEngine:
         if job.state.status in ("done", "failed", "cancelled"):
             if job.state.status == "done":
                 self.recorder.finish_job(job.model.trace.job_id, self.now)
+            self.demand_epoch += 1
             job.version += 1
             job.proposals.clear()
         else:
@@ -694,7 +811,12 @@ class SjaEngine:
         return can_take_more(job.state)
 
     def _update_waiting(self, was: bool, job: _Job) -> None:
-        self.waiting += int(self._is_waiting(job)) - int(was)
+        now = self._is_waiting(job)
+        self.waiting += int(now) - int(was)
+        if now:
+            self.waiting_jobs.add(job.idx)
+        else:
+            self.waiting_jobs.discard(job.idx)
 
     def _set_idle(self, s: _Slice, idle: bool) -> None:
         if idle == s.idle:
@@ -707,10 +829,122 @@ class SjaEngine:
             self.idle_by_kind[s.kind].discard(s.idx)
             self.idle_mem -= s.state.mem_mib
 
+    def _slice_busy(self, s: _Slice, delta: int) -> None:
+        g = s.sim.gpu_id
+        self.gpu_busy[g] += delta
+        if g in self.cuts:
+            if self.gpu_busy[g] == 0 and not self.cuts[g].reconfiguring:
+                self.cut_free.add(g)
+            else:
+                self.cut_free.discard(g)
+
+    # --- repartitioning ------------------------------------------------------------------------
+
+    def _kind_offer(self, kind: WindowKind) -> Offer:
+        """An offer of a window of ``kind`` starting now (what a slice of that kind would get)."""
+        st = self.kind_states[kind]
+        window = find_windows([st], WindowRequest(now=self.now, horizon_s=self.cfg.horizon_s))[0]
+        return Offer(
+            offer_id="repartition",
+            round=self.round_no,
+            window=window,
+            slice_fence=0,
+            slice_revision=0,
+            issued_at=self.now,
+            reply_by=self.now,
+            reply_to="sim",
+        )
+
+    def repartition_demand(self, model: str) -> list[SliceDemand]:
+        """What waiting jobs want from a GPU of ``model``, in the policy's natural order: one slice
+        per subjob each could still start (at most 7), of the profiles its planner would propose for
+        (``core.jobs.propose``, memoized like the rounds' proposals), using up to its GPU fraction."""
+        limit = REPART_DEMAND_ITEMS
+        kinds = self.model_kinds[model]
+        order = heapq.nsmallest(limit, self.waiting_jobs, key=lambda i: (self._rank(self.by_idx[i]), i))
+        out: list[SliceDemand] = []
+        for i in order:
+            job = self.by_idx[i]
+            profiles = frozenset(
+                k[0] for k in kinds if self._proposal(job, k, self._kind_offer(k)) is not None
+            )
+            if not profiles:
+                continue
+            room = min(job.state.spec.max_parallel - len(job.state.in_flight), 7)
+            item = SliceDemand(0.0, job.model.fraction, job.state.job_id, profiles)
+            out.extend([item] * max(room, 0))
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def _repartition(self) -> None:
+        """Re-cut the repartitionable GPUs with nothing running that the waiting demand is better
+        served by another layout."""
+        idle = tuple(sorted(self.cut_free))
+        if not idle:
+            return
+        key = (self.demand_epoch, idle)
+        if key == self.repart_checked:
+            return  # nothing changed since the last look
+        self.repart_checked = key
+        for model in sorted({self.cuts[g].gpu.model for g in idle}):
+            demand = self.repartition_demand(model)
+            if not demand:
+                continue
+            gpus = [
+                (g, gpu_model(model), self.cuts[g].layout) for g in idle if self.cuts[g].gpu.model == model
+            ]
+            for r in plan_repartitions(gpus, demand):
+                self._start_recut(r.gpu_id, r.new)
+
+    def _start_recut(self, gpu_id: str, layout: tuple[str, ...]) -> None:
+        cut = self.cuts[gpu_id]
+        for idx in self.gpu_slices[gpu_id]:
+            s = self.slices[idx]
+            self._set_idle(s, False)
+            s.retired = True
+            s.state = msgspec.structs.replace(s.state, status="offline", updated_at=self.now)
+            self.fresh.discard(idx)
+        self.gpu_slices[gpu_id] = []
+        cut.reconfiguring = True
+        self.cut_free.discard(gpu_id)
+        recut = _Recut(gpu_id, layout, self.now, self.now + cut.reconfig_s)
+        self.recuts.append(recut)
+        self.counters["repartitions"] += 1
+        self.recorder.add_reconfig(recut.started, recut.ends, share=1.0)
+        self.seq += 1
+        heapq.heappush(self.events, (recut.ends, self.seq, recut))
+
+    def _finish_recut(self, recut: _Recut) -> None:
+        cut = self.cuts[recut.gpu_id]
+        cut.generation += 1
+        cut.layout = recut.layout
+        cut.reconfiguring = False
+        self.cut_free.add(recut.gpu_id)
+        gpu = dataclasses.replace(cut.gpu, layout=recut.layout)
+        for sim in slices_of(gpu, cut.generation):
+            st = slice_state(sim, self.gpu_index.get(sim.gpu_id, 0))
+            idx = len(self.slices)
+            self.slices.append(
+                _Slice(
+                    idx=idx,
+                    sim=sim,
+                    state=st,
+                    kind=(st.profile, st.mem_mib, st.compute_share),
+                    speed=slice_speed(sim, self.cfg),
+                )
+            )
+            self.gpu_slices[recut.gpu_id].append(idx)
+            self.fresh.add(idx)
+
     # --- the loop ------------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Offer freshly freed slices, then idle slices of kinds some changed job might now take."""
+        """Offer freshly freed slices, then idle slices of kinds some changed job might now take;
+        repartitionable GPUs with nothing running are re-cut first if the waiting demand is better
+        served by another layout, and again after the rounds for what still waits."""
+        if self.cuts and self.waiting > 0:
+            self._repartition()
         for idx in sorted(self.fresh):
             s = self.slices[idx]
             if s.state.status == "free":
@@ -722,6 +956,8 @@ class SjaEngine:
                 if not any(parts.values()):
                     break
                 self._offer_round(self.slices[idx])
+        if self.cuts and self.waiting > 0:
+            self._repartition()
 
     def run(self, progress: Progress | None = None) -> SimResult:
         arrivals = self.models
@@ -739,10 +975,13 @@ class SjaEngine:
             self.now = last_t = t
             # Completions first (they free slices), then arrivals, all at time t; then one dispatch.
             while self.events and self.events[0][0] <= t:
-                _, _, run = heapq.heappop(self.events)
-                self._complete(run)
+                _, _, item = heapq.heappop(self.events)
                 events += 1
-                if run.job.state.status in ("done", "failed", "cancelled"):
+                if isinstance(item, _Recut):
+                    self._finish_recut(item)
+                    continue
+                self._complete(item)
+                if item.job.state.status in ("done", "failed", "cancelled"):
                     jobs_done += 1
             while next_arrival < len(arrivals) and arrivals[next_arrival].trace.submit_s <= t:
                 self._arrive(arrivals[next_arrival], next_arrival)

@@ -21,6 +21,8 @@ Definitions (also in ``docs/evaluation.md``):
   that was free while jobs were waiting, but in slices no waiting job could use (for SJA: free slices
   that were offered and drew no proposal; for rigid baselines: free capacity too small for every
   waiting request).
+- **repartitions** — re-cuts of repartitionable GPUs; **reconfig_s** the GPU-seconds they offered
+  nothing while being re-cut (also counted in ``alloc_utilization``).
 - **Jain's fairness** — ``(sum x)^2 / (n sum x^2)`` over tenants, with ``x`` the tenant's mean of
   ``duration / JCT`` over its finished jobs (1 = every tenant got the same relative service).
 """
@@ -83,6 +85,10 @@ class ScheduleRecorder:
     """Pieces whose real duration exceeded the planned duration quantile."""
     planned_pieces: int = 0
     """Pieces that carried a planned quantile (SJA subjobs)."""
+    repartitions: int = 0
+    """Re-cuts of a repartitionable GPU's MIG layout."""
+    reconfig_s: float = 0.0
+    """GPU-seconds during which re-cut GPUs offered nothing."""
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     compute_bins: dict[int, float] = field(default_factory=dict)
     mem_bins: dict[int, float] = field(default_factory=dict)
@@ -132,6 +138,15 @@ class ScheduleRecorder:
             if hi > lo:
                 self.compute_bins[b] = self.compute_bins.get(b, 0.0) + rate * (hi - lo)
                 self.mem_bins[b] = self.mem_bins.get(b, 0.0) + mem_mib * (hi - lo)
+
+    def add_reconfig(self, start_s: float, end_s: float, *, share: float = 1.0) -> None:
+        """A GPU of compute ``share`` was being re-cut over ``[start, end)``: held, and useless.
+
+        Counted in ``alloc_time`` (capacity spent, like per-subjob overhead) and in ``reconfig_s``."""
+        length = max(end_s - start_s, 0.0)
+        self.repartitions += 1
+        self.reconfig_s += share * length
+        self.alloc_time += share * length
 
     def add_plan_check(self, *, mem_violated: bool, time_violated: bool) -> None:
         self.planned_pieces += 1
@@ -237,6 +252,8 @@ def summarize(rec: ScheduleRecorder, extra: dict[str, Any] | None = None) -> dic
         "subjobs": rec.pieces,
         "overhead_s": rec.overhead_s,
         "wasted_s": rec.wasted_s,
+        "repartitions": rec.repartitions,
+        "reconfig_s": rec.reconfig_s,
         "mem_violation_rate": rec.mem_violations / rec.planned_pieces if rec.planned_pieces else 0.0,
         "time_violation_rate": rec.time_violations / rec.planned_pieces if rec.planned_pieces else 0.0,
         "jain_fairness": jain_index(tenant_service.values()),

@@ -41,6 +41,9 @@ class SimGpu:
     layout: tuple[str, ...] | None = None
     """MIG profiles; ``None``: the GPU is one whole slice."""
     repartitionable: bool = False
+    """The simulator may re-cut the GPU's MIG layout while nothing runs on it."""
+    reconfig_s: float | None = None
+    """Seconds a re-cut takes (the GPU offers nothing meanwhile); ``None``: ``SimConfig.reconfig_s``."""
 
 
 @dataclass(frozen=True)
