@@ -57,6 +57,22 @@ def test_repartitionable_marks() -> None:
     assert not any(g.repartitionable for g in parse_cluster("2xA100-40GB").gpus)
 
 
+def test_reconfiguration_time_per_group() -> None:
+    assert parse_cluster("2xA100-40GB~repart").gpus[0].reconfig_s is None  # the simulation's default
+    for spec in (
+        "2xA100-40GB~repart=12",
+        "2xA100-40GB:repartitionable=12",
+        "A100-40GB:whole:repartitionable=12",
+    ):
+        assert all(g.repartitionable and g.reconfig_s == 12.0 for g in parse_cluster(spec).gpus), spec
+    for bad, message in (
+        ("2xA100-40GB~repart=x", "must be a number of seconds"),
+        ("2xA100-40GB:repartitionable=-1", "must be >= 0 seconds"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_cluster(bad)
+
+
 def test_groups_fill_nodes_of_eight_and_start_new_nodes() -> None:
     cluster = parse_cluster("10xA100-40GB, 2xh100-80gb, T4")
     per_node = Counter(g.node for g in cluster.gpus)
