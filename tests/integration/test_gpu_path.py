@@ -1,0 +1,181 @@
+"""The GPU path without a GPU: the inventory reads a fake NVML, the executor pins one Ray actor per
+MIG instance, and jobs run through the whole stack on the CPU; a lost GPU's slices go offline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from services.advertiser.service import AdvertiserService, AdvertiserSettings
+from services.agent.service import AgentService, AgentSettings
+from services.clearer.service import ClearerService, ClearerSettings
+from services.executor.service import ExecutorService, ExecutorSettings
+from services.gateway.service import GatewayService, GatewaySettings
+from services.inventory.service import InventoryService, InventorySettings
+from sja.bus.connection import stores
+from sja.client import SjaClient
+from sja.core import jobs as J
+from sja.inventory.fake_nvml import FakeNvml
+from sja.inventory.nvml import discover
+from sja.protocol.messages import JobSpec, JobState, SliceState
+from sja.workloads import checkpoint as ckpt
+from sja.workloads import run_in_one_piece
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def common(nats_url: str, tmp_path: Path, name: str) -> dict[str, object]:
+    return {"nats_url": nats_url, "out_dir": str(tmp_path / "out"), "instance": name}
+
+
+@contextlib.asynccontextmanager
+async def running(*services: object) -> AsyncIterator[None]:
+    async with contextlib.AsyncExitStack() as stack:
+        for s in services:
+            await stack.enter_async_context(s)  # type: ignore[arg-type]
+        yield
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def slices_of(nc) -> dict[str, SliceState]:
+    slices, _ = await stores(nc.jetstream())
+    return {s.slice_id: s for s, _ in await slices.all()}
+
+
+async def wait_done(client: SjaClient, job_id: str, timeout_s: float) -> JobState:
+    state: JobState | None = None
+
+    async def done() -> bool:
+        nonlocal state
+        state = await client.status(job_id)
+        return J.is_terminal(state)
+
+    await until(done, timeout_s, f"job {job_id}")
+    assert state is not None
+    return state
+
+
+async def test_lost_gpu_goes_offline_and_comes_back_free(nats_url: str, tmp_path: Path, nc) -> None:
+    inventory = InventoryService(
+        InventorySettings(
+            **common(nats_url, tmp_path, "inventory-t"),
+            inventory_source="fake-nvml:node",
+            node="gpu1",
+            soft_slices="2",
+            poll_interval_s=0.05,
+        )
+    )
+    async with running(inventory):
+        fake = inventory.nvml
+        assert isinstance(fake, FakeNvml)
+        expected = {s.slice_id for s in discover(FakeNvml("node"), node="gpu1", soft_slices="2").slices}
+        first = await slices_of(nc)
+        assert set(first) == expected
+        assert {s.source for s in first.values()} == {"nvml", "soft"}
+        assert {s.status for s in first.values()} == {"free"}
+
+        fake.lose(2)
+
+        async def a100_offline() -> bool:
+            now = await slices_of(nc)
+            return all((s.status == "offline") == (s.gpu_index == 2) for s in now.values())
+
+        await until(a100_offline, 10, "the lost GPU's slices to go offline")
+        assert set(await slices_of(nc)) == expected, "offline slices are kept, not deleted"
+
+        fake.restore(2)
+
+        async def all_free() -> bool:
+            return {s.status for s in (await slices_of(nc)).values()} == {"free"}
+
+        await until(all_free, 10, "the GPU's slices to come back free")
+
+
+async def test_unavailable_nvml_fails_the_inventory_at_start(nats_url: str, tmp_path: Path) -> None:
+    inventory = InventoryService(
+        InventorySettings(**common(nats_url, tmp_path, "inventory-t"), inventory_source="fake-nvml:no-driver")
+    )
+    with pytest.raises(Exception, match="LibraryNotFound"):
+        async with inventory:
+            pass
+
+
+async def test_jobs_run_on_nvml_slices_through_the_stack(nats_url: str, tmp_path: Path, nc) -> None:
+    """An H100 with MIG (fake NVML) as the inventory; one actor per MIG instance, pinned to its MIG
+    device; a Monte Carlo job, and, when PyTorch is installed, a training job whose checkpoints go
+    through the object store and a batched-inference job, all computed on the CPU."""
+    c = lambda name: common(nats_url, tmp_path, name)  # noqa: E731
+    try:
+        import torch  # noqa: F401
+
+        has_torch = True
+    except ImportError:
+        has_torch = False
+    inventory = InventoryService(
+        InventorySettings(**c("inventory-t"), inventory_source="fake-nvml:h100-mig", node="local")
+    )
+    executor = ExecutorService(
+        ExecutorSettings(
+            **c("executor-t"), node="local", ray_num_cpus=2, preload="torch" if has_torch else ""
+        )
+    )
+    services = [
+        inventory,
+        GatewayService(GatewaySettings(**c("gateway-t"))),
+        ClearerService(ClearerSettings(**c("clearer-t"))),
+        AgentService(AgentSettings(**c("agent-t"), horizon_s=6.0)),
+        executor,
+        AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=6.0)),
+    ]
+    async with running(*services):
+        slices = await slices_of(nc)
+        assert len(slices) == 4 and {s.source for s in slices.values()} == {"nvml"}
+        infos = await asyncio.gather(
+            *(asyncio.wrap_future(a.info.remote().future()) for a in executor.actors.values())
+        )
+        assert {i["slice_id"]: i["cuda_visible_devices"] for i in infos} == {
+            sid: s.gpu_uuid for sid, s in slices.items()
+        }
+        assert all(v.startswith("MIG-") for v in (i["cuda_visible_devices"] for i in infos))
+
+        client = SjaClient(nc)
+        mc_params = {"units": 40, "samples_per_unit": 20_000, "seed": 5}
+        specs = [JobSpec(name="mc", tenant="t", workload="montecarlo", max_parallel=4, params=mc_params)]
+        train_params = {"steps": 60, "batch_size": 32, "hidden": 64, "seed": 3, "device": "cpu"}
+        infer_params = {"items": 4000, "hidden": 64, "seed": 4}
+        if has_torch:
+            specs.append(JobSpec(name="train", tenant="u", workload="torch-train", params=train_params))
+            specs.append(
+                JobSpec(name="infer", tenant="u", workload="torch-infer", max_parallel=4, params=infer_params)
+            )
+        ids = [(await client.submit(s)).job_id for s in specs]
+        states = [await wait_done(client, j, 150) for j in ids]
+        for s in states:
+            assert s.status == "done", (s.job_id, s.status, s.units_done, s.total_units)
+        assert states[0].result == run_in_one_piece("montecarlo", mc_params)
+        ran_on = {sid for _, sid, _ in executor.placements}
+        assert ran_on <= set(slices)
+
+        if has_torch:
+            train, infer = states[1], states[2]
+            whole = run_in_one_piece("torch-train", train_params)
+            assert train.result["steps"] == 60
+            assert train.result["weights_sha256"] == whole["weights_sha256"]
+            assert train.result["checkpoint"].startswith(ckpt.BUCKET + "/" + train.job_id + "/")
+            ref = ckpt.unpack_ref(train.accumulator)
+            store = await nc.jetstream().object_store(ckpt.BUCKET)
+            blob = await store.get(ref.name)
+            assert ckpt.digest(blob.data) == ref.sha256 and ref.size > 10_000
+            assert infer.result == run_in_one_piece("torch-infer", infer_params)
