@@ -1,0 +1,128 @@
+"""Many nodes, one Ray cluster: a head and two worker nodes on this machine, each worker declaring
+its SJA node's slices as custom resources; one executor per node. Every subjob runs on the Ray node
+that owns its slice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from ray.cluster_utils import Cluster
+
+from services.advertiser.service import AdvertiserService, AdvertiserSettings
+from services.agent.service import AgentService, AgentSettings
+from services.clearer.service import ClearerService, ClearerSettings
+from services.executor.service import ExecutorService, ExecutorSettings
+from services.gateway.service import GatewayService, GatewaySettings
+from services.inventory.service import InventoryService, InventorySettings
+from sja.client import SjaClient
+from sja.core import jobs as J
+from sja.execution.actor import node_resource, node_resources
+from sja.inventory.declared import load_declared
+from sja.protocol.messages import JobSpec
+from sja.workloads import run_in_one_piece
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+NODES = ("node-a", "node-b")
+INVENTORY = {
+    "nodes": [
+        {"name": n, "pool": "pool", "gpus": [{"model": "A100-40GB", "layout": ["4g.20gb", "3g.20gb"]}]}
+        for n in NODES
+    ]
+}
+
+
+@pytest.fixture
+def inventory_file(tmp_path: Path) -> Path:
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(INVENTORY), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def ray_cluster(inventory_file: Path) -> Iterator[Cluster]:
+    if ray.is_initialized():
+        ray.shutdown()
+    slices = load_declared(inventory_file)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024},
+    )
+    try:
+        for node in NODES:
+            ids = [s.slice_id for s in slices if s.node == node]
+            cluster.add_node(
+                num_cpus=1, resources=node_resources(node, ids), object_store_memory=80 * 1024 * 1024
+            )
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def running(*services: object) -> AsyncIterator[None]:
+    async with contextlib.AsyncExitStack() as stack:
+        for s in services:
+            await stack.enter_async_context(s)  # type: ignore[arg-type]
+        yield
+
+
+async def test_each_subjob_runs_on_the_node_that_owns_its_slice(
+    nats_url: str, tmp_path: Path, nc, inventory_file: Path, ray_cluster: Cluster
+) -> None:
+    def c(name: str) -> dict[str, object]:
+        return {"nats_url": nats_url, "out_dir": str(tmp_path / "out"), "instance": name}
+
+    executors = {
+        node: ExecutorService(
+            ExecutorSettings(**c(f"executor-{node}"), node=node, ray_address=ray_cluster.address)
+        )
+        for node in NODES
+    }
+    services = [
+        InventoryService(InventorySettings(**c("inventory-t"), inventory=str(inventory_file))),
+        GatewayService(GatewaySettings(**c("gateway-t"))),
+        ClearerService(ClearerSettings(**c("clearer-t"))),
+        AgentService(AgentSettings(**c("agent-t"), horizon_s=4.0)),
+        *executors.values(),
+        AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=4.0)),
+    ]
+    async with running(*services):
+        ray_node_of = {
+            node: next(n["NodeID"] for n in ray.nodes() if node_resource(node) in n.get("Resources", {}))
+            for node in NODES
+        }
+        assert len(set(ray_node_of.values())) == 2
+
+        client = SjaClient(nc)
+        # More jobs than slices, one subjob each at a time: every slice of both nodes gets work.
+        params = {"units": 300, "samples_per_unit": 50_000, "seed": 9}
+        jobs = [
+            await client.submit(JobSpec(name=f"mc{i}", tenant=f"t{i}", workload="montecarlo", params=params))
+            for i in range(6)
+        ]
+        deadline = time.monotonic() + 120
+        while True:
+            states = [await client.status(j.job_id) for j in jobs]
+            if all(J.is_terminal(s) for s in states):
+                break
+            assert time.monotonic() < deadline, [(s.status, s.units_done) for s in states]
+            await asyncio.sleep(0.1)
+        assert [s.status for s in states] == ["done"] * len(jobs)
+        assert all(s.result == run_in_one_piece("montecarlo", params) for s in states)
+
+        for node, ex in executors.items():
+            assert ex.placements, f"no subjob ran on {node}"
+            for subjob_id, slice_id, ray_node in ex.placements:
+                assert slice_id.startswith(node + "-"), (subjob_id, slice_id)
+                assert ray_node == ray_node_of[node], f"{subjob_id} on {slice_id} ran off its node"
