@@ -1,4 +1,7 @@
-"""Advertiser: turns free slices into offers, at once when a slice frees and again while unclaimed."""
+"""Advertiser: turns free slices into offers, at once when a slice frees and again while unclaimed.
+
+The windows due in one pass are published per pool as one ``OfferBatch`` (one message, one reply
+per agent, one clearing), so a burst of freed slices costs one round trip, not one per slice."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from sja.bus.tracing import publish
 from sja.bus.watch import KvView
 from sja.core.windows import OfferPacer, WindowRequest, find_windows
 from sja.protocol import subjects
-from sja.protocol.messages import Offer, SliceState
+from sja.protocol.messages import MAX_BATCH_OFFERS, Offer, OfferBatch, SliceState, Window
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.advertiser")
@@ -33,6 +36,11 @@ class AdvertiserSettings(BaseSettings, frozen=True, kw_only=True):
     reoffer_max_s: float = 2.0
     """A free slice nobody took is offered again, backing off from min to max."""
     tick_s: float = 0.05
+    coalesce_s: float = 0.002
+    """After a slice frees, wait this long for others before advertising, so that a burst of
+    frees becomes one batch (0: advertise at once)."""
+    max_batch: int = 512
+    """Most offers in one batch (a pool with more due windows publishes several batches)."""
 
 
 class AdvertiserService(Service):
@@ -85,44 +93,66 @@ class AdvertiserService(Service):
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.tick_s)
+                if self.cfg.coalesce_s > 0:
+                    await asyncio.sleep(self.cfg.coalesce_s)
 
     async def advertise_due(self, now: float) -> int:
-        """Offer every free window that is new (slice just freed: its fence changed) or due again."""
+        """Offer every free window that is new (slice just freed: its fence changed) or due again,
+        one batch per pool."""
         assert self.view is not None
         slices = {s.slice_id: s for s in self.view.values() if self._mine(s)}
         windows = find_windows(slices.values(), WindowRequest(now=now, horizon_s=self.cfg.horizon_s))
         due = self.pacer.due(windows, {k: s.fence for k, s in slices.items()}, now)
+        by_pool: dict[str, list[Window]] = {}
         for w in due:
-            await self._offer(slices[w.slice_id], self.view.entries[w.slice_id][1], w, now)
+            by_pool.setdefault(w.pool, []).append(w)
+        size = max(1, min(self.cfg.max_batch, MAX_BATCH_OFFERS))
+        for pool, ws in sorted(by_pool.items()):
+            for i in range(0, len(ws), size):
+                await self._offer_batch(pool, ws[i : i + size], slices, now)
         return len(due)
 
-    async def _offer(self, s: SliceState, revision: int, window: object, now: float) -> None:
-        self.round += 1
-        offer_id = f"o-{uuid.uuid4().hex[:20]}"
+    async def _offer_batch(
+        self, pool: str, windows: list[Window], slices: dict[str, SliceState], now: float
+    ) -> None:
+        assert self.view is not None
+        batch_id = f"b-{uuid.uuid4().hex[:20]}"
+        reply_by = now + self.cfg.reply_window_s
+        reply_to = subjects.offer_replied(pool)
+        offers = []
+        for w in windows:
+            self.round += 1
+            s = slices[w.slice_id]
+            offers.append(
+                Offer(
+                    offer_id=f"o-{uuid.uuid4().hex[:20]}",
+                    round=self.round,
+                    window=w,
+                    slice_fence=s.fence,
+                    slice_revision=self.view.entries[w.slice_id][1],
+                    issued_at=now,
+                    reply_by=reply_by,
+                    reply_to=reply_to,
+                )
+            )
         with tracer.start_as_current_span(
             "sja.round",
             kind=trace.SpanKind.PRODUCER,
             attributes={
-                "sja.offer_id": offer_id,
-                "sja.round": self.round,
-                "sja.slice": s.slice_id,
-                "sja.pool": s.pool,
-                "sja.profile": s.profile,
-                "sja.mem_mib": s.mem_mib,
+                "sja.batch_id": batch_id,
+                "sja.offers": len(offers),
+                "sja.offer_ids": [o.offer_id for o in offers][:64],
+                "sja.slices": [o.window.slice_id for o in offers][:64],
+                "sja.round": offers[0].round,
+                "sja.pool": pool,
                 "messaging.system": "nats",
-                "messaging.destination.name": subjects.offer_opened(s.pool),
+                "messaging.destination.name": subjects.offer_opened(pool),
+                **({"sja.offer_id": offers[0].offer_id} if len(offers) == 1 else {}),
             },
         ):
-            offer = Offer(
-                offer_id=offer_id,
-                round=self.round,
-                window=window,  # type: ignore[arg-type]
-                slice_fence=s.fence,
-                slice_revision=revision,
-                issued_at=now,
-                reply_by=now + self.cfg.reply_window_s,
-                reply_to=subjects.offer_replied(s.pool),
+            batch = OfferBatch(
+                batch_id=batch_id, offers=offers, issued_at=now, reply_by=reply_by, reply_to=reply_to
             )
-            await publish(self.bus, subjects.offer_opened(s.pool), offer)
-        self.offers_published += 1
-        self.m_offers.add(1, pool=s.pool)
+            await publish(self.bus, subjects.offer_opened(pool), batch)
+        self.offers_published += len(offers)
+        self.m_offers.add(len(offers), pool=pool)

@@ -24,6 +24,7 @@ from sja.core.planner import PlanLimits
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
+    BatchReply,
     Completion,
     DemandChanged,
     Grant,
@@ -31,9 +32,11 @@ from sja.protocol.messages import (
     JobCancel,
     JobState,
     Offer,
+    OfferBatch,
     Outcome,
     Proposal,
     Reply,
+    ReplyGroup,
 )
 from sja.telemetry.metrics import RATIO_BUCKETS, watch_consumers
 
@@ -239,10 +242,16 @@ class AgentService(Service):
         await msg.ack()
 
     async def on_offer(self, msg: Msg) -> None:
-        offer = decode(msg.data, Offer)
-        if offer.reply_to != subjects.offer_replied(offer.window.pool):
+        got = decode(msg.data, Offer | OfferBatch)  # type: ignore[arg-type]
+        batch = got if isinstance(got, OfferBatch) else None
+        offers: list[Offer] = got.offers if isinstance(got, OfferBatch) else [got]
+        reply_to = offers[0].reply_to if batch is None else batch.reply_to
+        pool = offers[0].window.pool
+        if reply_to != subjects.offer_replied(pool) or any(
+            o.window.pool != pool or o.reply_to != reply_to for o in offers
+        ):
             # Replies go only where clearers listen: an offer cannot make agents publish elsewhere.
-            log.warning("ignoring offer %s with reply subject %r", offer.offer_id, offer.reply_to)
+            log.warning("ignoring offer %s with reply subject %r", offers[0].offer_id, reply_to)
             return
         now = time.time()
         with tracer.start_as_current_span(
@@ -250,25 +259,46 @@ class AgentService(Service):
             context=extract(msg),
             kind=trace.SpanKind.CONSUMER,
             attributes={
-                "sja.offer_id": offer.offer_id,
-                "sja.slice": offer.window.slice_id,
+                "sja.offer_id": offers[0].offer_id,
+                "sja.batch_id": batch.batch_id if batch else "",
+                "sja.offers": len(offers),
                 "sja.agent": self.agent_id,
             },
         ) as span:
-            proposals = self.proposals_for(offer, now)
-            span.set_attribute("sja.proposals", len(proposals))
-            span.set_attribute("sja.job_ids", ",".join(p.job_id for p in proposals))
-            reply = Reply(offer_id=offer.offer_id, agent_id=self.agent_id, proposals=proposals)
-            await publish(self.bus, offer.reply_to, reply)
+            if batch is None:
+                proposals = self.proposals_for(offers[0], now)
+                span.set_attribute("sja.proposals", len(proposals))
+                span.set_attribute("sja.job_ids", ",".join(p.job_id for p in proposals[:64]))
+                reply = Reply(offer_id=offers[0].offer_id, agent_id=self.agent_id, proposals=proposals)
+                await publish(self.bus, reply_to, reply)
+                return
+            # Offers of one shape get one answer: the reply grows with jobs x shapes, not x offers.
+            groups: dict[tuple[object, ...], list[Offer]] = {}
+            for o in offers:
+                groups.setdefault(self.shape(o, now), []).append(o)
+            out = []
+            n = 0
+            for like in groups.values():
+                proposals = self.proposals_for(like[0], now)
+                n += len(proposals)
+                out.append(ReplyGroup(offer_ids=[o.offer_id for o in like], proposals=proposals))
+            span.set_attribute("sja.proposals", n)
+            await publish(
+                self.bus, reply_to, BatchReply(batch_id=batch.batch_id, agent_id=self.agent_id, groups=out)
+            )
+
+    def shape(self, offer: Offer, now: float) -> tuple[object, ...]:
+        """What a job's answer to an offer depends on besides the job's state."""
+        w = offer.window
+        usable = (w.end_s if w.end_s is not None else now + self.limits.horizon_s) - max(now, w.start_s)
+        return (w.profile, w.mem_mib, w.compute_share, round(usable, 2))
 
     def proposals_for(self, offer: Offer, now: float) -> list[Proposal]:
         """Every owned job's proposal for an offer. A job's answer depends only on its state and
         the window's shape, so it is memoized per (job state revision, window shape): offers of
         like slices cost one planning per job state, not one per offer. Materialization re-plans
         with the actual window, so a memoized answer can never make a subjob unsafe."""
-        w = offer.window
-        usable = (w.end_s if w.end_s is not None else now + self.limits.horizon_s) - max(now, w.start_s)
-        shape = (w.profile, w.mem_mib, w.compute_share, round(usable, 2))
+        shape = self.shape(offer, now)
         if len(self._plans) > PLAN_CACHE_LIMIT:
             self._plans.clear()
         out: list[Proposal] = []

@@ -1,5 +1,6 @@
-"""Clearer: collects the replies to each offer, clears the round by policy, takes the slice with a
-compare-and-set on its KV entry, and publishes the grant, the outcomes and the round record."""
+"""Clearer: collects the replies to each offer batch, clears it by policy (``clear_batch``), takes
+each won slice with a compare-and-set on its KV entry, and publishes the grants, the outcomes and a
+round record per offer. A lone ``Offer`` is a batch of one."""
 
 from __future__ import annotations
 
@@ -21,18 +22,21 @@ from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.tracing import extract, inject, publish, trace_id_hex
 from sja.core import leases
-from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear, grant_cost
+from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
 from sja.core.rounds import all_replied, live_agents
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
+    BatchReply,
     ErrorReply,
     Grant,
     Offer,
+    OfferBatch,
     Outcome,
     Reply,
     RoundRecord,
     SliceState,
+    Verdict,
 )
 from sja.telemetry.metrics import LATENCY_BUCKETS_S
 
@@ -40,9 +44,12 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.clearer")
 
 
-MAX_EARLY_OFFERS = 10_000
-MAX_EARLY_REPLIES_PER_OFFER = 64
-"""Replies that overtook their offer are kept briefly; bounded so a flood cannot grow memory."""
+MAX_EARLY_REPLIES = 4096
+"""Replies that overtook their offer are kept (one per round and agent) until the reply window
+has passed; bounded so a flood cannot grow memory."""
+MAX_CLOSED_REMEMBERED = 20_000
+"""Rounds recently closed: a reply that arrives after its round closed is dropped, not taken for
+one that overtook its offer."""
 
 
 class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
@@ -69,12 +76,46 @@ class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
 
 @dataclass
 class OpenRound:
-    offer: Offer
+    """An offer batch (or a lone offer) waiting for its replies."""
+
+    key: str
+    """The batch id, or the offer id of a lone offer."""
+    offers: list[Offer]
     ctx: otel_context.Context
     opened_at: float
-    replies: dict[str, Reply] = field(default_factory=dict)
+    replies: dict[str, Reply | BatchReply] = field(default_factory=dict)
     closed: bool = False
     timer: asyncio.TimerHandle | None = None
+
+    def bids(self) -> dict[str, list[Bid]]:
+        """offer id -> its bids. Offers with the same contributing reply groups share one list, so
+        the clearing ranks them once."""
+        ids = {o.offer_id for o in self.offers}
+        parts: dict[str, list[int]] = {}
+        groups: list[list[Bid]] = []
+        for agent_id, r in sorted(self.replies.items()):
+            if isinstance(r, Reply):
+                if r.offer_id in ids:
+                    groups.append([Bid(agent_id=agent_id, proposal=p) for p in r.proposals])
+                    parts.setdefault(r.offer_id, []).append(len(groups) - 1)
+                continue
+            for g in r.groups:
+                groups.append([Bid(agent_id=agent_id, proposal=p) for p in g.proposals])
+                for offer_id in g.offer_ids:
+                    if offer_id in ids:
+                        parts.setdefault(offer_id, []).append(len(groups) - 1)
+        joined: dict[tuple[int, ...], list[Bid]] = {}
+        out: dict[str, list[Bid]] = {}
+        empty: list[Bid] = []
+        for o in self.offers:
+            key = tuple(parts.get(o.offer_id, ()))
+            if not key:
+                out[o.offer_id] = empty
+                continue
+            if key not in joined:
+                joined[key] = [b for k in key for b in groups[k]]
+            out[o.offer_id] = joined[key]
+        return out
 
 
 class ClearerService(Service):
@@ -102,7 +143,10 @@ class ClearerService(Service):
             token_overuse=settings.token_overuse,
         )
         self.rounds: dict[str, OpenRound] = {}
-        self.early: dict[str, list[Reply]] = {}
+        self.early: dict[tuple[str, str], tuple[float, Reply | BatchReply]] = {}
+        """(round key, agent) -> (when it came, reply) for replies that overtook their offer."""
+        self.closed: dict[str, float] = {}
+        """Round key -> when it closed, for the last ``MAX_CLOSED_REMEMBERED`` rounds."""
         self.agents: dict[str, float] = {}
         self.grants = 0
         self.cleared = 0
@@ -197,28 +241,42 @@ class ClearerService(Service):
         return live_agents(self.agents, now, self.cfg.agent_liveness_s)
 
     async def on_offer(self, msg: Msg) -> None:
-        offer = decode(msg.data, Offer)
+        got = decode(msg.data, Offer | OfferBatch)  # type: ignore[arg-type]
         now = time.time()
-        rnd = OpenRound(offer=offer, ctx=extract(msg), opened_at=now)
-        self.rounds[offer.offer_id] = rnd
-        for reply in self.early.pop(offer.offer_id, []):
-            rnd.replies[reply.agent_id] = reply
-        delay = max(0.0, offer.reply_by - now)
+        if isinstance(got, OfferBatch):
+            key, offers, reply_by = got.batch_id, list(got.offers), got.reply_by
+        else:
+            key, offers, reply_by = got.offer_id, [got], got.reply_by
+        if key in self.rounds or key in self.closed:
+            return  # the same offer delivered twice
+        rnd = OpenRound(key=key, offers=offers, ctx=extract(msg), opened_at=now)
+        self.rounds[key] = rnd
+        for agent_id in list(self.agents):
+            early = self.early.pop((key, agent_id), None)
+            if early is not None:
+                rnd.replies[agent_id] = early[1]
+        delay = max(0.0, reply_by - now)
         rnd.timer = asyncio.get_running_loop().call_later(
-            delay, lambda: self.spawn(self.close(offer.offer_id, "deadline"))
+            delay, lambda: self.spawn(self.close(key, "deadline"))
         )
         await self._maybe_close_early(rnd)
 
     async def on_reply(self, msg: Msg) -> None:
-        reply = decode(msg.data, Reply)
-        rnd = self.rounds.get(reply.offer_id)
+        reply = decode(msg.data, Reply | BatchReply)  # type: ignore[arg-type]
+        key = reply.batch_id if isinstance(reply, BatchReply) else reply.offer_id
+        rnd = self.rounds.get(key)
         if rnd is None:
+            if key in self.closed:
+                return  # too late: its round is over
             # The reply overtook its offer (no ordering across publishers): keep it briefly.
-            kept = self.early.setdefault(reply.offer_id, [])
-            if len(kept) < MAX_EARLY_REPLIES_PER_OFFER:
-                kept.append(reply)
-            while len(self.early) > MAX_EARLY_OFFERS:
-                self.early.pop(next(iter(self.early)))
+            now = time.time()
+            self.early[(key, reply.agent_id)] = (now, reply)
+            if len(self.early) > MAX_EARLY_REPLIES:
+                horizon = now - 2.0
+                for k2 in [k2 for k2, (at, _) in self.early.items() if at < horizon]:
+                    del self.early[k2]
+                while len(self.early) > MAX_EARLY_REPLIES:
+                    self.early.pop(next(iter(self.early)))
             return
         if rnd.closed:
             return
@@ -227,43 +285,95 @@ class ClearerService(Service):
 
     async def _maybe_close_early(self, rnd: OpenRound) -> None:
         if all_replied(rnd.replies, self.live_agents(time.time())):
-            await self.close(rnd.offer.offer_id, "all_replied")
+            await self.close(rnd.key, "all_replied")
 
-    async def close(self, offer_id: str, because: str) -> None:
-        rnd = self.rounds.get(offer_id)
+    async def close(self, key: str, because: str) -> None:
+        rnd = self.rounds.pop(key, None)
         if rnd is None or rnd.closed:
             return
         rnd.closed = True
         if rnd.timer is not None:
             rnd.timer.cancel()
-        self.rounds.pop(offer_id, None)
-        offer = rnd.offer
-        bids = [Bid(agent_id=r.agent_id, proposal=p) for r in rnd.replies.values() for p in r.proposals]
+        self.closed[key] = time.time()
+        while len(self.closed) > MAX_CLOSED_REMEMBERED:
+            self.closed.pop(next(iter(self.closed)))
+        bids = rnd.bids()
+        policy = self.policy
+        decisions = clear_batch(
+            policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config
+        )
+        # Charge every winner now, before anything awaits: a batch closing meanwhile sees these
+        # grants (a job never wins more windows than it can use). A grant that fails is refunded.
+        now = time.time()
+        planned: list[tuple[Offer, Decision, str, float]] = []
+        for offer, d in decisions:
+            if d.winner is not None and d.candidate is not None:
+                grant_id = f"g-{uuid.uuid4().hex[:20]}"
+                lease_until = now + self.cfg.lease_s
+                self._charge(offer, d, lease_until)
+                planned.append((offer, d, grant_id, lease_until))
+            else:
+                planned.append((offer, d, "", 0.0))
         token = otel_context.attach(rnd.ctx)
         try:
-            with tracer.start_as_current_span(
-                "sja.clear",
-                kind=trace.SpanKind.CONSUMER,
-                attributes={
-                    "sja.offer_id": offer_id,
-                    "sja.slice": offer.window.slice_id,
-                    "sja.policy": self.policy,
-                    "sja.replies": len(rnd.replies),
-                    "sja.bids": len(bids),
-                    "sja.closed_because": because,
-                },
-            ) as span:
-                decision = clear(self.policy, offer, bids, self.ledger, config=self.policy_config)
-                grant, note = await self._grant(offer, decision) if decision.winner else (None, "")
-                span.set_attribute("sja.winner", grant.job_id if grant else "")
-                span.set_attribute(
-                    "sja.reason", "; ".join(f"{v.job_id}: {v.reason}" for v in decision.verdicts)
+            results = await asyncio.gather(
+                *(
+                    self._clear_one(rnd, o, d, gid, until, bids[o.offer_id], because)
+                    for o, d, gid, until in planned
                 )
-                if note:
-                    span.set_attribute("sja.note", note)
-                await self._announce(rnd, decision, grant, note, because)
+            )
+            await self._send_outcomes(rnd, [v for vs in results for v in vs])
         finally:
             otel_context.detach(token)
+
+    def _charge(self, offer: Offer, d: Decision, lease_until: float, sign: float = 1.0) -> None:
+        assert d.winner is not None and d.candidate is not None
+        p = d.winner.proposal
+        self.ledger.charge(p.tenant, p.job_id, sign * grant_cost(offer, d.candidate))
+        if sign > 0:
+            self.ledger.record_grant(p.job_id, lease_until)
+            self.ledger.spend(p.tenant, d.price)
+        else:
+            self.ledger.forget_grant(p.job_id, lease_until)
+            self.ledger.refund(p.tenant, d.price)
+
+    async def _clear_one(
+        self,
+        rnd: OpenRound,
+        offer: Offer,
+        decision: Decision,
+        grant_id: str,
+        lease_until: float,
+        bids: list[Bid],
+        because: str,
+    ) -> list[Verdict]:
+        """One offer of the batch: take the slice for its winner, publish the grant and the round's
+        record. Returns the round's verdicts (for the agents' outcomes)."""
+        with tracer.start_as_current_span(
+            "sja.clear",
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "sja.offer_id": offer.offer_id,
+                "sja.batch_id": rnd.key if len(rnd.offers) > 1 else "",
+                "sja.slice": offer.window.slice_id,
+                "sja.policy": decision.policy,
+                "sja.replies": len(rnd.replies),
+                "sja.bids": len(bids),
+                "sja.closed_because": because,
+            },
+        ) as span:
+            grant, note = (None, "")
+            if decision.winner is not None:
+                grant, note = await self._grant(offer, decision, grant_id, lease_until)
+                if grant is None:
+                    self._charge(offer, decision, lease_until, sign=-1.0)
+            span.set_attribute("sja.winner", grant.job_id if grant else "")
+            span.set_attribute(
+                "sja.reason", "; ".join(f"{v.job_id}: {v.reason}" for v in decision.verdicts[:16])
+            )
+            if note:
+                span.set_attribute("sja.note", note)
+            verdicts = await self._record(rnd, offer, decision, grant, note, because, len(bids))
         self.cleared += 1
         if grant is not None:
             outcome = "granted"
@@ -272,13 +382,15 @@ class ClearerService(Service):
         else:
             outcome = "no_winner" if bids else "no_bids"
         self.m_rounds.add(1, pool=offer.window.pool, policy=decision.policy, outcome=outcome)
+        return verdicts
 
-    async def _grant(self, offer: Offer, decision: Decision) -> tuple[Grant | None, str]:
+    async def _grant(
+        self, offer: Offer, decision: Decision, grant_id: str, lease_until: float
+    ) -> tuple[Grant | None, str]:
         """CAS the slice from free to leased; only then does the winner hold it."""
         assert decision.winner is not None and decision.candidate is not None and self.slices
         win = decision.winner
-        now = time.time()
-        grant_id = f"g-{uuid.uuid4().hex[:20]}"
+        now = lease_until - self.cfg.lease_s
         with tracer.start_as_current_span(
             "sja.grant",
             attributes={
@@ -324,35 +436,37 @@ class ClearerService(Service):
                 policy=decision.policy,
                 granted_at=now,
             )
-            self.ledger.charge(grant.tenant, grant.job_id, grant_cost(offer, decision.candidate))
-            self.ledger.record_grant(grant.job_id, grant.lease_until)
-            self.ledger.spend(grant.tenant, decision.price)
             self.grants += 1
             await publish(self.bus, subjects.grant_issued(win.agent_id), grant)
             labels = {"pool": offer.window.pool, "policy": decision.policy}
             self.m_grants.add(1, tenant=grant.tenant, **labels)
             # Clocks of two hosts: a small skew must not make a negative latency.
-            self.m_offer_to_grant.record(max(0.0, now - offer.issued_at), **labels)
+            self.m_offer_to_grant.record(max(0.0, time.time() - offer.issued_at), **labels)
             return grant, ""
 
-    async def _announce(
-        self, rnd: OpenRound, decision: Decision, grant: Grant | None, note: str, because: str
-    ) -> None:
-        offer = rnd.offer
+    async def _send_outcomes(self, rnd: OpenRound, verdicts: list[Verdict]) -> None:
+        """One outcome per agent per batch: what happened to each of its jobs' bids."""
+        by_agent: dict[str, list[Verdict]] = {}
+        for v in verdicts:
+            by_agent.setdefault(v.agent_id, []).append(v)
+        for agent_id, vs in sorted(by_agent.items()):
+            await publish(self.bus, subjects.outcome_sent(agent_id), Outcome(offer_id=rnd.key, verdicts=vs))
+
+    async def _record(
+        self,
+        rnd: OpenRound,
+        offer: Offer,
+        decision: Decision,
+        grant: Grant | None,
+        note: str,
+        because: str,
+        bids: int,
+    ) -> list[Verdict]:
         verdicts = list(decision.verdicts)
         if grant is None and decision.winner is not None:
             verdicts = [
                 v if not v.won else msgspec.structs.replace(v, won=False, reason=note) for v in verdicts
             ]
-        by_agent: dict[str, list[object]] = {}
-        for v in verdicts:
-            by_agent.setdefault(v.agent_id, []).append(v)
-        for agent_id, vs in by_agent.items():
-            await publish(
-                self.bus,
-                subjects.outcome_sent(agent_id),
-                Outcome(offer_id=offer.offer_id, verdicts=vs),  # type: ignore[arg-type]
-            )
         record = RoundRecord(
             offer_id=offer.offer_id,
             round=offer.round,
@@ -370,12 +484,15 @@ class ClearerService(Service):
             cleared_at=time.time(),
             charged_gpu_s=grant_cost(offer, grant.candidate) if grant else 0.0,
             price=decision.price if grant else 0.0,
+            batch_id=rnd.key if len(rnd.offers) > 1 else "",
+            bids=bids,
         )
         await self.jetstream.publish(
             subjects.round_cleared(offer.window.pool),
             encode(record),
             headers=inject({"Nats-Msg-Id": offer.offer_id}),
         )
+        return verdicts
 
 
 def parse_shares(text: str, allow_zero: bool = False) -> dict[str, float]:

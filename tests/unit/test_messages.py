@@ -189,6 +189,29 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         reply_to="_INBOX.abc",
     ),
     m.Reply: m.Reply(offer_id="o-1", agent_id="agent-1", proposals=[PROPOSAL]),
+    m.OfferBatch: m.OfferBatch(
+        batch_id="b-1",
+        offers=[
+            m.Offer(
+                offer_id="o-2",
+                round=8,
+                window=WINDOW,
+                slice_fence=3,
+                slice_revision=11,
+                issued_at=1000.0,
+                reply_by=1000.05,
+                reply_to="sja.v1.offer.replied.pool-a",
+            )
+        ],
+        issued_at=1000.0,
+        reply_by=1000.05,
+        reply_to="sja.v1.offer.replied.pool-a",
+    ),
+    m.BatchReply: m.BatchReply(
+        batch_id="b-1",
+        agent_id="agent-1",
+        groups=[m.ReplyGroup(offer_ids=["o-2"], proposals=[PROPOSAL])],
+    ),
     m.Grant: m.Grant(
         grant_id="g-1",
         offer_id="o-1",

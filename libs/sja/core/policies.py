@@ -103,8 +103,21 @@ class Ledger:
                 raise ValueError(f"tenant {tenant} cannot pay {amount:.4f}: budget {left + amount:.4f}")
             self.tenant_budgets[tenant] = max(left, 0.0)
 
+    def refund(self, tenant: str, amount: float) -> None:
+        """Give back an auction payment for a grant that was not made."""
+        if tenant in self.tenant_budgets and amount > 0:
+            self.tenant_budgets[tenant] += amount
+
     def record_grant(self, job_id: str, lease_until: float) -> None:
         self.job_grants.setdefault(job_id, []).append(lease_until)
+
+    def forget_grant(self, job_id: str, lease_until: float) -> None:
+        """Drop a recorded grant that was not made after all (its slice was lost)."""
+        issued = self.job_grants.get(job_id, [])
+        for i in range(len(issued) - 1, -1, -1):
+            if issued[i] == lease_until:
+                del issued[i]
+                return
 
     def unseen_grants(self, job_id: str, grants_seen: int, now: float) -> int:
         """Grants issued to a job that its agent had not received when it replied and whose lease

@@ -101,6 +101,20 @@ class Offer(Message, tag="sja.offer.v1", frozen=True, kw_only=True):
     reply_to: str
 
 
+MAX_BATCH_OFFERS = 4096
+
+
+class OfferBatch(Message, tag="sja.offer_batch.v1", frozen=True, kw_only=True):
+    """Several offers of one pool published together (the windows that became free in one
+    advertising tick): one message, one reply per agent, one clearing."""
+
+    batch_id: Id
+    offers: Annotated[list[Offer], msgspec.Meta(min_length=1, max_length=MAX_BATCH_OFFERS)]
+    issued_at: float
+    reply_by: float
+    reply_to: str
+
+
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     """One candidate subjob a job could cut for a window."""
 
@@ -147,6 +161,21 @@ class Reply(Message, tag="sja.reply.v1", frozen=True, kw_only=True):
     offer_id: Id
     agent_id: Id
     proposals: Annotated[list[Proposal], msgspec.Meta(max_length=10_000)] = []
+
+
+class ReplyGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """Proposals that stand for every offer listed (offers of one shape get the same answer)."""
+
+    offer_ids: Annotated[list[Id], msgspec.Meta(min_length=1, max_length=MAX_BATCH_OFFERS)]
+    proposals: Annotated[list[Proposal], msgspec.Meta(max_length=10_000)] = []
+
+
+class BatchReply(Message, tag="sja.batch_reply.v1", frozen=True, kw_only=True):
+    """One agent process's reply to an offer batch: its jobs' proposals, grouped by like offers."""
+
+    batch_id: Id
+    agent_id: Id
+    groups: Annotated[list[ReplyGroup], msgspec.Meta(max_length=MAX_BATCH_OFFERS)] = []
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -206,6 +235,12 @@ class RoundRecord(Message, tag="sja.round_record.v1", frozen=True, kw_only=True)
     trace_id: str = ""
     opened_at: float = 0.0
     cleared_at: float = 0.0
+    batch_id: str = ""
+    """The offer batch the round was cleared in (empty: an offer of its own). Bids that won
+    nothing in a batch have their verdict in the record of the last offer they bid on."""
+    bids: NonNegInt = 0
+    """Bids for this offer (its verdicts list the winner, and the batch's losers on the last
+    offer of their group)."""
 
 
 # --- jobs and subjobs -------------------------------------------------------------------------------

@@ -128,6 +128,8 @@ class Route:
 REGISTRY: tuple[Route, ...] = (
     Route(m.Offer, offer_opened("*"), durable=False),
     Route(m.Reply, offer_replied("*"), durable=False),
+    Route(m.OfferBatch, offer_opened("*"), durable=False),
+    Route(m.BatchReply, offer_replied("*"), durable=False),
     Route(m.Grant, grant_issued("*"), durable=False),
     Route(m.Outcome, outcome_sent("*"), durable=False),
     Route(m.AgentHeartbeat, AGENT_HEARTBEAT, durable=False),
