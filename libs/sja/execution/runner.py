@@ -77,8 +77,9 @@ def prepare_device(framework: str, mem_cap_mib: int, nvml: Any = None) -> _Devic
     """Meters and cap for a workload of ``framework`` (``numpy``, ``torch``) under ``mem_cap_mib``."""
     if framework != "torch":
         return _Device([TracemallocMeter()], "cpu", enforced=False)
-    import torch
+    from sja.workloads.torch_common import import_torch
 
+    torch = import_torch()
     if not _torch_cuda(torch):
         return _Device([RssMeter()], "cpu", enforced=False, torch=torch)
     total = torch.cuda.get_device_properties(0).total_memory

@@ -3,6 +3,7 @@ extra: ``pip install .[gpu]``), so the registry, the gateway and the agents neve
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from sja.workloads.base import SpecError
@@ -11,11 +12,11 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 def import_torch() -> Any:
+    # Imported by name: type checking must not need the optional dependency.
     try:
-        import torch
+        return importlib.import_module("torch")
     except ImportError:
         raise RuntimeError("PyTorch is not installed on this node: pip install 'sja[gpu]'") from None
-    return torch
 
 
 def device_param(params: dict[str, Any]) -> str:
