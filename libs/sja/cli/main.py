@@ -391,7 +391,9 @@ def inventory(
         }
         print(json.dumps(payload, indent=2))
         return
-    table = Table("slice", "node", "gpu", "model", "profile", "MiB", "share", "source", "device")
+    table = Table()
+    for column in ("slice", "node", "gpu", "model", "profile", "MiB", "share", "source", "device"):
+        table.add_column(column, overflow="fold")
     for s in found.slices:
         table.add_row(
             s.slice_id,
