@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import ray
 import yaml
@@ -21,6 +22,7 @@ from services.clearer.service import ClearerService, ClearerSettings
 from services.executor.service import ExecutorService, ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
+from sja.bus.connection import stores
 from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.execution.actor import node_resource, node_resources
@@ -126,3 +128,15 @@ async def test_each_subjob_runs_on_the_node_that_owns_its_slice(
             for subjob_id, slice_id, ray_node in ex.placements:
                 assert slice_id.startswith(node + "-"), (subjob_id, slice_id)
                 assert ray_node == ray_node_of[node], f"{subjob_id} on {slice_id} ran off its node"
+
+        # A node whose Ray never declared its slices: its executor refuses to start, and says how.
+        slices, _ = await stores(nc.jetstream())
+        stray = load_declared(inventory_file)[0]
+        stray = msgspec.structs.replace(stray, slice_id="node-c-g0-4g.20gb-0", node="node-c", pool="other")
+        await slices.create(stray.slice_id, stray)
+        orphan = ExecutorService(
+            ExecutorSettings(**c("executor-node-c"), node="node-c", ray_address=ray_cluster.address)
+        )
+        with pytest.raises(RuntimeError, match=r"sja_slice:node-c-g0-4g.20gb-0.*ray start"):
+            await orphan.start()
+        await orphan.stop()  # a failed start keeps its connection until stopped
