@@ -36,7 +36,7 @@ class AdvertiserSettings(BaseSettings, frozen=True, kw_only=True):
     reoffer_max_s: float = 2.0
     """A free slice nobody took is offered again, backing off from min to max."""
     tick_s: float = 0.05
-    coalesce_s: float = 0.002
+    coalesce_s: float = 0.005
     """After a slice frees, wait this long for others before advertising, so that a burst of
     frees becomes one batch (0: advertise at once)."""
     max_batch: int = 512

@@ -288,17 +288,23 @@ class AgentService(Service):
             )
 
     def shape(self, offer: Offer, now: float) -> tuple[object, ...]:
-        """What a job's answer to an offer depends on besides the job's state."""
+        """What a job's answer to an offer depends on besides the job's state: the slice's kind and
+        the window's length as offered."""
         w = offer.window
-        usable = (w.end_s if w.end_s is not None else now + self.limits.horizon_s) - max(now, w.start_s)
-        return (w.profile, w.mem_mib, w.compute_share, round(usable, 2))
+        length = (w.end_s - w.start_s) if w.end_s is not None else self.limits.horizon_s
+        return (w.profile, w.mem_mib, w.compute_share, round(length, 3))
 
     def proposals_for(self, offer: Offer, now: float) -> list[Proposal]:
         """Every owned job's proposal for an offer. A job's answer depends only on its state and
         the window's shape, so it is memoized per (job state revision, window shape): offers of
-        like slices cost one planning per job state, not one per offer. Materialization re-plans
-        with the actual window, so a memoized answer can never make a subjob unsafe."""
+        like slices cost one planning per job state, not one per offer.
+
+        The answer is for the window as offered (planned from its start, not from the moment the
+        offer arrived, so that it does not change with the offer's delay). Materialization
+        re-plans with the time actually left and never cuts more than the proposal, so a memoized
+        answer can never make a subjob unsafe."""
         shape = self.shape(offer, now)
+        plan_now = min(now, offer.window.start_s)
         if len(self._plans) > PLAN_CACHE_LIMIT:
             self._plans.clear()
         out: list[Proposal] = []
@@ -307,7 +313,7 @@ class AgentService(Service):
             if key in self._plans:
                 p = self._plans[key]
             else:
-                p = J.propose(state, offer, now, self.limits)
+                p = J.propose(state, offer, plan_now, self.limits)
                 self._plans[key] = p
             if p is not None:
                 out.append(p)

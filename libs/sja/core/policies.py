@@ -561,7 +561,7 @@ def clear_batch(
         gkey = group_of[o.offer_id]
         g = state.get(gkey)
         if g is None:
-            g = state[gkey] = _Group(canonical(bid_lists[gkey[0]]))  # type: ignore[index]
+            g = state[gkey] = _Group(canonical(bid_lists[gkey[0]]), o)  # type: ignore[index]
         now = o.reply_by
         if name in _MONOTONE_KEYS:
             d = _clear_lazy(name, o, g, scratch, cfg, now)
@@ -572,7 +572,7 @@ def clear_batch(
             g.won.add(d.winner.proposal.job_id)
         verdicts = d.verdicts
         if o.offer_id in last_of:
-            verdicts = verdicts + g.loser_verdicts(scratch, now)
+            verdicts = verdicts + g.loser_verdicts(name, scratch, cfg, now)
         out.append((o, Decision(d.policy, d.winner, d.candidate, verdicts, d.price)))
     return out
 
@@ -582,10 +582,10 @@ class _Group:
     """The bids of a group of like offers while a batch is cleared."""
 
     bids: list[Bid]
-    heap: list[tuple[tuple[float, ...], int, Keyed]] | None = None
+    offer: Offer
+    """The group's first offer (every offer of a group ranks the bids alike)."""
+    heaps: dict[str, list[tuple[tuple[float, ...], int, Candidate]]] | None = None
     won: set[str] = field(default_factory=set)
-    lost_why: dict[int, str] = field(default_factory=dict)
-    """Bid index -> its last ranking's explanation (``efficiency``, ``fair``, ``sla``)."""
     lost_reason: dict[int, str] = field(default_factory=dict)
     """Bid index -> the policy's reason at its last ranking (the other policies)."""
     excluded: dict[int, int] = field(default_factory=dict)
@@ -595,8 +595,11 @@ class _Group:
     """A winner's index: back in the heap with its new key before the next offer (it may win again
     while it has capacity)."""
 
-    def loser_verdicts(self, scratch: Ledger, now: float) -> tuple[Verdict, ...]:
+    def loser_verdicts(
+        self, name: str, scratch: Ledger, cfg: PolicyConfig, now: float
+    ) -> tuple[Verdict, ...]:
         out = []
+        whys: dict[str, str] = {}
         for i, b in enumerate(self.bids):
             p = b.proposal
             if p.job_id in self.won:
@@ -607,10 +610,19 @@ class _Group:
                 continue
             if i in self.lost_reason:
                 reason = self.lost_reason[i]
-            elif self.won:
-                reason = f"lost to better-ranked bids: {self.lost_why.get(i, '')} vs {self.last_win_why}"
             else:
-                reason = f"no winner: {self.lost_why.get(i, '')}"
+                # fair explains a bid by its tenant alone: one explanation per tenant.
+                memo_key = p.tenant if name == "fair" else None
+                why = whys.get(memo_key) if memo_key is not None else None
+                if why is None:
+                    keyed = _MONOTONE_KEYS.get(name)
+                    why = keyed(self.offer, scratch, cfg)(b)[2] if keyed else "not ranked"
+                    if memo_key is not None:
+                        whys[memo_key] = why
+                if self.won:
+                    reason = f"lost to better-ranked bids: {why} vs {self.last_win_why}"
+                else:
+                    reason = f"no winner: {why}"
             out.append(
                 Verdict(
                     job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=False,
@@ -620,48 +632,98 @@ class _Group:
         return tuple(out)
 
 
+def _efficiency_rank(
+    offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig
+) -> tuple[tuple[float, ...], Candidate]:
+    cand = _best_candidate(offer, b.proposal, cfg.horizon_s)
+    return (-efficiency_value(offer, cand, cfg.horizon_s), b.proposal.submitted_at), cand
+
+
+def _fair_rank(
+    offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig
+) -> tuple[tuple[float, ...], Candidate]:
+    p = b.proposal
+    return (ledger.job_attained.get(p.job_id, 0.0), p.submitted_at), _best_candidate(offer, p, cfg.horizon_s)
+
+
+def _sla_rank(offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig) -> tuple[tuple[float, ...], Candidate]:
+    p = b.proposal
+    cand = _best_candidate(offer, p, cfg.horizon_s)
+    if p.deadline_at is None:
+        return (math.inf, p.submitted_at), cand
+    return (p.deadline_at - offer.issued_at - p.expected_remaining_s, p.submitted_at), cand
+
+
+_PARTITIONED: dict[
+    str, tuple[bool, Callable[[Offer, Bid, Ledger, PolicyConfig], tuple[tuple[float, ...], Candidate]]]
+] = {
+    "efficiency": (False, _efficiency_rank),
+    "fair": (True, _fair_rank),
+    "sla": (False, _sla_rank),
+}
+"""Policies whose key is ``(tenant part, bid part)``: the tenant part (``fair``: the tenant's
+normalized attained service) changes only for the winner's tenant and the bid part only for the
+winner, so a heap per tenant and a scan over tenants find the minimum exactly."""
+
+
 def _clear_lazy(
     name: str, offer: Offer, g: _Group, scratch: Ledger, cfg: PolicyConfig, now: float
 ) -> Decision:
-    """The smallest key among the eligible bids, from a heap of keys that can only have grown:
-    a popped bid whose key is unchanged is the true minimum."""
-    key_of = _MONOTONE_KEYS[name](offer, scratch, cfg)
-    if g.heap is None:
-        g.heap = []
+    """The smallest key among the eligible bids: per tenant (``fair``; one partition for the
+    others) a heap of the bids' own key parts, the minimum over the tenants' heads. Keys can only
+    grow during a batch, so a head is re-checked and pushed down when its key grew; a winner goes
+    back into its heap with its new key."""
+    by_tenant, rank = _PARTITIONED[name]
+    if g.heaps is None:
+        g.heaps = {}
         for i, b in enumerate(g.bids):
-            k = key_of(b)
-            g.heap.append((k[0], i, k))
-            g.lost_why[i] = k[2]
-        heapq.heapify(g.heap)
+            k, cand = rank(offer, b, scratch, cfg)
+            g.heaps.setdefault(b.proposal.tenant if by_tenant else "", []).append((k, i, cand))
+        for h in g.heaps.values():
+            heapq.heapify(h)
     if g.repush is not None:
-        k = key_of(g.bids[g.repush])
-        heapq.heappush(g.heap, (k[0], g.repush, k))
+        b = g.bids[g.repush]
+        k, cand = rank(offer, b, scratch, cfg)
+        heapq.heappush(g.heaps[b.proposal.tenant if by_tenant else ""], (k, g.repush, cand))
         g.repush = None
-    while g.heap:
-        stored, i, _k = g.heap[0]
-        b = g.bids[i]
-        p = b.proposal
-        pending = scratch.unseen_grants(p.job_id, p.grants_seen, now)
-        if pending >= p.capacity:
-            heapq.heappop(g.heap)
-            if p.job_id not in g.won:
-                g.excluded[i] = pending
+    best: tuple[tuple[float, ...], tuple[float, ...], int] | None = None
+    best_part = ""
+    for part, h in g.heaps.items():
+        while h:
+            stored, i, _c = h[0]
+            b = g.bids[i]
+            p = b.proposal
+            pending = scratch.unseen_grants(p.job_id, p.grants_seen, now)
+            if pending >= p.capacity:
+                heapq.heappop(h)
+                if p.job_id not in g.won:
+                    g.excluded[i] = pending
+                continue
+            # A win in another group of the batch may have raised this bid's key (never lowered
+            # it): a head whose key is still what it was stored with is the partition's minimum.
+            k, cand = rank(offer, b, scratch, cfg)
+            if k == stored:
+                break
+            heapq.heapreplace(h, (k, i, cand))
+        if not h:
             continue
-        k = key_of(b)
-        if k[0] != stored:
-            heapq.heapreplace(g.heap, (k[0], i, k))
-            g.lost_why[i] = k[2]
-            continue
-        heapq.heappop(g.heap)
-        g.repush = i
-        g.lost_why.pop(i, None)
-        g.last_win_why = k[2]
-        v = Verdict(
-            job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True, reason=f"won: {k[2]}",
-            score=round(_SCORES[name](k), 6), size=k[1].size,
-        )  # fmt: skip
-        return Decision(name, b, k[1], (v,))
-    return Decision(name, None, None, ())
+        prio = (scratch.normalized(part),) if by_tenant else ()
+        cand_key = (prio, h[0][0], h[0][1])
+        if best is None or cand_key < best:
+            best, best_part = cand_key, part
+    if best is None:
+        return Decision(name, None, None, ())
+    _k, i, cand = heapq.heappop(g.heaps[best_part])
+    g.repush = i
+    b = g.bids[i]
+    p = b.proposal
+    keyed = _MONOTONE_KEYS[name](offer, scratch, cfg)(b)
+    g.last_win_why = keyed[2]
+    v = Verdict(
+        job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True, reason=f"won: {keyed[2]}",
+        score=round(_SCORES[name](keyed), 6), size=cand.size,
+    )  # fmt: skip
+    return Decision(name, b, cand, (v,))
 
 
 def _clear_full(
