@@ -37,6 +37,7 @@ from sja.protocol.messages import (
     Proposal,
     Reply,
     ReplyGroup,
+    Subjob,
 )
 from sja.telemetry.metrics import RATIO_BUCKETS, watch_consumers
 
@@ -53,6 +54,10 @@ class AgentSettings(BaseSettings, frozen=True, kw_only=True):
     horizon_s: float = 8.0
     heartbeat_s: float = 1.0
     max_jobs: int = 10_000
+    lease_s: float = 5.0
+    """The clearers' lease (``SJA_LEASE_S``): a subjob with no completion two leases past its time
+    cap, whose slice moved on, is given up (``reap``)."""
+    reap_every_s: float = 1.0
 
 
 class AgentService(Service):
@@ -113,6 +118,7 @@ class AgentService(Service):
         self.loop(self._pull_forever(self._jobs_sub, self.on_submitted, batch=16))
         self.loop(self._pull_forever(self._done_sub, self.on_completed, batch=64))
         self.loop(self._heartbeat_forever())
+        self.loop(self._reap_forever())
         self.loop(
             watch_consumers(
                 js,
@@ -157,6 +163,57 @@ class AgentService(Service):
                     log.exception("handling %s failed", msg.subject)
                     with contextlib.suppress(Exception):
                         await msg.nak(delay=1.0)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.reap_every_s)
+            try:
+                await self.reap(time.time())
+            except Exception:
+                log.exception("reaping overdue subjobs failed")
+
+    async def reap(self, now: float) -> int:
+        """Give up in-flight subjobs that will never complete (see ``J.overdue``): their units go
+        back to their jobs, like a subjob reported lost."""
+        assert self.slices is not None
+        lease_s = self.cfg.lease_s
+        suspects = [
+            (job_id, f)
+            for job_id, (state, _) in list(self.owned.items())
+            for f in state.in_flight
+            if now > f.dispatched_at + f.time_cap_s + 2 * lease_s
+        ]
+        reaped = 0
+        holders: dict[str, str | None] = {}
+        for _, f in suspects:
+            if f.slice_id not in holders:
+                got = await self.slices.get(f.slice_id)
+                holders[f.slice_id] = got[0].grant_id or None if got is not None else None
+        for job_id in sorted({j for j, _ in suspects}):
+            async with self.lock(job_id):
+                made: list[tuple[Completion, InFlight]] = []
+
+                def transition(
+                    state: JobState, made: list[tuple[Completion, InFlight]] = made
+                ) -> JobState | None:
+                    made.clear()
+                    new = state
+                    for f in J.overdue(state, holders, now, lease_s):
+                        c = J.lost_completion(state, f, now, "no completion, and its slice moved on")
+                        new, ok = J.apply_completion(new, c, now)
+                        if ok:
+                            made.append((c, f))
+                    return new if made else None
+
+                if job_id not in self.owned:
+                    continue
+                workload = self.owned[job_id][0].spec.workload
+                await self.save(job_id, transition)
+                for c, f in made:
+                    log.warning("subjob %s of %s given up: %s", c.subjob_id, job_id, c.error)
+                    self._record_completion(c, f, workload)
+                    reaped += 1
+        return reaped
 
     async def _heartbeat_forever(self) -> None:
         while True:
@@ -382,11 +439,28 @@ class AgentService(Service):
                 span.set_attribute("sja.units", sj.units)
                 span.set_attribute("sja.planned_mem_q_mib", sj.planned_mem_q_mib)
                 span.set_attribute("sja.planned_duration_q_s", sj.planned_duration_q_s)
+                await self.dispatch(sj, grant.lease_until)
+
+    async def dispatch(self, sj: Subjob, until: float) -> None:
+        """Publish a subjob to ``SJA_SUBJOBS``, retrying (the same ``Nats-Msg-Id``: JetStream keeps
+        one) while JetStream cannot take it, until its lease would have lapsed. A subjob that never
+        gets through is given up by ``reap`` and its units planned again."""
+        delay = 0.05
+        while True:
+            try:
                 await self.jetstream.publish(
                     subjects.subjob_dispatched(sj.node, sj.job_id),
                     encode(sj),
                     headers=inject({"Nats-Msg-Id": sj.subjob_id}),
                 )
+                return
+            except Exception as e:
+                if time.time() + delay > until:
+                    log.warning("could not dispatch subjob %s before its lease lapsed: %r", sj.subjob_id, e)
+                    return
+                log.info("dispatch of %s failed (%r), retrying", sj.subjob_id, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def release(self, grant: Grant, reason: str) -> None:
         """Give a granted slice back at once instead of letting its lease run out."""

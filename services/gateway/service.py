@@ -243,6 +243,10 @@ def _typed(handler: Any, service: Service | None = None, subject: str = "") -> A
     async def endpoint(req: Request) -> None:
         try:
             result = await handler(req.data, subjects.tenant_of(req.subject))
+        except subjects.InvalidTenant as e:
+            result = ErrorReply(code="forbidden", message=str(e), field="tenant")
+            if service is not None:
+                service.metrics.rejected(subject or req.subject, e)
         except DecodeError as e:
             result = ErrorReply(code="bad_request", message=str(e), field=e.field)
             if service is not None:
@@ -254,7 +258,9 @@ def _typed(handler: Any, service: Service | None = None, subject: str = "") -> A
         if isinstance(result, ErrorReply):
             headers = {
                 "Nats-Service-Error": result.message[:256],
-                "Nats-Service-Error-Code": "400" if result.code == "bad_request" else "500",
+                "Nats-Service-Error-Code": {"bad_request": "400", "forbidden": "403", "not_found": "404"}.get(
+                    result.code, "500"
+                ),
             }
         await req.respond(encode(result), headers=headers)
 

@@ -11,9 +11,11 @@ from sja.core.jobs import (
     MAX_CONSECUTIVE_FAILURES,
     apply_completion,
     can_take_more,
+    lost_completion,
     materialize,
     new_job,
     next_range,
+    overdue,
     propose,
     request_cancel,
     settle,
@@ -441,3 +443,23 @@ def test_bad_specs_raise_spec_error_naming_the_field(overrides: dict[str, Any], 
 def test_min_units_equal_to_total_is_accepted() -> None:
     _, total = validate_spec(spec(params={"rows": 10}, min_units=10))
     assert total == 10
+
+
+def test_a_subjob_with_no_completion_whose_slice_moved_on_is_given_up() -> None:
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0)
+    (flight,) = state.in_flight
+    late = flight.dispatched_at + flight.time_cap_s + 2 * 5.0 + 0.1
+    # Too early, or the slice still holds the grant (running, or its completion is on its way).
+    assert overdue(state, {sj.slice_id: None}, late - 1.0, lease_s=5.0) == []
+    assert overdue(state, {sj.slice_id: sj.grant_id}, late, lease_s=5.0) == []
+    for holder in (None, "g-someone-else"):
+        assert overdue(state, {sj.slice_id: holder}, late, lease_s=5.0) == [flight]
+    lost, applied = apply_completion(state, lost_completion(state, flight, late, "gone"), late)
+    assert applied and not lost.in_flight and lost.units_done == 0
+    assert [(r.start, r.count) for r in lost.retry] == [(sj.unit_start, sj.units)]
+    # The real completion turning up afterwards is not applied: the units are done once.
+    after, applied_late = apply_completion(lost, execute(sj, late + 1), late + 2)
+    assert not applied_late and after == lost
+    done, _ = run_to_completion(lost, late + 3)
+    assert_covers_exactly(done)

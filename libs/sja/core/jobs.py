@@ -5,6 +5,7 @@ between NATS and the KV store.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -349,3 +350,39 @@ def request_cancel(state: JobState, now: float) -> JobState:
     if is_terminal(state):
         return state
     return settle(msgspec.structs.replace(state, cancel_requested=True), now)
+
+
+def overdue(state: JobState, holders: Mapping[str, str | None], now: float, lease_s: float) -> list[InFlight]:
+    """In-flight subjobs given up for lost: no completion long after they could have finished
+    (dispatch + their time cap + two leases) and their slice no longer holds their grant
+    (``holders``: slice id -> the grant it holds now, ``None`` if none or no such slice). A subjob
+    whose dispatch never reached an executor ends here; a late real completion is then ignored
+    (``apply_completion`` only applies what is in flight)."""
+    return [
+        f
+        for f in state.in_flight
+        if now > f.dispatched_at + f.time_cap_s + 2 * lease_s and holders.get(f.slice_id) != f.grant_id
+    ]
+
+
+def lost_completion(state: JobState, flight: InFlight, now: float, why: str) -> Completion:
+    """The completion that gives an overdue subjob's units back to the job (status ``lost``)."""
+    return Completion(
+        subjob_id=flight.subjob_id,
+        job_id=state.job_id,
+        grant_id=flight.grant_id,
+        fence=0,
+        slice_id=flight.slice_id,
+        status="lost",
+        unit_start=flight.unit_start,
+        units=flight.units,
+        units_done=0,
+        peak_mem_mib=0.0,
+        duration_s=0.0,
+        mem_cap_mib=0,
+        time_cap_s=flight.time_cap_s,
+        started_at=flight.dispatched_at,
+        finished_at=now,
+        error=why,
+        executor_id="",
+    )

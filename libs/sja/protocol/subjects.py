@@ -88,11 +88,19 @@ def tenant_request(request: str, tenant: str) -> str:
     return f"{request}.{tenant if tenant == '*' else tenant_token(tenant)}"
 
 
+class InvalidTenant(ValueError):
+    """A tenant-scoped request subject whose last token is no tenant name."""
+
+
 def tenant_of(subject: str) -> str | None:
-    """The tenant of a tenant-scoped request subject; ``None`` for an operator subject."""
+    """The tenant of a tenant-scoped request subject; ``None`` for an operator subject. A subject
+    under a request subject whose last token is not a valid tenant name raises ``InvalidTenant``
+    (it must never be taken for the operator's)."""
     base, _, last = subject.rpartition(".")
-    if base in JOB_REQUESTS and TENANT_TOKEN.match(last):
-        return last
+    if base in JOB_REQUESTS:
+        if TENANT_TOKEN.fullmatch(last):
+            return last
+        raise InvalidTenant(f"{last[:80]!r} is not a tenant name")
     return None
 
 
