@@ -68,15 +68,16 @@ import psutil
 import yaml
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig
 
+from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 from sja.client import SjaClient
 from sja.core import leases
 from sja.protocol import subjects
-from sja.protocol.messages import Completion, JobSpec, JobState, MemoryDecl, RoundRecord, Subjob, TimeDecl
+from sja.protocol.messages import Completion, JobSpec, JobState, MemoryDecl, Subjob, TimeDecl
 from sja.stack import LocalStack, ServiceProc
 from sja.workloads import run_in_one_piece, workload
 
@@ -397,29 +398,6 @@ class Sample:
     cpu_services: float
     cpu_server: float
     cpu_bench: float
-
-
-async def read_rounds(nc: Client) -> list[RoundRecord]:
-    js = nc.jetstream()
-    info = await js.stream_info(subjects.STREAM_ROUNDS.name)
-    out: list[RoundRecord] = []
-    if not info.state.messages:
-        return out
-    sub = await js.subscribe(
-        f"{subjects.PREFIX}.round.cleared.>",
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL,
-        pending_msgs_limit=10_000_000,
-    )
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=10.0)
-            out.append(decode(msg.data, RoundRecord))
-            if msg.metadata.num_pending == 0:
-                break
-    finally:
-        await sub.unsubscribe()
-    return out
 
 
 async def run(

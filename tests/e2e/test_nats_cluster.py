@@ -4,30 +4,27 @@ completes with the result of the job computed in one piece.
 Three nats-server processes on loopback (``NatsCluster``: JetStream, routes, a server name and a store
 each) carry every stream and bucket with three replicas, declared before any service starts (services
 declare with one replica and keep what exists). ``LocalStack`` runs every service as its own process
-against the comma-separated URL list. Halfway through 20 jobs the server leading the ``sja-slices``
-bucket (every grant's compare-and-set) is killed with SIGKILL; the two left keep a quorum.
+against the comma-separated URL list. Early in a run of 20 jobs the server leading the ``sja-slices``
+bucket (every grant's compare-and-set) is killed with SIGKILL; the two left keep a quorum. Should the
+run stall, the failure message lists the stuck jobs, what each surviving server answers for them,
+three seconds of round traffic and the services' last errors.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from nats.js.api import DeliverPolicy
 
+from sja.audit import Mix, audit, call, mixed_specs, read_rounds, statuses
 from sja.bus.cluster import NatsCluster
-from sja.bus.codec import decode
-from sja.bus.connection import connect, ensure_jetstream
-from sja.client import SjaClient
+from sja.bus.connection import connect, ensure_jetstream, stores
 from sja.protocol import subjects
-from sja.protocol.messages import JobSpec, JobState, RoundRecord
 from sja.stack import LocalStack
-from sja.workloads import run_in_one_piece
 
 pytestmark = pytest.mark.slow
 
@@ -38,32 +35,8 @@ SETTINGS = {
     "SJA_LOG_LEVEL": "INFO",
 }
 JOBS = 20
+MIX = Mix(mc_units=60, mc_samples_per_unit=50_000, mm_rows=1500, mm_inner=512)
 STREAMS = [s.name for s in subjects.STREAMS] + [f"KV_{b}" for b in subjects.BUCKETS]
-
-
-def specs(n: int) -> list[JobSpec]:
-    out = []
-    for i in range(n):
-        if i % 2:
-            out.append(
-                JobSpec(
-                    name=f"mc{i}",
-                    tenant=f"t{i % 3}",
-                    workload="montecarlo",
-                    max_parallel=2,
-                    params={"units": 40, "samples_per_unit": 40_000, "seed": i},
-                )
-            )
-        else:
-            out.append(
-                JobSpec(
-                    name=f"mm{i}",
-                    tenant=f"t{i % 3}",
-                    workload="matmul",
-                    params={"rows": 1200, "inner": 384, "cols": 384, "seed": i},
-                )
-            )
-    return out
 
 
 @pytest.fixture
@@ -102,54 +75,59 @@ async def declare_replicated(url: str) -> dict[str, str]:
         await nc.close()
 
 
-async def call(url: str, fn: str, *args: object) -> Any:
-    """A gateway call that rides out the loss of a server (and a JetStream leader election)."""
-    last: Exception | None = None
-    for _ in range(120):
+async def per_node(cluster: NatsCluster, ids: list[str]) -> str:
+    """Each surviving node's own answer for the jobs (a KV read served by that node) and the
+    replication state of the jobs bucket: a stale replica shows here."""
+    out = []
+    for node in cluster.nodes:
+        if not node.alive:
+            continue
+        nc = await connect(node.url, f"diagnose-{node.name}")
         try:
-            c = await SjaClient.connect(url, timeout_s=3.0)
-            try:
-                return await getattr(c, fn)(*args)
-            finally:
-                await c.close()
-        except Exception as e:  # retried: an election or a reconnect in progress
-            last = e
-            await asyncio.sleep(0.5)
-    raise AssertionError(f"{fn} kept failing: {last}")
+            js = nc.jetstream()
+            info = await js.stream_info(f"KV_{subjects.BUCKET_JOBS}")
+            _, jobs = await stores(js)
+            seen = []
+            for j in ids:
+                got = await jobs.get(j)
+                seen.append(f"{j}:{got[0].status if got else None}:r{got[1] if got else 0}")
+            peers = (
+                [(r.name, r.current, r.lag) for r in (info.cluster.replicas or [])] if info.cluster else []
+            )
+            leader = info.cluster.leader if info.cluster else ""
+            out.append(
+                f"{node.name}: last_seq={info.state.last_seq} leader={leader} peers={peers} jobs={seen}"
+            )
+        finally:
+            await nc.close()
+    return "; ".join(out)
 
 
-async def statuses(url: str, ids: list[str]) -> list[JobState]:
-    c = await SjaClient.connect(url, timeout_s=5.0)
+async def diagnose(url: str, ids: list[str]) -> str:
+    """What the bus shows for three seconds (for a stall's failure message): messages per round
+    subject, the slices' states and the unfinished jobs."""
+    nc = await connect(url, "cluster-diagnose")
+    counts: dict[str, int] = {}
+
+    async def count(msg: Any) -> None:
+        kind = msg.subject.split(".")[2] + "." + msg.subject.split(".")[3]
+        counts[kind] = counts.get(kind, 0) + 1
+
     try:
-        out = []
-        for j in ids:
-            for attempt in range(20):
-                try:
-                    out.append(await c.status(j))
-                    break
-                except Exception:
-                    if attempt == 19:
-                        raise
-                    await asyncio.sleep(0.5)
-        return out
+        for pattern in ("sja.v1.offer.>", "sja.v1.grant.>", "sja.v1.agent.>"):
+            await nc.subscribe(pattern, cb=count)
+        await asyncio.sleep(3.0)
+        slices, jobs = await stores(nc.jetstream())
+        sl = [f"{s.slice_id}:{s.status}:f{s.fence}" for s, _ in await slices.all()]
+        js = [
+            f"{s.job_id}:{s.status}:{s.units_done}/{s.total_units}:inflight={len(s.in_flight)}:"
+            f"owner={s.owner_agent}"
+            for s, _ in await jobs.all()
+            if s.job_id in ids and s.status != "done"
+        ]
+        return f"3s of messages {counts}; slices {sl}; unfinished {js}"
     finally:
-        await c.close()
-
-
-async def rounds(url: str) -> list[RoundRecord]:
-    nc = await connect(url, "cluster-check")
-    js = nc.jetstream()
-    out: list[RoundRecord] = []
-    sub = await js.subscribe(
-        f"{subjects.PREFIX}.round.cleared.>", ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
-    )
-    while True:
-        msg = await sub.next_msg(timeout=10.0)
-        out.append(decode(msg.data, RoundRecord))
-        if msg.metadata.num_pending == 0:
-            break
-    await nc.close()
-    return out
+        await nc.close()
 
 
 async def replication(url: str) -> dict[str, tuple[int, str, list[tuple[str, bool]]]]:
@@ -167,6 +145,16 @@ async def replication(url: str) -> dict[str, tuple[int, str, list[tuple[str, boo
         await nc.close()
 
 
+def service_errors(stack: LocalStack, per_log: int = 8) -> dict[str, list[str]]:
+    """The last ERROR lines of every service's log (what failed around the kill)."""
+    out = {}
+    for log in sorted((stack.out_dir / "logs").glob("*.log")):
+        lines = [ln[:200] for ln in log.read_text(errors="replace").splitlines() if " ERROR " in ln]
+        if lines:
+            out[log.stem] = lines[-per_log:]
+    return out
+
+
 def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: Path) -> None:
     leaders = asyncio.run(declare_replicated(cluster.url))
     stack = LocalStack(out_dir=tmp_path / "stack", env=SETTINGS, nats_url=cluster.url)
@@ -175,14 +163,14 @@ def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: P
         asyncio.run(stack.wait_ready())
         assert stack.nats is None, "the stack must use the cluster, not a server of its own"
         url = cluster.url
-        ids = [asyncio.run(call(url, "submit", s)).job_id for s in specs(JOBS)]
+        ids = [asyncio.run(call(url, "submit", s)).job_id for s in mixed_specs(JOBS, MIX)]
 
         # Let a good part of the work happen, then kill the server the grants go through.
         deadline = time.monotonic() + 240
         while True:
             states = asyncio.run(statuses(url, ids))
             done = sum(1 for s in states if s.status == "done")
-            if done >= 3 or time.monotonic() > deadline:
+            if done >= 2 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         assert 0 < done < JOBS, f"kill mid-run: {done} of {JOBS} jobs done"
@@ -191,28 +179,36 @@ def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: P
         cluster.kill(victim)
         survivors = ",".join(n.url for n in cluster.nodes if n.alive)
 
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 120
         while True:
             states = asyncio.run(statuses(survivors, ids))
             if all(s.status in ("done", "failed", "cancelled") for s in states):
                 break
-            assert time.monotonic() < deadline, [(s.job_id, s.status, s.units_done) for s in states]
+            if time.monotonic() > deadline:
+                behind = [s.job_id for s in states if s.status not in ("done", "failed", "cancelled")]
+                stuck = [
+                    (s.job_id, s.status, s.units_done, len(s.in_flight)) for s in states if s.job_id in behind
+                ]
+                bus = asyncio.run(diagnose(survivors, ids))
+                nodes = asyncio.run(per_node(cluster, behind))
+                pytest.fail(
+                    f"stalled after the kill: gateway says not done: {stuck}; {bus}; per node: {nodes}; "
+                    f"service errors: {service_errors(stack)}"
+                )
             time.sleep(1.0)
         recovered_s = time.monotonic() - killed_at
 
         for s in states:
             assert s.status == "done", (s.job_id, s.status, s.error, s.units_done, s.total_units)
-            assert s.result == run_in_one_piece(s.spec.workload, s.spec.params), s.job_id
-            ok = sorted((h.unit_start, h.unit_start + h.units) for h in s.history if h.status == "ok")
-            assert ok[0][0] == 0 and ok[-1][1] == s.total_units, s.job_id
-            assert all(a[1] == b[0] for a, b in itertools.pairwise(ok)), f"{s.job_id}: units applied once"
+        # Results equal to the job in one piece, each unit applied once, no (slice, fence) granted
+        # twice, no two subjobs at once on one slice.
+        all_rounds = asyncio.run(read_rounds(survivors))
+        report = audit(states, all_rounds, len(ids))
+        assert report.clean, report
         finished_after_kill = sum(1 for s in states if s.finished_at and s.finished_at > killed_wall)
         assert finished_after_kill > 0, "jobs finished after the kill"
 
-        # No (slice, fence) granted twice; no two subjobs at once on one slice.
-        recs = [r for r in asyncio.run(rounds(survivors)) if r.grant_id]
-        keys = [(r.window.slice_id, r.fence) for r in recs]
-        assert len(keys) == len(set(keys))
+        recs = [r for r in all_rounds if r.grant_id]
         after = sorted(r.cleared_at for r in recs if r.cleared_at > killed_wall)
         assert after, "grants were made after the kill"
         print(
@@ -220,16 +216,6 @@ def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: P
             f"first grant {after[0] - killed_wall:.2f}s after the kill; {finished_after_kill} jobs "
             f"finished after it; all done {recovered_s:.1f}s after it; {len(recs)} grants in all"
         )
-        by_slice: dict[str, list[tuple[float, float]]] = {}
-        for s in states:
-            for h in s.history:
-                if h.status == "ok":
-                    by_slice.setdefault(h.slice_id, []).append((h.started_at, h.finished_at))
-        for slice_id, spans in by_slice.items():
-            spans.sort()
-            for (_a0, a1), (b0, _b1) in itertools.pairwise(spans):
-                assert b0 >= a1 - 1e-3, f"two subjobs ran at once on {slice_id}"
-
         # Still three replicas on paper, led by a survivor, with the other survivor current.
         victim_name = cluster.nodes[victim].name
         for name, (replicas, leader, peers) in asyncio.run(replication(survivors)).items():
