@@ -108,8 +108,8 @@ async def test_unavailable_nvml_fails_the_inventory_at_start(nats_url: str, tmp_
         InventorySettings(**common(nats_url, tmp_path, "inventory-t"), inventory_source="fake-nvml:no-driver")
     )
     with pytest.raises(Exception, match="LibraryNotFound"):
-        async with inventory:
-            pass
+        await inventory.start()
+    await inventory.stop()  # a failed start keeps its connection until stopped
 
 
 async def test_jobs_run_on_nvml_slices_through_the_stack(nats_url: str, tmp_path: Path, nc) -> None:
