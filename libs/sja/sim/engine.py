@@ -59,10 +59,10 @@ import msgspec
 from sja import workloads
 from sja.core import leases
 from sja.core.jobs import apply_completion, can_take_more, materialize, new_job, propose
-from sja.core.mig import CATALOGUE, gpu_model
+from sja.core.mig import CATALOGUE, GpuModel, gpu_model
 from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES, Bid, Ledger, PolicyConfig, clear, grant_cost
-from sja.core.repartition import SliceDemand, plan_repartitions
+from sja.core.repartition import SliceDemand, layout_value, plan_repartitions
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import (
     Completion,
@@ -494,8 +494,9 @@ class SjaEngine:
         self.recuts: list[_Recut] = []
         """Every re-cut, in order (for checks and plots)."""
         self.demand_epoch = 0
-        """Bumped whenever some job's state changes (the demand a re-cut serves may differ)."""
-        self.repart_checked: tuple[int, tuple[str, ...]] | None = None
+        """Bumped on every arrival (new demand a re-cut may serve)."""
+        self.repart_checked: tuple[int, tuple[str, ...], int] | None = None
+        self.kind_offers: tuple[float, dict[WindowKind, Offer]] = (-math.inf, {})
         self.cut_free: set[str] = set(self.cuts)
         """Repartitionable GPUs with nothing running and no re-cut in progress."""
         self.kind_states = repartition_kinds(cluster)
@@ -572,7 +573,6 @@ class SjaEngine:
 
     def _touch(self, job: _Job) -> None:
         """The job's state changed: forget its proposals and queue it for every kind of window."""
-        self.demand_epoch += 1
         job.version += 1
         job.proposals.clear()
         if not can_take_more(job.state):
@@ -797,7 +797,6 @@ class SjaEngine:
         if job.state.status in ("done", "failed", "cancelled"):
             if job.state.status == "done":
                 self.recorder.finish_job(job.model.trace.job_id, self.now)
-            self.demand_epoch += 1
             job.version += 1
             job.proposals.clear()
         else:
@@ -842,9 +841,15 @@ class SjaEngine:
 
     def _kind_offer(self, kind: WindowKind) -> Offer:
         """An offer of a window of ``kind`` starting now (what a slice of that kind would get)."""
+        at, offers = self.kind_offers
+        if at != self.now:
+            offers = {}
+            self.kind_offers = (self.now, offers)
+        if kind in offers:
+            return offers[kind]
         st = self.kind_states[kind]
         window = find_windows([st], WindowRequest(now=self.now, horizon_s=self.cfg.horizon_s))[0]
-        return Offer(
+        offers[kind] = Offer(
             offer_id="repartition",
             round=self.round_no,
             window=window,
@@ -854,12 +859,18 @@ class SjaEngine:
             reply_by=self.now,
             reply_to="sim",
         )
+        return offers[kind]
 
-    def repartition_demand(self, model: str) -> list[SliceDemand]:
+    def repartition_demand(
+        self,
+        model: str,
+        limit: int = REPART_DEMAND_ITEMS,
+        enough: Callable[[list[SliceDemand]], bool] | None = None,
+    ) -> list[SliceDemand]:
         """What waiting jobs want from a GPU of ``model``, in the policy's natural order: one slice
         per subjob each could still start (at most 7), of the profiles its planner would propose for
-        (``core.jobs.propose``, memoized like the rounds' proposals), using up to its GPU fraction."""
-        limit = REPART_DEMAND_ITEMS
+        (``core.jobs.propose``, memoized like the rounds' proposals), using up to its GPU fraction.
+        Stops early once ``enough(items so far)`` holds."""
         kinds = self.model_kinds[model]
         order = heapq.nsmallest(limit, self.waiting_jobs, key=lambda i: (self._rank(self.by_idx[i]), i))
         out: list[SliceDemand] = []
@@ -873,7 +884,7 @@ class SjaEngine:
             room = min(job.state.spec.max_parallel - len(job.state.in_flight), 7)
             item = SliceDemand(0.0, job.model.fraction, job.state.job_id, profiles)
             out.extend([item] * max(room, 0))
-            if len(out) >= limit:
+            if len(out) >= limit or (enough is not None and enough(out)):
                 break
         return out[:limit]
 
@@ -883,17 +894,29 @@ class SjaEngine:
         idle = tuple(sorted(self.cut_free))
         if not idle:
             return
-        key = (self.demand_epoch, idle)
+        # Looked at again when the idle GPUs change or a job arrives, and once per window length in
+        # any case (calibration may have changed what a waiting job can use).
+        key = (self.demand_epoch, idle, int(self.now // self.cfg.horizon_s))
         if key == self.repart_checked:
-            return  # nothing changed since the last look
+            return
         self.repart_checked = key
         for model in sorted({self.cuts[g].gpu.model for g in idle}):
-            demand = self.repartition_demand(model)
-            if not demand:
-                continue
             gpus = [
                 (g, gpu_model(model), self.cuts[g].layout) for g in idle if self.cuts[g].gpu.model == model
             ]
+            enough = None
+            if len(gpus) == 1:
+                # One idle GPU (the usual case): once its current layout serves the first jobs with
+                # all of the GPU's compute, no layout can do better; stop asking jobs.
+                _, gpu, current = gpus[0]
+
+                def enough(items: list[SliceDemand], gpu: GpuModel = gpu, current: Any = current) -> bool:
+                    return layout_value(gpu, current, items)[0] >= 1.0 - 1e-9
+
+            # A GPU holds at most 7 instances: the first 7 per idle GPU (and 7 more) are enough.
+            demand = self.repartition_demand(model, min(REPART_DEMAND_ITEMS, 7 * len(gpus) + 7), enough)
+            if not demand or (enough is not None and enough(demand)):
+                continue
             for r in plan_repartitions(gpus, demand):
                 self._start_recut(r.gpu_id, r.new)
 
@@ -1008,6 +1031,7 @@ class SjaEngine:
         self.by_idx[idx] = job
         self._touch(job)
         self._update_waiting(False, job)
+        self.demand_epoch += 1
 
 
 def run_sja(
