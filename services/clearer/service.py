@@ -23,7 +23,7 @@ from sja.bus.settings import BaseSettings
 from sja.bus.tracing import extract, inject, publish, trace_id_hex
 from sja.core import leases
 from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
-from sja.core.rounds import all_replied, live_agents
+from sja.core.rounds import all_replied, close_by, live_agents
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
@@ -71,6 +71,9 @@ class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
     lease_s: float = 5.0
     """How long a winner has to start its subjob before the slice returns to the pool."""
     agent_liveness_s: float = 3.0
+    reply_grace_s: float = 0.2
+    """How long past an offer's reply deadline a round may wait for a live agent that has not
+    answered yet (it closes as soon as every live agent has)."""
     horizon_s: float = 8.0
 
 
@@ -255,7 +258,7 @@ class ClearerService(Service):
             early = self.early.pop((key, agent_id), None)
             if early is not None:
                 rnd.replies[agent_id] = early[1]
-        delay = max(0.0, reply_by - now)
+        delay = max(0.0, close_by(reply_by, self.cfg.reply_grace_s, self.live_agents(now)) - now)
         rnd.timer = asyncio.get_running_loop().call_later(
             delay, lambda: self.spawn(self.close(key, "deadline"))
         )

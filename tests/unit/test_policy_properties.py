@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sja.core.leases import admit, grant
 from sja.core.policies import Bid, Ledger, PolicyConfig, clear, grant_cost
-from sja.core.rounds import all_replied, live_agents
+from sja.core.rounds import all_replied, close_by, live_agents
 from sja.core.windows import OfferPacer
 from sja.inventory.declared import load_declared
 from sja.protocol.messages import Candidate, Offer, Proposal, Window
@@ -195,3 +195,8 @@ def test_executor_admission_from_the_slice_lease() -> None:
 
     busy = msgspec.structs.replace(leased, status="busy")
     assert admit(busy, grant_id="g1", fence=1, known=True) == "interrupted"
+
+
+def test_a_round_waits_past_its_deadline_only_for_a_live_agent() -> None:
+    assert close_by(100.0, 0.2, live={"a1"}) == pytest.approx(100.2)
+    assert close_by(100.0, 0.2, live=set()) == 100.0

@@ -14,3 +14,11 @@ def all_replied(replied: Iterable[str], live: set[str]) -> bool:
     """Every live agent answered (an agent answers every offer, with or without proposals). With no
     live agent known, a round waits for its deadline."""
     return bool(live) and live.issubset(set(replied))
+
+
+def close_by(reply_by: float, grace_s: float, live: set[str]) -> float:
+    """When a round closes if not every live agent has answered: at its reply deadline, or up to
+    ``grace_s`` later while some live agent is still to answer (a loaded agent or clearer answers a
+    few milliseconds late; closing without its bids would waste every window of the batch). With no
+    live agent known there is nobody to wait for."""
+    return reply_by + (grace_s if live else 0.0)
