@@ -194,7 +194,8 @@ def _replay(
                 f"horizon {cfg.horizon_s:g} s, unit {cfg.unit_s:g} s, "
                 f"overhead {cfg.start_s:g}+{cfg.checkpoint_s:g} s, "
                 f"eps_mem {cfg.eps_mem:g}, eps_time {cfg.eps_time:g}, prior {cfg.prior_typical}, "
-                f"max_bidders {cfg.max_bidders}"
+                f"max_bidders {cfg.max_bidders}, reconfiguration {cfg.reconfig_s:g} s "
+                f"(repartitionable GPUs: {sum(1 for g in cluster.gpus if g.repartitionable)})"
             ),
         }
         path = write_report(report_dir, results, metrics, meta)

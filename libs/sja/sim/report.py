@@ -39,6 +39,8 @@ TABLE_METRICS: tuple[str, ...] = (
     "timeout_count",
     "subjobs",
     "overhead_s",
+    "repartitions",
+    "reconfig_s",
     "jain_fairness",
 )
 

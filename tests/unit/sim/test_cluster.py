@@ -73,6 +73,17 @@ def test_reconfiguration_time_per_group() -> None:
             parse_cluster(bad)
 
 
+def test_reconfiguration_time_in_a_cluster_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(
+        json.dumps([{"count": 2, "model": "A100-80GB", "repartitionable": True, "reconfig_s": 7}])
+    )
+    assert all(g.repartitionable and g.reconfig_s == 7.0 for g in parse_cluster(str(path)).gpus)
+    path.write_text(json.dumps([{"model": "A100-80GB", "reconfig_s": 7}]))
+    with pytest.raises(ValueError, match="reconfig_s needs repartitionable"):
+        parse_cluster(str(path))
+
+
 def test_groups_fill_nodes_of_eight_and_start_new_nodes() -> None:
     cluster = parse_cluster("10xA100-40GB, 2xh100-80gb, T4")
     per_node = Counter(g.node for g in cluster.gpus)

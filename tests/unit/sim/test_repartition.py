@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import json
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from sja.core.mig import A100_40GB, A100_80GB, place_layout
 from sja.core.repartition import (
@@ -226,3 +229,39 @@ def test_whole_gpu_baselines_ignore_repartitionable_marks() -> None:
         a = metrics_of(run_policy(name, parse_cluster("2xA100-80GB"), jobs, CFG), jobs)
         b = metrics_of(run_policy(name, parse_cluster("2xA100-80GB~repart"), jobs, CFG), jobs)
         assert a == b and b["repartitions"] == 0
+
+
+def test_cli_selects_repartitioning_through_the_cluster_spec(tmp_path: Path) -> None:
+    from sja.cli.simulate import simulate_command
+
+    trace_file = tmp_path / "small.csv"
+    rows = [f"s{i},{10 * i},1200,1,{1 / 7:.6f},5000,4000,t{i % 2}" for i in range(14)]
+    trace_file.write_text(
+        "job_id,submit_s,duration_s,num_gpus,gpu_fraction,mem_mib,true_mem_mib,tenant\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+    results = {}
+    for spec in ("2xA100-80GB", "2xA100-80GB~repart", "2xA100-80GB~repart=60"):
+        out = tmp_path / "m.json"
+        code = simulate_command(
+            trace=trace_file,
+            fmt="csv",
+            cluster=spec,
+            policies="bestfit,sja",
+            json_out=out,
+            report_dir=tmp_path / "report",
+            prior="window",
+            horizon_s=3600.0,
+            console=Console(file=io.StringIO()),
+        )
+        assert code == 0
+        results[spec] = json.loads(out.read_text())
+    static, repart, slow = results.values()
+    for policy in ("bestfit", "sja:efficiency"):
+        assert static[policy]["repartitions"] == 0
+        assert repart[policy]["repartitions"] > 0
+        assert repart[policy]["makespan_s"] < static[policy]["makespan_s"]
+        assert slow[policy]["reconfig_s"] == pytest.approx(60.0 * slow[policy]["repartitions"])
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "repartitions" in report and "reconfiguration 5 s" in report
