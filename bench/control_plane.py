@@ -624,6 +624,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--reply-window-s", type=float, default=0.05, help="how long a round waits for replies (the default)"
     )
+    ap.add_argument(
+        "--trace-sample",
+        type=float,
+        default=1.0,
+        help="fraction of rounds traced (OTEL_TRACES_SAMPLER=parentbased_traceidratio; 1: every round)",
+    )
     ap.add_argument("--log-level", default="WARNING", help="of the services (their logs go under --out)")
     ap.add_argument("--profile", type=Path, default=None, help="run the services under cProfile, into DIR")
     ap.add_argument("--out", type=Path, default=None, help="logs and the NATS store (default: a temp dir)")
@@ -664,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
                 "SJA_MAX_JOBS": str(max(10_000, args.jobs)),
                 "SJA_METRICS_PORT": "0",
                 "SJA_REPLY_WINDOW_S": str(args.reply_window_s),
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": str(args.trace_sample),
             },
             replicas={"clearer": args.clearers, "advertiser": args.advertisers, "agent": args.agents},
             shards={"clearer": shard(pools, args.clearers), "advertiser": shard(pools, args.advertisers)},
@@ -718,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_by_service_s": {k: round(cpu1[k] - cpu0.get(k, 0.0), 2) for k in cpu1},
             "rss_mib_by_service": rss,
             "reply_window_s": args.reply_window_s,
+            "trace_sample": args.trace_sample,
             "grants_per_s_vs_raw_msgs_per_s": round(result["grants_per_s"] / raw["raw_nats_msgs_per_s"], 6),
             "grant_latency_p50_vs_raw_rtt": round(
                 result["grant_latency_p50_ms"] * 1e3 / raw["raw_nats_rtt_us"], 1
