@@ -10,17 +10,13 @@ Demand is a list of slices wanted, in priority order (the scheduler's queue orde
 instance with at least ``mem_mib`` of memory (and, when ``profiles`` is given, of one of those
 profiles: what the job's own planner accepts) and can use up to ``compute_share`` of a full GPU. A
 layout's value for a demand list is computed greedily, in that order: each item takes the smallest
-unused instance (by memory, then compute) that holds it. Its *rate* is the total compute the served
-items can use (``min(instance share, item share)``).
-
-Layouts are ranked by ``(rate, fewer instances)`` and a GPU is re-cut only to a layout that serves
-some of the demand and is ranked strictly above its current one; among equals the first in
-``maximal_layouts`` order wins. Rate first: cutting a GPU into seven slices for seven jobs that each
-use a seventh gives seven times the throughput. Fewer instances second: seven whole-GPU jobs on
-seven 1g slices have the rate of one on the whole GPU, but each runs at a seventh of its speed, a
-job limited to a few subjobs at once cannot make up for it, and small slices hold less memory; so a
-GPU is not cut for them, and a GPU cut for small jobs is made whole again once it is idle and
-whole-GPU jobs wait.
+unused instance (by memory, then compute) that holds it. The value is ``(rate, served)``: the total
+compute the served items can use (``min(instance share, item share)``), then how many were served.
+A GPU is re-cut only when another layout's *rate* is strictly higher: cutting a GPU into seven
+slices for seven whole-GPU jobs serves more jobs at no gain in throughput and costs a
+reconfiguration; cutting it for seven jobs that each use a seventh gives seven times the throughput.
+Among the layouts of the highest rate, the one serving the most items wins, then the first in
+``maximal_layouts`` order.
 """
 
 from __future__ import annotations
@@ -123,24 +119,20 @@ def choose_layout(
 ) -> tuple[str, ...] | None:
     """The layout an idle GPU should be re-cut to for ``demand``, or ``None`` to keep ``current``.
 
-    Only a layout ranked strictly above the current one (see ``layout_rank``) is returned; the
-    choice is deterministic.
+    Only a layout of strictly higher rate than the current one is returned (see the module
+    docstring); the choice is deterministic.
     """
     items = list(demand[:MAX_DEMAND_ITEMS])
     if not items:
         return None
-    best_rank = layout_rank(gpu, canonical_layout(gpu, current), items)
+    cur_rate, _ = layout_value(gpu, canonical_layout(gpu, current), items)
+    best_value = (cur_rate, -1)
     best: tuple[str, ...] | None = None
     for layout in maximal_layouts(gpu):
-        rank = layout_rank(gpu, layout, items)
-        if rank[0] > 0.0 and rank > best_rank:  # never re-cut for demand nothing can serve
-            best_rank, best = rank, layout
+        value = layout_value(gpu, layout, items)
+        if value[0] > cur_rate and value > best_value:
+            best_value, best = value, layout
     return best
-
-
-def layout_rank(gpu: GpuModel, layout: Sequence[str], demand: Sequence[SliceDemand]) -> tuple[float, int]:
-    """``(rate, -instances)``: how layouts are compared for a demand list (higher is better)."""
-    return layout_value(gpu, layout, demand)[0], -len(layout)
 
 
 def plan_repartitions(

@@ -67,8 +67,6 @@ def test_small_jobs_get_small_slices_and_whole_gpu_jobs_do_not() -> None:
     assert choose_layout(A100_80GB, None, [SliceDemand(9000.0, 1.0)] * 7) is None
     # one small job: a 1g slice gives it no more than the whole GPU does
     assert choose_layout(A100_80GB, None, [SMALL]) is None
-    # a GPU cut for small jobs is made whole again for whole-GPU jobs: same rate, fewer instances
-    assert choose_layout(A100_80GB, SEVEN_1G, [SliceDemand(9000.0, 1.0)] * 7) == ("7g.80gb",)
     # a job too large for every slice of the current layout brings the whole GPU back
     assert choose_layout(A100_80GB, SEVEN_1G, [SliceDemand(50_000.0, 1.0)]) == ("7g.80gb",)
     # nothing waits, or nothing fits any layout: keep
