@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import psutil
 import yaml
 from nats.aio.client import Client
@@ -219,6 +220,12 @@ async def raw_nats(url: str, n_msgs: int = 200_000, n_requests: int = 2000) -> d
 
         await sub.subscribe("bench.echo", cb=echo)
         await sub.flush()
+        for _ in range(50):  # the subscription may take a moment to be known to the server
+            try:
+                await pub.request("bench.echo", payload, timeout=5)
+                break
+            except nats.errors.NoRespondersError:
+                await asyncio.sleep(0.05)
         rtts = []
         for _ in range(n_requests):
             t = time.perf_counter()
@@ -524,7 +531,7 @@ async def run(
     for r in all_rounds:
         if not r.grant_id:
             why = r.note or ("no bids" if not r.verdicts else r.verdicts[0].reason)
-            why = why.split(":")[0] if why.startswith(("excluded", "not granted")) else why[:60]
+            why = why.split(":")[0] if why.startswith("excluded") else why[:60]
             reasons[why] = reasons.get(why, 0) + 1
     batch_sizes: dict[str, int] = {}
     for r in all_rounds:
@@ -625,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
         "--reply-window-s", type=float, default=0.05, help="how long a round waits for replies (the default)"
     )
     ap.add_argument(
+        "--coalesce-s", type=float, default=None, help="advertiser's coalescing pause (default: its own)"
+    )
+    ap.add_argument(
         "--trace-sample",
         type=float,
         default=1.0,
@@ -670,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
                 "SJA_MAX_JOBS": str(max(10_000, args.jobs)),
                 "SJA_METRICS_PORT": "0",
                 "SJA_REPLY_WINDOW_S": str(args.reply_window_s),
+                **({"SJA_COALESCE_S": str(args.coalesce_s)} if args.coalesce_s is not None else {}),
                 "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                 "OTEL_TRACES_SAMPLER_ARG": str(args.trace_sample),
             },
@@ -727,6 +738,7 @@ def main(argv: list[str] | None = None) -> int:
             "rss_mib_by_service": rss,
             "reply_window_s": args.reply_window_s,
             "trace_sample": args.trace_sample,
+            "coalesce_s": args.coalesce_s,
             "grants_per_s_vs_raw_msgs_per_s": round(result["grants_per_s"] / raw["raw_nats_msgs_per_s"], 6),
             "grant_latency_p50_vs_raw_rtt": round(
                 result["grant_latency_p50_ms"] * 1e3 / raw["raw_nats_rtt_us"], 1

@@ -32,9 +32,11 @@ class AdvertiserSettings(BaseSettings, frozen=True, kw_only=True):
     """Length of an offered window when nothing bounds it (the planning horizon)."""
     reply_window_s: float = 0.05
     """How long the clearer waits for replies to one offer."""
-    reoffer_min_s: float = 0.2
+    reoffer_min_s: float = 0.5
     reoffer_max_s: float = 2.0
-    """A free slice nobody took is offered again, backing off from min to max."""
+    """A free slice nobody took is offered again, backing off from min to max. The minimum is
+    longer than a round may stay open (reply window and grace), so that a slice is not in two
+    rounds at once."""
     tick_s: float = 0.05
     coalesce_s: float = 0.005
     """After a slice frees, wait this long for others before advertising, so that a burst of
@@ -101,7 +103,9 @@ class AdvertiserService(Service):
         one batch per pool."""
         assert self.view is not None
         slices = {s.slice_id: s for s in self.view.values() if self._mine(s)}
-        windows = find_windows(slices.values(), WindowRequest(now=now, horizon_s=self.cfg.horizon_s))
+        windows = find_windows(
+            slices.values(), WindowRequest(now=now, horizon_s=self.cfg.horizon_s, open_ended=True)
+        )
         due = self.pacer.due(windows, {k: s.fence for k, s in slices.items()}, now)
         by_pool: dict[str, list[Window]] = {}
         for w in due:

@@ -148,6 +148,8 @@ class ClearerService(Service):
         self.rounds: dict[str, OpenRound] = {}
         self.early: dict[tuple[str, str], tuple[float, Reply | BatchReply]] = {}
         """(round key, agent) -> (when it came, reply) for replies that overtook their offer."""
+        self.open_slices: dict[str, str] = {}
+        """slice id -> the key of the open round offering it."""
         self.closed: dict[str, float] = {}
         """Round key -> when it closed, for the last ``MAX_CLOSED_REMEMBERED`` rounds."""
         self.agents: dict[str, float] = {}
@@ -156,7 +158,8 @@ class ClearerService(Service):
         self.m_rounds = self.metrics.counter(
             "sja_rounds",
             "Rounds cleared, by outcome: granted, no_bids (no proposal at all), no_winner (proposals, "
-            "none eligible), lost_cas (a winner, but the slice changed before the compare-and-set).",
+            "none eligible), lost_cas (a winner, but the slice changed before the compare-and-set), "
+            "duplicate (an offer for a slice already in an open round, not opened).",
             unit="{round}",
         )
         self.m_grants = self.metrics.counter(
@@ -184,6 +187,7 @@ class ClearerService(Service):
             if rnd.timer is not None:
                 rnd.timer.cancel()
         self.rounds.clear()
+        self.open_slices.clear()
 
     async def add_endpoints(self, micro: object) -> None:
         async def set_policy(req: object) -> None:
@@ -252,13 +256,29 @@ class ClearerService(Service):
             key, offers, reply_by = got.offer_id, [got], got.reply_by
         if key in self.rounds or key in self.closed:
             return  # the same offer delivered twice
+        # A slice already in an open round here (offered again before that round closed) waits for
+        # it: two rounds for one slice clear it twice for at most one grant.
+        fresh = [o for o in offers if o.window.slice_id not in self.open_slices]
+        if len(fresh) < len(offers):
+            self.m_rounds.add(
+                len(offers) - len(fresh), pool=offers[0].window.pool, policy=self.policy, outcome="duplicate"
+            )
+            if not fresh:
+                return
+            offers = fresh
         rnd = OpenRound(key=key, offers=offers, ctx=extract(msg), opened_at=now)
         self.rounds[key] = rnd
+        for o in offers:
+            self.open_slices[o.window.slice_id] = key
         for agent_id in list(self.agents):
             early = self.early.pop((key, agent_id), None)
             if early is not None:
                 rnd.replies[agent_id] = early[1]
-        delay = max(0.0, close_by(reply_by, self.cfg.reply_grace_s, self.live_agents(now)) - now)
+        issued_at = got.issued_at
+        closes = close_by(
+            reply_by, self.cfg.reply_grace_s, self.live_agents(now), issued_at=issued_at, received_at=now
+        )
+        delay = max(0.0, closes - now)
         rnd.timer = asyncio.get_running_loop().call_later(
             delay, lambda: self.spawn(self.close(key, "deadline"))
         )
@@ -319,6 +339,8 @@ class ClearerService(Service):
                 planned.append((offer, d, "", 0.0))
         token = otel_context.attach(rnd.ctx)
         try:
+            # The batch's slices stay marked as in a round until their grants are made: an offer of
+            # one of them meanwhile would only lose the compare-and-set.
             results = await asyncio.gather(
                 *(
                     self._clear_one(rnd, o, d, gid, until, bids[o.offer_id], because)
@@ -328,6 +350,9 @@ class ClearerService(Service):
             await self._send_outcomes(rnd, [v for vs in results for v in vs])
         finally:
             otel_context.detach(token)
+            for o in rnd.offers:
+                if self.open_slices.get(o.window.slice_id) == key:
+                    del self.open_slices[o.window.slice_id]
 
     def _charge(self, offer: Offer, d: Decision, lease_until: float, sign: float = 1.0) -> None:
         assert d.winner is not None and d.candidate is not None

@@ -332,3 +332,12 @@ def test_windows_are_sorted_bounded_and_never_on_held_slices(
         r = reservations.get(s.slice_id)
         if s.status == "free" and (r is None or r > NOW):
             assert s.slice_id in {w.slice_id for w in ws}
+
+
+def test_open_ended_windows_leave_free_slices_unbounded_unless_reserved() -> None:
+    req = WindowRequest(now=NOW, horizon_s=30.0, include_future=True, open_ended=True)
+    ws = {w.slice_id: w for w in find_windows(fleet(), req)}
+    assert ws["s-free-a"].end_s is None and ws["s-free-a"].start_s == NOW
+    assert ws["s-busy"].end_s == ws["s-busy"].start_s + 30.0, "a future window keeps its bound"
+    reserved = WindowRequest(now=NOW, horizon_s=30.0, open_ended=True, reservations={"s-free-a": NOW + 10.0})
+    assert {w.slice_id: w.end_s for w in find_windows(fleet(), reserved)}["s-free-a"] == NOW + 10.0

@@ -169,8 +169,15 @@ def test_pacer_offers_at_once_then_backs_off_and_resets_on_demand() -> None:
     fences[s.slice_id] = 1
     assert pacer.due(windows, fences, 4.0)
     assert not pacer.due(windows, fences, 4.05)
+    # A long backoff later, new demand brings the next offer back to min_s after the last one...
+    offered = [t for t in (4.21, 4.62, 5.0) if pacer.due(windows, fences, t)]
+    assert offered == [4.21, 4.62], "backing off: 0.2 s, then 0.4 s, then 0.8 s"
     pacer.demand_changed()
-    assert pacer.due(windows, fences, 4.1), "new demand skips the backoff"
+    assert pacer.due(windows, fences, 5.21), "new demand skips the backoff"
+    # ...but never sooner: the last offer's round may still be open.
+    pacer.demand_changed()
+    assert not pacer.due(windows, fences, 5.3)
+    assert pacer.due(windows, fences, 5.42)
 
 
 def test_round_closes_early_only_when_every_live_agent_replied() -> None:
@@ -200,3 +207,9 @@ def test_executor_admission_from_the_slice_lease() -> None:
 def test_a_round_waits_past_its_deadline_only_for_a_live_agent() -> None:
     assert close_by(100.0, 0.2, live={"a1"}) == pytest.approx(100.2)
     assert close_by(100.0, 0.2, live=set()) == 100.0
+
+
+def test_a_round_taken_late_still_gets_its_whole_reply_window() -> None:
+    # Issued at 100 with a 50 ms window, taken by a busy clearer at 100.3: replies have until 100.35.
+    assert close_by(100.05, 0.0, {"a1"}, issued_at=100.0, received_at=100.3) == pytest.approx(100.35)
+    assert close_by(100.05, 0.2, {"a1"}, issued_at=100.0, received_at=100.01) == pytest.approx(100.26)

@@ -20,6 +20,10 @@ class WindowRequest:
     """Also return windows that open when a running subjob is expected to end."""
     reservations: Mapping[str, float] | None = None
     """slice_id -> time a reservation starts: windows end there."""
+    open_ended: bool = False
+    """A free slice that no reservation bounds gives an open-ended window (``end_s`` ``None``):
+    the planner bounds it by the horizon from the moment it plans, so a window does not shrink
+    while its offer, the clearing and the grant are on their way."""
 
 
 def window_of(s: SliceState, start: float, end: float | None) -> Window:
@@ -39,7 +43,8 @@ def window_of(s: SliceState, start: float, end: float | None) -> Window:
 def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Window]:
     """Free slices give windows starting now; busy ones (optionally) give future windows.
 
-    A window ends at the slice's next reservation, else ``horizon_s`` after it starts.
+    A window ends at the slice's next reservation, else ``horizon_s`` after it starts (or, with
+    ``open_ended``, a free slice's window has no end).
     A leased slice (granted, not yet started) and an offline slice give no window.
     """
     out: list[Window] = []
@@ -51,12 +56,14 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
             start = max(s.expected_end, req.now)
         else:
             continue
-        end = start + req.horizon_s
+        end: float | None = start + req.horizon_s
         reserved_at = reservations.get(s.slice_id)
         if reserved_at is not None:
             if reserved_at <= start:
                 continue
-            end = min(end, reserved_at)
+            end = min(start + req.horizon_s, reserved_at)
+        elif req.open_ended and s.status == "free":
+            end = None
         out.append(window_of(s, start, end))
     out.sort(key=lambda w: (w.start_s, w.slice_id))
     return out
@@ -64,25 +71,29 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
 
 class OfferPacer:
     """When to offer a free window: at once when the slice is newly free (its fence changed), then
-    again while nobody takes it, backing off from ``min_s`` to ``max_s``. New demand (``reset``)
-    skips the pending backoffs, at most once per ``min_s``."""
+    again while nobody takes it, backing off from ``min_s`` to ``max_s``. New demand
+    (``demand_changed``) cuts every pending backoff back to ``min_s`` from the window's last offer
+    (never sooner: that offer's round may still be open, and a slice in two rounds at once is cleared
+    twice for one grant)."""
 
     def __init__(self, min_s: float, max_s: float) -> None:
         self.min_s = min_s
         self.max_s = max_s
-        self._last: dict[str, tuple[int, float, float]] = {}
-        """slice_id -> (fence offered at, earliest next offer, current backoff)"""
+        self._last: dict[str, tuple[int, float, float, float]] = {}
+        """slice_id -> (fence offered at, earliest next offer, current backoff, when last offered)"""
         self._demand = False
-        self._demand_reset_at = -float("inf")
 
     def demand_changed(self) -> None:
         self._demand = True
 
     def due(self, windows: Iterable[Window], fences: Mapping[str, int], now: float) -> list[Window]:
         """The windows to offer now (recording that they were offered)."""
-        if self._demand and now - self._demand_reset_at >= self.min_s:
-            self._demand, self._demand_reset_at = False, now
-            self._last.clear()
+        if self._demand:
+            self._demand = False
+            self._last = {
+                k: (fence, min(next_at, at + self.min_s), self.min_s, at)
+                for k, (fence, next_at, _backoff, at) in self._last.items()
+            }
         out: list[Window] = []
         for w in windows:
             fence = fences[w.slice_id]
@@ -91,6 +102,6 @@ class OfferPacer:
             if same and last is not None and now < last[1]:
                 continue
             backoff = min(last[2] * 2, self.max_s) if same and last is not None else self.min_s
-            self._last[w.slice_id] = (fence, now + backoff, backoff)
+            self._last[w.slice_id] = (fence, now + backoff, backoff, now)
             out.append(w)
         return out
