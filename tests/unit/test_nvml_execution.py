@@ -3,13 +3,13 @@ checkpoint blobs, and the PyTorch workloads (on the CPU; skipped without torch).
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import msgspec
-import numpy as np
 import pytest
 
 from sja.execution.actor import actor_env, cuda_visible_devices, node_resource, node_resources, slice_resource
@@ -92,9 +92,13 @@ def test_nvml_process_meter_reads_this_process_on_its_mig_device() -> None:
 def test_rss_meter_sees_allocations_tracemalloc_does_not_attribute() -> None:
     meter = RssMeter()
     meter.start()
-    block = np.ones(64 * _MIB // 8)  # 64 MiB, touched
+    # 64 MiB of fresh anonymous pages, each touched (an allocator could hand back memory the
+    # process already holds resident, which no resident-size meter would see grow).
+    block = mmap.mmap(-1, 64 * _MIB)
+    for i in range(0, 64 * _MIB, 4096):
+        block[i] = 1
     peak = meter.stop()
-    del block
+    block.close()
     assert 48 <= peak <= 256
 
 
