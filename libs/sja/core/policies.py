@@ -250,16 +250,28 @@ def _rank(
 PolicyFn = Callable[[Offer, Sequence[Bid], Ledger, PolicyConfig], Decision]
 
 
-def clear_efficiency(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+_MONOTONE_KEYS: dict[str, Callable[[Offer, Ledger, PolicyConfig], Callable[[Bid], Keyed]]] = {}
+"""Policies whose sort key of a bid can only grow while a batch is cleared (a grant raises the
+winner's attained service, never lowers anyone's): their batches clear with one key per bid and a
+lazily re-checked heap instead of ranking every bid again for every window."""
+
+_SCORES: dict[str, Callable[[Keyed], float]] = {
+    "efficiency": lambda k: -k[0][0],
+    "fair": lambda k: k[0][0],
+    "sla": lambda k: k[0][0] if math.isfinite(k[0][0]) else -1.0,
+}
+
+
+def _efficiency_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
     def key(b: Bid) -> Keyed:
         cand = _best_candidate(offer, b.proposal, cfg.horizon_s)
         v = efficiency_value(offer, cand, cfg.horizon_s)
         return (-v, b.proposal.submitted_at), cand, f"efficiency {v:.3f} (size {cand.size})"
 
-    return _rank("efficiency", bids, key, lambda k: -k[0][0])
+    return key
 
 
-def clear_fair(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+def _fair_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
     def key(b: Bid) -> Keyed:
         p = b.proposal
         cand = _best_candidate(offer, p, cfg.horizon_s)
@@ -271,10 +283,10 @@ def clear_fair(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyCon
         )
         return (norm, job, p.submitted_at), cand, why
 
-    return _rank("fair", bids, key, lambda k: k[0][0])
+    return key
 
 
-def clear_sla(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+def _sla_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
     now = offer.issued_at
 
     def key(b: Bid) -> Keyed:
@@ -285,7 +297,22 @@ def clear_sla(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConf
         slack = p.deadline_at - now - p.expected_remaining_s
         return (slack, p.submitted_at), cand, f"slack {slack:.1f}s"
 
-    return _rank("sla", bids, key, lambda k: k[0][0] if math.isfinite(k[0][0]) else -1.0)
+    return key
+
+
+_MONOTONE_KEYS.update(efficiency=_efficiency_key, fair=_fair_key, sla=_sla_key)
+
+
+def clear_efficiency(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+    return _rank("efficiency", bids, _efficiency_key(offer, ledger, cfg), _SCORES["efficiency"])
+
+
+def clear_fair(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+    return _rank("fair", bids, _fair_key(offer, ledger, cfg), _SCORES["fair"])
+
+
+def clear_sla(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+    return _rank("sla", bids, _sla_key(offer, ledger, cfg), _SCORES["sla"])
 
 
 def clear_auction(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
@@ -434,58 +461,6 @@ def clear(
 
 
 # --- batches ------------------------------------------------------------------------------------------
-
-_MONOTONE_KEYS: dict[str, Callable[[Offer, Ledger, PolicyConfig], Callable[[Bid], Keyed]]] = {}
-"""Policies whose sort key of a bid can only grow while a batch is cleared (a grant raises the
-winner's attained service, never lowers anyone's): their batches clear with one key per bid and a
-lazily re-checked heap instead of ranking every bid again for every window."""
-
-_SCORES: dict[str, Callable[[Keyed], float]] = {
-    "efficiency": lambda k: -k[0][0],
-    "fair": lambda k: k[0][0],
-    "sla": lambda k: k[0][0] if math.isfinite(k[0][0]) else -1.0,
-}
-
-
-def _efficiency_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
-    def key(b: Bid) -> Keyed:
-        cand = _best_candidate(offer, b.proposal, cfg.horizon_s)
-        v = efficiency_value(offer, cand, cfg.horizon_s)
-        return (-v, b.proposal.submitted_at), cand, f"efficiency {v:.3f} (size {cand.size})"
-
-    return key
-
-
-def _fair_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
-    def key(b: Bid) -> Keyed:
-        p = b.proposal
-        cand = _best_candidate(offer, p, cfg.horizon_s)
-        norm = ledger.normalized(p.tenant)
-        job = ledger.job_attained.get(p.job_id, 0.0)
-        why = (
-            f"tenant {p.tenant} attained {ledger.tenant_attained.get(p.tenant, 0.0):.2f} GPU-s"
-            f" / share {ledger.share(p.tenant):g} = {norm:.2f}"
-        )
-        return (norm, job, p.submitted_at), cand, why
-
-    return key
-
-
-def _sla_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
-    now = offer.issued_at
-
-    def key(b: Bid) -> Keyed:
-        p = b.proposal
-        cand = _best_candidate(offer, p, cfg.horizon_s)
-        if p.deadline_at is None:
-            return (math.inf, p.submitted_at), cand, "no deadline"
-        slack = p.deadline_at - now - p.expected_remaining_s
-        return (slack, p.submitted_at), cand, f"slack {slack:.1f}s"
-
-    return key
-
-
-_MONOTONE_KEYS.update(efficiency=_efficiency_key, fair=_fair_key, sla=_sla_key)
 
 
 def _shape(offer: Offer, horizon_s: float) -> tuple[object, ...]:
