@@ -76,7 +76,7 @@ from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 from sja.client import SjaClient
-from sja.core import leases
+from sja.execution import slicelease
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, JobSpec, JobState, MemoryDecl, Subjob, TimeDecl
 from sja.stack import LocalStack, ServiceProc
@@ -306,42 +306,21 @@ class InstantExecutor:
         sj = decode(msg.data, Subjob)
         self.received.append(time.perf_counter())
         self.grant_ids.add(sj.grant_id)
-        got = await self.slices.get(sj.slice_id)
         now = time.time()
-        current, rev = got if got is not None else (None, 0)
-        verdict = leases.admit(current, grant_id=sj.grant_id, fence=sj.fence, known=current is not None)
-        if verdict != "run" or current is None:
-            self.lost += 1
-            await self.complete(sj, "lost", now, b"", verdict)
-            await msg.ack()
-            return
-        started = leases.start(
-            current,
-            grant_id=sj.grant_id,
-            fence=sj.fence,
-            now=now,
-            time_cap_s=sj.time_cap_s,
-            expected_s=sj.planned_duration_q_s,
-            grace_s=2.0,
-        )
-        if await self.slices.cas(sj.slice_id, started, rev) is None:
+        admitted = await slicelease.start(self.slices, sj, known=True, grace_s=2.0, now=now)
+        if admitted.verdict == "moved":
             await msg.nak(delay=0.05)
+            return
+        if admitted.verdict != "run":
+            self.lost += 1
+            await self.complete(sj, "lost", now, b"", admitted.verdict)
+            await msg.ack()
             return
         w = workload(sj.workload)
         output = w.run(w.validate(dict(sj.params)), sj.unit_start, sj.units, sj.input_checkpoint)
         await self.complete(sj, "ok", now, output, "")
-        for _ in range(10):
-            got = await self.slices.get(sj.slice_id)
-            if got is None:
-                break
-            cur, rev = got
-            try:
-                freed = leases.release(cur, grant_id=sj.grant_id, fence=sj.fence, now=time.time())
-            except leases.LeaseConflict:
-                break
-            if await self.slices.cas(sj.slice_id, freed, rev) is not None:
-                self.freed.append((sj.slice_id, time.time()))
-                break
+        if await slicelease.free(self.slices, sj, admitted.held):
+            self.freed.append((sj.slice_id, time.time()))
         await msg.ack()
         self.ran += 1
         self.units_run += sj.units
@@ -527,10 +506,37 @@ async def run(
     done = [s for s in states if s.status == "done"]
     wrong = [s.job_id for s in done if s.result != run_in_one_piece(s.spec.workload, s.spec.params)]
     all_rounds = [r for r in rounds if wall_start <= r.cleared_at <= wall_end]
+    if os.environ.get("SJA_BENCH_DEBUG"):
+        import collections
+        by_batch = collections.defaultdict(list)
+        for r in all_rounds:
+            by_batch[r.batch_id or r.offer_id].append(r)
+        stats = collections.Counter()
+        for recs in by_batch.values():
+            offers = len(recs)
+            won = sum(1 for r in recs if r.grant_id)
+            reasons = collections.Counter(v.reason.split(":")[0][:30] for r in recs for v in r.verdicts if not v.won)
+            bids = max((r.bids for r in recs), default=0)
+            stats["batches"] += 1
+            stats["offers"] += offers
+            stats["won"] += won
+            stats["bids_max"] += bids
+            for k, v in reasons.items():
+                stats["why:" + k] += v
+            if won < offers:
+                stats["batches_with_unwon"] += 1
+                stats["unwon_offers"] += offers - won
+                stats["unwon_bids_sum"] += bids
+        print("DEBUG", dict(stats), file=sys.stderr)
     reasons: dict[str, int] = {}
     for r in all_rounds:
         if not r.grant_id:
-            why = r.note or ("no bids" if not r.verdicts else r.verdicts[0].reason)
+            if r.note or r.verdicts:
+                why = r.note or r.verdicts[0].reason
+            else:
+                # Losers' verdicts are on the last offer of their group: a bare record had bids
+                # that all won (or lost) elsewhere in the batch, or none.
+                why = "every bid placed elsewhere" if r.bids else "no bids"
             why = why.split(":")[0] if why.startswith("excluded") else why[:60]
             reasons[why] = reasons.get(why, 0) + 1
     batch_sizes: dict[str, int] = {}

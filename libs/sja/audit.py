@@ -12,12 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.client import Client
-from nats.js.api import DeliverPolicy
 
-from sja.bus.codec import decode
 from sja.bus.connection import connect
+from sja.bus.rounds import iter_rounds
 from sja.client import SjaClient
-from sja.protocol import subjects
 from sja.protocol.messages import JobSpec, JobState, RoundRecord
 from sja.workloads import run_in_one_piece
 
@@ -101,26 +99,8 @@ async def read_rounds(target: str | Client, timeout_s: float = 10.0) -> list[Rou
     """Every round record in ``SJA_ROUNDS`` (``target``: a NATS URL or a connection)."""
     nc = await connect(target, "sja-audit") if isinstance(target, str) else target
     js = nc.jetstream()
-    out: list[RoundRecord] = []
     try:
-        info = await js.stream_info(subjects.STREAM_ROUNDS.name)
-        if not info.state.messages:
-            return out
-        sub = await js.subscribe(
-            f"{subjects.PREFIX}.round.cleared.>",
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-            pending_msgs_limit=10_000_000,
-        )
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=timeout_s)
-                out.append(decode(msg.data, RoundRecord))
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
-        return out
+        return [rec async for rec in iter_rounds(js, timeout_s=timeout_s, strict=True)]
     finally:
         if isinstance(target, str):
             await nc.close()

@@ -11,15 +11,17 @@ import logging
 import time
 import uuid
 
+from nats.aio.msg import Msg
 from opentelemetry import trace
 
+from sja.bus.codec import decode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.tracing import publish
 from sja.bus.watch import KvView
 from sja.core.windows import OfferPacer, WindowRequest, find_windows
 from sja.protocol import subjects
-from sja.protocol.messages import MAX_BATCH_OFFERS, Offer, OfferBatch, SliceState, Window
+from sja.protocol.messages import MAX_BATCH_OFFERS, DemandChanged, Offer, OfferBatch, SliceState, Window
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.advertiser")
@@ -55,8 +57,12 @@ class AdvertiserService(Service):
         self.view: KvView[SliceState] | None = None
         self.round = 0
         self.offers_published = 0
-        self.pacer = OfferPacer(settings.reoffer_min_s, settings.reoffer_max_s)
+        self.pacer = OfferPacer(
+            settings.reoffer_min_s, settings.reoffer_max_s, floor_s=settings.reply_window_s
+        )
         self._wake = asyncio.Event()
+        self.free: set[str] = set()
+        """Slices (of this replica's pools) whose last known state is free."""
         self.m_offers = self.metrics.counter(
             "sja_offers", "Offers published (each opens one round).", unit="{offer}"
         )
@@ -73,15 +79,19 @@ class AdvertiserService(Service):
         if self.view is not None:
             await self.view.stop()
 
-    async def _demand_changed(self, msg: object) -> None:
-        """New work arrived: unclaimed windows are offered again without waiting for their backoff
-        (at most once per ``reoffer_min_s``, so a burst of submissions is one burst of offers)."""
-        self.pacer.demand_changed()
+    async def _demand_changed(self, msg: Msg) -> None:
+        """Jobs can take more work: as many waiting windows as they can take are offered again at
+        once (see ``OfferPacer``)."""
+        demand = decode(msg.data, DemandChanged)
+        self.pacer.demand_changed(demand.ready)
         self._wake.set()
 
     async def _changed(self, key: str, value: SliceState | None, revision: int) -> None:
-        if value is not None and value.status == "free":
+        if value is not None and value.status == "free" and self._mine(value):
+            self.free.add(key)
             self._wake.set()
+        else:
+            self.free.discard(key)
 
     def _mine(self, s: SliceState) -> bool:
         return not self.pools or s.pool in self.pools
@@ -102,7 +112,10 @@ class AdvertiserService(Service):
         """Offer every free window that is new (slice just freed: its fence changed) or due again,
         one batch per pool."""
         assert self.view is not None
-        slices = {s.slice_id: s for s in self.view.values() if self._mine(s)}
+        # Only free slices give windows now (kept by the watch: a pass costs the free slices, not
+        # all of them).
+        entries = self.view.entries
+        slices = {k: entries[k][0] for k in sorted(self.free) if k in entries}
         windows = find_windows(
             slices.values(), WindowRequest(now=now, horizon_s=self.cfg.horizon_s, open_ended=True)
         )
@@ -137,6 +150,7 @@ class AdvertiserService(Service):
                     issued_at=now,
                     reply_by=reply_by,
                     reply_to=reply_to,
+                    slice_state=s,
                 )
             )
         with tracer.start_as_current_span(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from sja.bus.codec import DecodeError, decode, encode
@@ -20,7 +21,17 @@ from sja.bus.settings import BaseSettings
 from sja.bus.tracing import extract, inject, publish
 from sja.core import jobs as J
 from sja.core import leases
+from sja.core.bidbook import BidBook
 from sja.core.planner import PlanLimits
+from sja.core.policies import (
+    BID_ORDERS,
+    POLICIES,
+    PolicyConfig,
+    bid_for,
+    likely_winners,
+    shortlist,
+    shortlist_size,
+)
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
@@ -46,6 +57,10 @@ tracer = trace.get_tracer("sja.agent")
 
 JOBS_CONSUMER = "agents"
 PLAN_CACHE_LIMIT = 200_000
+BIDDING_TIMEOUT_S = 1.0
+"""How long a job likely to win in a batch sits out later batches when no outcome comes."""
+MAX_POOLS = 10_000
+"""Pools whose policy an agent remembers (bounded against outcomes naming made-up pools)."""
 
 
 class AgentSettings(BaseSettings, frozen=True, kw_only=True):
@@ -58,6 +73,9 @@ class AgentSettings(BaseSettings, frozen=True, kw_only=True):
     """The clearers' lease (``SJA_LEASE_S``): a subjob with no completion two leases past its time
     cap, whose slice moved on, is given up (``reap``)."""
     reap_every_s: float = 1.0
+    demand_coalesce_s: float = 0.005
+    """Jobs that became able to take a window (claimed, or a subjob done) are announced to the
+    advertisers (``DemandChanged.ready``) after this pause, so a burst is one message."""
 
 
 class AgentService(Service):
@@ -74,7 +92,21 @@ class AgentService(Service):
         )
         self.owned: dict[str, tuple[JobState, int]] = {}
         self._plans: dict[tuple[object, ...], Proposal | None] = {}
+        self.policy_config = PolicyConfig(horizon_s=settings.horizon_s)
+        self.policy_of: dict[str, str] = {}
+        """pool -> the policy its clearer clears with, as the last outcome from it said."""
+        self._bidding: dict[str, tuple[float, list[str]]] = {}
+        """Batches answered and not yet cleared: key -> (when, the jobs likely to win there)."""
+        self._likely: dict[str, int] = {}
+        """job id -> open batches where it is likely to win (it sits out the batches meanwhile)."""
+        self.books: dict[str, BidBook] = {}
+        """policy -> this agent's jobs ranked by the policy's bid order (static orders only)."""
         self.locks: dict[str, asyncio.Lock] = {}
+        self._granted: dict[str, int] = {}
+        """job id -> grants received and still being materialized (the job bids no more meanwhile)."""
+        self._ready_new = 0
+        """Windows this agent's jobs became able to take since the last ``DemandChanged``."""
+        self._demand = asyncio.Event()
         self.m_subjobs = self.metrics.counter(
             "sja_subjobs",
             "Subjob outcomes folded into their jobs, by status (ok, oom, timeout, failed, cancelled, lost).",
@@ -118,6 +150,7 @@ class AgentService(Service):
         self.loop(self._pull_forever(self._jobs_sub, self.on_submitted, batch=16))
         self.loop(self._pull_forever(self._done_sub, self.on_completed, batch=64))
         self.loop(self._heartbeat_forever())
+        self.loop(self._demand_forever())
         self.loop(self._reap_forever())
         self.loop(
             watch_consumers(
@@ -140,7 +173,7 @@ class AgentService(Service):
         for state, rev in await self.jobs.all():
             assert isinstance(state, JobState)
             if state.owner_agent == self.agent_id and not J.is_terminal(state):
-                self.owned[state.job_id] = (state, rev)
+                self._own(state, rev)
         if self.owned:
             log.info("recovered %d jobs", len(self.owned))
 
@@ -156,13 +189,17 @@ class AgentService(Service):
                 log.warning("fetch failed: %s", e)
                 await asyncio.sleep(0.2)
                 continue
-            for msg in msgs:
-                try:
-                    await handler(msg)  # type: ignore[misc]
-                except Exception:
-                    log.exception("handling %s failed", msg.subject)
-                    with contextlib.suppress(Exception):
-                        await msg.nak(delay=1.0)
+            # A fetched batch is handled concurrently (each job's messages still in order: they
+            # take the job's lock in turn), so one slow write does not hold up the others.
+            await asyncio.gather(*(self._handle_pulled(handler, msg) for msg in msgs))
+
+    async def _handle_pulled(self, handler: Callable[[Msg], object], msg: Msg) -> None:
+        try:
+            await handler(msg)  # type: ignore[misc]
+        except Exception:
+            log.exception("handling %s failed", msg.subject)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
 
     async def _reap_forever(self) -> None:
         while True:
@@ -213,6 +250,7 @@ class AgentService(Service):
                     log.warning("subjob %s of %s given up: %s", c.subjob_id, job_id, c.error)
                     self._record_completion(c, f, workload)
                     reaped += 1
+                self.ready(len(made))
         return reaped
 
     async def _heartbeat_forever(self) -> None:
@@ -226,6 +264,24 @@ class AgentService(Service):
             with contextlib.suppress(Exception):
                 await self.bus.publish(subjects.AGENT_HEARTBEAT, encode(hb))
             await asyncio.sleep(self.cfg.heartbeat_s)
+
+    def ready(self, windows: int) -> None:
+        """Jobs here can take ``windows`` more windows: tell the advertisers (coalesced)."""
+        if windows > 0:
+            self._ready_new += windows
+            self._demand.set()
+
+    async def _demand_forever(self) -> None:
+        while True:
+            await self._demand.wait()
+            await asyncio.sleep(self.cfg.demand_coalesce_s)
+            self._demand.clear()
+            n, self._ready_new = self._ready_new, 0
+            if n <= 0:
+                continue
+            demand = DemandChanged(agent_id=self.agent_id, jobs=len(self.owned), ready=min(n, 1_000_000))
+            with contextlib.suppress(Exception):
+                await self.bus.publish(subjects.DEMAND_CHANGED, encode(demand))
 
     def lock(self, job_id: str) -> asyncio.Lock:
         return self.locks.setdefault(job_id, asyncio.Lock())
@@ -246,17 +302,32 @@ class AgentService(Service):
                 return new
             got = await self.jobs.get(job_id)
             if got is None:
-                self.owned.pop(job_id, None)
+                self._disown(job_id)
                 return None
-            self.owned[job_id] = got
+            self._own(*got)
         raise RuntimeError(f"could not update job {job_id}: too much contention")
 
     def _remember(self, state: JobState, rev: int) -> None:
         if J.is_terminal(state):
-            self.owned.pop(state.job_id, None)
+            self._disown(state.job_id)
             self.locks.pop(state.job_id, None)
         else:
-            self.owned[state.job_id] = (state, rev)
+            self._own(state, rev)
+
+    def _own(self, state: JobState, rev: int) -> None:
+        self.owned[state.job_id] = (state, rev)
+        self._changed(state.job_id)
+
+    def _changed(self, job_id: str) -> None:
+        """The job's bid may have changed: the books rank it again."""
+        if job_id in self.owned:
+            for book in self.books.values():
+                book.mark(job_id)
+
+    def _disown(self, job_id: str) -> None:
+        self.owned.pop(job_id, None)
+        for book in self.books.values():
+            book.drop(job_id)
 
     # --- handlers ----------------------------------------------------------------------------------
 
@@ -286,10 +357,7 @@ class AgentService(Service):
                 new_rev = await self.jobs.cas(state.job_id, claimed, rev)
                 if new_rev is not None:
                     self._remember(claimed, new_rev)
-                    await self.bus.publish(
-                        subjects.DEMAND_CHANGED,
-                        encode(DemandChanged(agent_id=self.agent_id, jobs=len(self.owned))),
-                    )
+                    self.ready(claimed.spec.max_parallel)
                     log.info(
                         "claimed job %s (%s, %d units)",
                         state.job_id,
@@ -322,8 +390,10 @@ class AgentService(Service):
                 "sja.agent": self.agent_id,
             },
         ) as span:
+            self._expire_bidding(now)
             if batch is None:
-                proposals = self.proposals_for(offers[0], now)
+                proposals = self.proposals_for(offers[0], now, 1)
+                self._bid(offers[0].offer_id, now, [(offers[0], 1, proposals)])
                 span.set_attribute("sja.proposals", len(proposals))
                 span.set_attribute("sja.job_ids", ",".join(p.job_id for p in proposals[:64]))
                 reply = Reply(offer_id=offers[0].offer_id, agent_id=self.agent_id, proposals=proposals)
@@ -334,15 +404,54 @@ class AgentService(Service):
             for o in offers:
                 groups.setdefault(self.shape(o, now), []).append(o)
             out = []
+            sent: list[tuple[Offer, int, list[Proposal]]] = []
             n = 0
             for like in groups.values():
-                proposals = self.proposals_for(like[0], now)
+                proposals = self.proposals_for(like[0], now, len(like))
                 n += len(proposals)
                 out.append(ReplyGroup(offer_ids=[o.offer_id for o in like], proposals=proposals))
+                sent.append((like[0], len(like), proposals))
+            self._bid(batch.batch_id, now, sent)
             span.set_attribute("sja.proposals", n)
             await publish(
                 self.bus, reply_to, BatchReply(batch_id=batch.batch_id, agent_id=self.agent_id, groups=out)
             )
+
+    def _bid(self, key: str, now: float, sent: list[tuple[Offer, int, list[Proposal]]]) -> None:
+        """Remember the jobs likely to win in the batch just answered (``policies.likely_winners``)
+        until its outcome comes."""
+        likely: list[str] = []
+        for offer, like, proposals in sent:
+            policy = self.policy_of.get(offer.window.pool, "")
+            if policy and proposals:
+                likely.extend(likely_winners(policy, offer, proposals, like, self.policy_config))
+        if not likely:
+            return
+        self._bidding[key] = (now, likely)
+        for job_id in likely:
+            self._likely[job_id] = self._likely.get(job_id, 0) + 1
+            self._changed(job_id)
+
+    def _cleared(self, key: str) -> None:
+        """A batch's outcome came: its likely winners bid again (the winners hold grants now)."""
+        got = self._bidding.pop(key, None)
+        if got is None:
+            return
+        for job_id in got[1]:
+            left = self._likely.get(job_id, 1) - 1
+            if left > 0:
+                self._likely[job_id] = left
+            else:
+                self._likely.pop(job_id, None)
+            self._changed(job_id)
+
+    def _expire_bidding(self, now: float) -> None:
+        """Batches whose outcome never came (lost, or not for this agent) stop holding jobs back."""
+        while self._bidding:
+            key, (at, _) = next(iter(self._bidding.items()))
+            if now - at < BIDDING_TIMEOUT_S:
+                break
+            self._cleared(key)
 
     def shape(self, offer: Offer, now: float) -> tuple[object, ...]:
         """What a job's answer to an offer depends on besides the job's state: the slice's kind and
@@ -351,10 +460,15 @@ class AgentService(Service):
         length = (w.end_s - w.start_s) if w.end_s is not None else self.limits.horizon_s
         return (w.profile, w.mem_mib, w.compute_share, round(length, 3))
 
-    def proposals_for(self, offer: Offer, now: float) -> list[Proposal]:
-        """Every owned job's proposal for an offer. A job's answer depends only on its state and
-        the window's shape, so it is memoized per (job state revision, window shape): offers of
-        like slices cost one planning per job state, not one per offer.
+    def proposals_for(self, offer: Offer, now: float, like_offers: int = 1) -> list[Proposal]:
+        """The proposals this agent sends for ``like_offers`` windows shaped like ``offer``: once the
+        pool's policy is known (from its clearer's outcomes), only the bids that could win one of
+        them (``policies.shortlist``), else every owned job's proposal.
+
+        A job's answer depends only on its state and the window's shape, so it is memoized per
+        (job state revision, window shape): offers of like slices cost one planning per job state,
+        not one per offer; and under a policy whose bid order does not depend on time the jobs
+        stay ranked between batches (``BidBook``), so a batch costs the jobs that changed since.
 
         The answer is for the window as offered (planned from its start, not from the moment the
         offer arrived, so that it does not change with the offer's delay). Materialization
@@ -364,27 +478,67 @@ class AgentService(Service):
         plan_now = min(now, offer.window.start_s)
         if len(self._plans) > PLAN_CACHE_LIMIT:
             self._plans.clear()
-        out: list[Proposal] = []
-        for job_id, (state, rev) in list(self.owned.items()):
-            key = (job_id, rev, shape)
+
+        policy = self.policy_of.get(offer.window.pool, "")
+
+        def proposal_of(job_id: str) -> Proposal | None:
+            got = self.owned.get(job_id)
+            if got is None:
+                return None
+            state, rev = got
+            key = (job_id, rev, shape, policy)
             if key in self._plans:
                 p = self._plans[key]
             else:
                 p = J.propose(state, offer, plan_now, self.limits)
+                if p is not None and policy:
+                    p = bid_for(policy, offer, p, self.policy_config)
                 self._plans[key] = p
-            if p is not None:
-                out.append(p)
-        return out
+            if p is not None and (self._granted.get(job_id, 0) >= p.capacity or job_id in self._likely):
+                # Its grants in hand use up what it can take, or it is likely to win in a batch
+                # still being cleared (a bid the clearer would leave out, taking a better one's place).
+                return None
+            return p
+
+        order = BID_ORDERS.get(policy)
+        if order is not None and order.static:
+            book = self.books.get(policy)
+            if book is None:
+                book = self.books[policy] = BidBook(order, self.policy_config)
+                for job_id in self.owned:
+                    book.mark(job_id)
+            return book.best(shape, offer, shortlist_size(like_offers), proposal_of)
+        out = [p for p in map(proposal_of, list(self.owned)) if p is not None]
+        return shortlist(policy, offer, out, like_offers, self.policy_config) if policy else out
 
     async def on_outcome(self, msg: Msg) -> None:
         outcome = decode(msg.data, Outcome)
-        for v in outcome.verdicts:
-            if not v.won:
-                log.debug("job %s lost offer %s: %s", v.job_id, outcome.offer_id, v.reason)
+        if outcome.pool and outcome.policy in POLICIES:
+            if outcome.pool not in self.policy_of and len(self.policy_of) >= MAX_POOLS:
+                self.policy_of.clear()
+            self.policy_of[outcome.pool] = outcome.policy
+        self._cleared(outcome.offer_id)
+        if log.isEnabledFor(logging.DEBUG):
+            for v in outcome.verdicts:
+                if not v.won:
+                    log.debug("job %s lost offer %s: %s", v.job_id, outcome.offer_id, v.reason)
 
     async def on_grant(self, msg: Msg) -> None:
         grant = decode(msg.data, Grant)
-        ctx = extract(msg)
+        job_id = grant.job_id
+        self._granted[job_id] = self._granted.get(job_id, 0) + 1
+        self._changed(job_id)
+        try:
+            await self._materialize(grant, extract(msg))
+        finally:
+            left = self._granted.get(job_id, 1) - 1
+            if left > 0:
+                self._granted[job_id] = left
+            else:
+                self._granted.pop(job_id, None)
+            self._changed(job_id)
+
+    async def _materialize(self, grant: Grant, ctx: otel_context.Context) -> None:
         async with self.lock(grant.job_id):
             with tracer.start_as_current_span(
                 "sja.materialize",
@@ -523,6 +677,8 @@ class AgentService(Service):
                     span.set_attribute("sja.applied", bool(applied and applied[0]))
                     if applied and applied[0]:
                         self._record_completion(c, planned[0] if planned else None, workload)
+                        if state is not None and J.can_take_more(state):
+                            self.ready(1)
                     if state is not None and J.is_terminal(state):
                         log.info("job %s %s after %d subjobs", c.job_id, state.status, state.next_seq)
         await msg.ack()

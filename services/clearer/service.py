@@ -5,7 +5,6 @@ round record per offer. A lone ``Offer`` is a batch of one."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -13,11 +12,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.codec import decode, encode
+from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.tracing import extract, inject, publish, trace_id_hex
@@ -34,6 +33,7 @@ from sja.protocol.messages import (
     OfferBatch,
     Outcome,
     Reply,
+    RoundBatch,
     RoundRecord,
     SliceState,
     Verdict,
@@ -47,6 +47,8 @@ tracer = trace.get_tracer("sja.clearer")
 MAX_EARLY_REPLIES = 4096
 """Replies that overtook their offer are kept (one per round and agent) until the reply window
 has passed; bounded so a flood cannot grow memory."""
+RECORDS_PER_MESSAGE = 128
+"""Round records per ``SJA_ROUNDS`` message (a batch's records, split so a message stays small)."""
 MAX_CLOSED_REMEMBERED = 20_000
 """Rounds recently closed: a reply that arrives after its round closed is dropped, not taken for
 one that overtook its offer."""
@@ -89,6 +91,8 @@ class OpenRound:
     replies: dict[str, Reply | BatchReply] = field(default_factory=dict)
     closed: bool = False
     timer: asyncio.TimerHandle | None = None
+    policy: str = ""
+    """The policy it was cleared with."""
 
     def bids(self) -> dict[str, list[Bid]]:
         """offer id -> its bids. Offers with the same contributing reply groups share one list, so
@@ -210,34 +214,14 @@ class ClearerService(Service):
 
     async def replay_ledger(self) -> None:
         """Rebuild attained service from the durable round records, so a restart keeps fairness."""
-        js = self.jetstream
-        info = await js.stream_info(subjects.STREAM_ROUNDS.name)
-        if not info.state.messages:
-            return
-        sub = await js.subscribe(
-            f"{subjects.PREFIX}.round.cleared.>",
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
         n = 0
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=2.0)
-                except TimeoutError:
-                    break
-                with contextlib.suppress(DecodeError):
-                    rec = decode(msg.data, RoundRecord)
-                    if rec.winner_job and (not self.pools or rec.window.pool in self.pools):
-                        tenant = next((v.tenant for v in rec.verdicts if v.won), "")
-                        self.ledger.charge(tenant, rec.winner_job, rec.charged_gpu_s)
-                        self.ledger.record_grant(rec.winner_job, rec.cleared_at + self.cfg.lease_s)
-                        self.ledger.spend(tenant, min(rec.price, self.ledger.budget(tenant)))
-                n += 1
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
+        async for rec in iter_rounds(self.jetstream):
+            if rec.winner_job and (not self.pools or rec.window.pool in self.pools):
+                tenant = next((v.tenant for v in rec.verdicts if v.won), "")
+                self.ledger.charge(tenant, rec.winner_job, rec.charged_gpu_s)
+                self.ledger.record_grant(rec.winner_job, rec.cleared_at + self.cfg.lease_s)
+                self.ledger.spend(tenant, min(rec.price, self.ledger.budget(tenant)))
+            n += 1
         log.info("ledger rebuilt from %d round records", n)
 
     async def on_heartbeat(self, msg: Msg) -> None:
@@ -321,7 +305,7 @@ class ClearerService(Service):
         while len(self.closed) > MAX_CLOSED_REMEMBERED:
             self.closed.pop(next(iter(self.closed)))
         bids = rnd.bids()
-        policy = self.policy
+        policy = rnd.policy = self.policy
         decisions = clear_batch(
             policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config
         )
@@ -347,7 +331,8 @@ class ClearerService(Service):
                     for o, d, gid, until in planned
                 )
             )
-            await self._send_outcomes(rnd, [v for vs in results for v in vs])
+            await self._publish_records(rnd, [rec for rec, _ in results])
+            await self._send_outcomes(rnd, [v for _, vs in results for v in vs])
         finally:
             otel_context.detach(token)
             for o in rnd.offers:
@@ -374,9 +359,9 @@ class ClearerService(Service):
         lease_until: float,
         bids: list[Bid],
         because: str,
-    ) -> list[Verdict]:
-        """One offer of the batch: take the slice for its winner, publish the grant and the round's
-        record. Returns the round's verdicts (for the agents' outcomes)."""
+    ) -> tuple[RoundRecord, list[Verdict]]:
+        """One offer of the batch: take the slice for its winner and publish the grant. Returns the
+        round's record (published with the batch's) and its verdicts (for the agents' outcomes)."""
         with tracer.start_as_current_span(
             "sja.clear",
             kind=trace.SpanKind.CONSUMER,
@@ -395,13 +380,14 @@ class ClearerService(Service):
                 grant, note = await self._grant(offer, decision, grant_id, lease_until)
                 if grant is None:
                     self._charge(offer, decision, lease_until, sign=-1.0)
-            span.set_attribute("sja.winner", grant.job_id if grant else "")
-            span.set_attribute(
-                "sja.reason", "; ".join(f"{v.job_id}: {v.reason}" for v in decision.verdicts[:16])
-            )
-            if note:
-                span.set_attribute("sja.note", note)
-            verdicts = await self._record(rnd, offer, decision, grant, note, because, len(bids))
+            if span.is_recording():
+                span.set_attribute("sja.winner", grant.job_id if grant else "")
+                span.set_attribute(
+                    "sja.reason", "; ".join(f"{v.job_id}: {v.reason}" for v in decision.verdicts[:16])
+                )
+                if note:
+                    span.set_attribute("sja.note", note)
+            record = self._record(rnd, offer, decision, grant, note, because, len(bids))
         self.cleared += 1
         if grant is not None:
             outcome = "granted"
@@ -410,7 +396,7 @@ class ClearerService(Service):
         else:
             outcome = "no_winner" if bids else "no_bids"
         self.m_rounds.add(1, pool=offer.window.pool, policy=decision.policy, outcome=outcome)
-        return verdicts
+        return record, record.verdicts
 
     async def _grant(
         self, offer: Offer, decision: Decision, grant_id: str, lease_until: float
@@ -429,26 +415,40 @@ class ClearerService(Service):
                 "sja.size": decision.candidate.size,
             },
         ) as span:
-            got = await self.slices.get(offer.window.slice_id)
-            if got is None:
-                return None, "slice vanished"
-            current, rev = got
-            assert isinstance(current, SliceState)
-            try:
-                leased = leases.grant(
-                    current,
-                    offered_fence=offer.slice_fence,
-                    job_id=win.proposal.job_id,
-                    grant_id=grant_id,
-                    now=now,
-                    lease_s=self.cfg.lease_s,
-                )
-            except leases.LeaseConflict as e:
-                span.set_attribute("sja.note", str(e))
-                return None, f"not granted: {e}"
-            if await self.slices.cas(current.slice_id, leased, rev) is None:
-                span.set_attribute("sja.note", "lost the compare-and-set")
-                return None, "not granted: slice changed while clearing"
+            # The offer carries the slice as offered: one compare-and-set against that revision,
+            # and a read only when the slice changed since (a stale offer, or a touched entry).
+            snap, w = offer.slice_state, offer.window
+            fast = (
+                snap is not None
+                and offer.slice_revision > 0
+                and snap.slice_id == offer.window.slice_id
+                and snap.status == "free"
+                and snap.fence == offer.slice_fence
+                and (snap.node, snap.pool, snap.profile, snap.mem_mib, snap.compute_share)
+                == (w.node, w.pool, w.profile, w.mem_mib, w.compute_share)
+            )
+            leased: SliceState | None = None
+            new_rev: int | None = None
+            if fast:
+                assert snap is not None
+                leased = self._lease(snap, offer, win.proposal.job_id, grant_id, now)
+                new_rev = await self.slices.cas(snap.slice_id, leased, offer.slice_revision)
+            if new_rev is None:
+                got = await self.slices.get(offer.window.slice_id)
+                if got is None:
+                    return None, "slice vanished"
+                current, rev = got
+                assert isinstance(current, SliceState)
+                try:
+                    leased = self._lease(current, offer, win.proposal.job_id, grant_id, now)
+                except leases.LeaseConflict as e:
+                    span.set_attribute("sja.note", str(e))
+                    return None, f"not granted: {e}"
+                new_rev = await self.slices.cas(current.slice_id, leased, rev)
+                if new_rev is None:
+                    span.set_attribute("sja.note", "lost the compare-and-set")
+                    return None, "not granted: slice changed while clearing"
+            assert leased is not None
             span.set_attribute("sja.fence", leased.fence)
             grant = Grant(
                 grant_id=grant_id,
@@ -463,6 +463,8 @@ class ClearerService(Service):
                 lease_until=leased.lease_until,
                 policy=decision.policy,
                 granted_at=now,
+                slice_revision=new_rev,
+                slice_state=leased,
             )
             self.grants += 1
             await publish(self.bus, subjects.grant_issued(win.agent_id), grant)
@@ -472,15 +474,28 @@ class ClearerService(Service):
             self.m_offer_to_grant.record(max(0.0, time.time() - offer.issued_at), **labels)
             return grant, ""
 
+    def _lease(self, current: SliceState, offer: Offer, job_id: str, grant_id: str, now: float) -> SliceState:
+        return leases.grant(
+            current,
+            offered_fence=offer.slice_fence,
+            job_id=job_id,
+            grant_id=grant_id,
+            now=now,
+            lease_s=self.cfg.lease_s,
+        )
+
     async def _send_outcomes(self, rnd: OpenRound, verdicts: list[Verdict]) -> None:
         """One outcome per agent per batch: what happened to each of its jobs' bids."""
         by_agent: dict[str, list[Verdict]] = {}
         for v in verdicts:
             by_agent.setdefault(v.agent_id, []).append(v)
         for agent_id, vs in sorted(by_agent.items()):
-            await publish(self.bus, subjects.outcome_sent(agent_id), Outcome(offer_id=rnd.key, verdicts=vs))
+            outcome = Outcome(
+                offer_id=rnd.key, verdicts=vs, pool=rnd.offers[0].window.pool, policy=rnd.policy
+            )
+            await publish(self.bus, subjects.outcome_sent(agent_id), outcome)
 
-    async def _record(
+    def _record(
         self,
         rnd: OpenRound,
         offer: Offer,
@@ -489,7 +504,7 @@ class ClearerService(Service):
         note: str,
         because: str,
         bids: int,
-    ) -> list[Verdict]:
+    ) -> RoundRecord:
         verdicts = list(decision.verdicts)
         if grant is None and decision.winner is not None:
             verdicts = [
@@ -515,12 +530,23 @@ class ClearerService(Service):
             batch_id=rnd.key if len(rnd.offers) > 1 else "",
             bids=bids,
         )
-        await self.jetstream.publish(
-            subjects.round_cleared(offer.window.pool),
-            encode(record),
-            headers=inject({"Nats-Msg-Id": offer.offer_id}),
-        )
-        return verdicts
+        return record
+
+    async def _publish_records(self, rnd: OpenRound, records: list[RoundRecord]) -> None:
+        """The batch's round records, in one ``SJA_ROUNDS`` message per ``RECORDS_PER_MESSAGE``
+        (a lone offer's record on its own), de-duplicated by batch (or offer) id."""
+        pool = rnd.offers[0].window.pool
+        if len(rnd.offers) == 1 and rnd.key == rnd.offers[0].offer_id:
+            parts: list[tuple[str, RoundRecord | RoundBatch]] = [(rnd.key, records[0])]
+        else:
+            parts = [
+                (f"{rnd.key}:{i}", RoundBatch(batch_id=rnd.key, records=records[i : i + RECORDS_PER_MESSAGE]))
+                for i in range(0, len(records), RECORDS_PER_MESSAGE)
+            ]
+        for msg_id, payload in parts:
+            await self.jetstream.publish(
+                subjects.round_cleared(pool), encode(payload), headers=inject({"Nats-Msg-Id": msg_id})
+            )
 
 
 def parse_shares(text: str, allow_zero: bool = False) -> dict[str, float]:

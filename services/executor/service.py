@@ -27,7 +27,7 @@ from opentelemetry import propagate, trace
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
-from sja.core import leases
+from sja.execution import slicelease
 from sja.execution.actor import (
     NODE_SHARE,
     SliceActor,
@@ -198,34 +198,21 @@ class ExecutorService(Service):
 
     async def _handle(self, msg: Msg, sj: Subjob) -> None:
         assert self.slices is not None
-        got = await self.slices.get(sj.slice_id)
-        now = time.time()
-        current, rev = got if got is not None else (None, 0)
         if sj.subjob_id in self.running:
             # Delivered again while it runs here (ack wait passed, or a replay): not a lost run.
             await msg.in_progress()
             return
-        verdict = leases.admit(
-            current, grant_id=sj.grant_id, fence=sj.fence, known=sj.slice_id in self.actors
+        admitted = await slicelease.start(
+            self.slices, sj, known=sj.slice_id in self.actors, grace_s=self.cfg.grace_s
         )
-        if verdict != "run":
-            await self._complete(sj, _lost(now, LOST_BECAUSE[verdict]), {})
-            if verdict == "interrupted":
+        if admitted.verdict == "moved":
+            await msg.nak(delay=0.05)  # the slice moved under us; look again
+            return
+        if admitted.verdict != "run":
+            await self._complete(sj, _lost(time.time(), LOST_BECAUSE[admitted.verdict]), {})
+            if admitted.verdict == "interrupted":
                 await self._free(sj)
             await msg.ack()
-            return
-        assert current is not None
-        started = leases.start(
-            current,
-            grant_id=sj.grant_id,
-            fence=sj.fence,
-            now=now,
-            time_cap_s=sj.time_cap_s,
-            expected_s=sj.planned_duration_q_s,
-            grace_s=self.cfg.grace_s,
-        )
-        if await self.slices.cas(sj.slice_id, started, rev) is None:
-            await msg.nak(delay=0.05)  # the slice moved under us; look again
             return
         began = time.monotonic()
         self.running.add(sj.subjob_id)
@@ -237,7 +224,7 @@ class ExecutorService(Service):
         profile = info.profile if info else ""
         self.m_busy.add(time.monotonic() - began, slice=sj.slice_id, profile=profile, node=self.cfg.node)
         await self._complete(sj, result, carrier)
-        await self._free(sj)
+        await self._free(sj, admitted.held)
         await msg.ack()
         self.ran += 1
 
@@ -375,24 +362,9 @@ class ExecutorService(Service):
         headers["Nats-Msg-Id"] = f"{sj.subjob_id}:{sj.fence}"
         await self.jetstream.publish(subjects.subjob_completed(sj.job_id), encode(c), headers=headers)
 
-    async def _free(self, sj: Subjob) -> None:
+    async def _free(self, sj: Subjob, held: slicelease.Held | None = None) -> None:
         assert self.slices is not None
-        for _ in range(10):
-            got = await self.slices.get(sj.slice_id)
-            if got is None:
-                return
-            current, rev = got
-            try:
-                freed = leases.release(
-                    current,
-                    grant_id=sj.grant_id,
-                    fence=sj.fence,
-                    now=time.time(),
-                )
-            except leases.LeaseConflict:
-                return
-            if await self.slices.cas(sj.slice_id, freed, rev) is not None:
-                return
+        await slicelease.free(self.slices, sj, held)
 
 
 LOST_BECAUSE = {

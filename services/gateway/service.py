@@ -17,10 +17,10 @@ import uuid
 from typing import Any
 
 import msgspec
-from nats.js.api import DeliverPolicy
 from nats.micro.request import Request
 
 from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.core import jobs as J
@@ -172,30 +172,9 @@ class GatewayService(Service):
             if isinstance(got, ErrorReply):
                 return got
         records: list[RoundRecord] = []
-        js = self.jetstream
-        info = await js.stream_info(subjects.STREAM_ROUNDS.name)
-        if info.state.messages:
-            sub = await js.subscribe(
-                f"{subjects.PREFIX}.round.cleared.>",
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-            )
-            try:
-                while True:
-                    try:
-                        msg = await sub.next_msg(timeout=2.0)
-                    except TimeoutError:
-                        break
-                    try:
-                        rec = decode(msg.data, RoundRecord)
-                    except DecodeError:
-                        continue
-                    if any(v.job_id == q.job_id for v in rec.verdicts):
-                        records.append(rec)
-                    if msg.metadata.num_pending == 0:
-                        break
-            finally:
-                await sub.unsubscribe()
+        async for rec in iter_rounds(self.jetstream):
+            if any(v.job_id == q.job_id for v in rec.verdicts):
+                records.append(rec)
         records = records[-2000:]
         if tenant is not None:
             records = [anonymize_round(r, tenant) for r in records]

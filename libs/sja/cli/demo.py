@@ -12,15 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nats.js.api import DeliverPolicy
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from sja.bus.codec import decode
 from sja.bus.connection import connect
+from sja.bus.rounds import iter_rounds
 from sja.client import SjaClient
-from sja.protocol import subjects
 from sja.protocol.messages import JobSpec, JobState, RoundRecord, SliceState
 from sja.stack import LocalStack
 from sja.workloads import run_in_one_piece
@@ -117,24 +115,8 @@ def progress_table(states: list[JobState], started: float) -> Table:
 
 async def read_rounds(url: str) -> list[RoundRecord]:
     nc = await connect(url, "sja-demo-reader")
-    js = nc.jetstream()
-    out: list[RoundRecord] = []
     try:
-        info = await js.stream_info(subjects.STREAM_ROUNDS.name)
-        if not info.state.messages:
-            return out
-        sub = await js.subscribe(
-            f"{subjects.PREFIX}.round.cleared.>",
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
-        while True:
-            msg = await sub.next_msg(timeout=5.0)
-            out.append(decode(msg.data, RoundRecord))
-            if msg.metadata.num_pending == 0:
-                break
-        await sub.unsubscribe()
-        return out
+        return [rec async for rec in iter_rounds(nc.jetstream(), timeout_s=5.0, strict=True)]
     finally:
         await nc.close()
 

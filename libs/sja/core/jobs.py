@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from sja.core.planner import PlanLimits, PlanRequest, materialize_size, plan_candidates, usable_time
+from sja.core.policies import window_cost
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import (
     Completion,
@@ -172,6 +173,7 @@ def propose(state: JobState, offer: Offer, now: float, limits: PlanLimits) -> Pr
         expected_remaining_s=round(expected_remaining_s(state, profile), 6),
         capacity=state.spec.max_parallel - len(state.in_flight),
         grants_seen=state.grants_seen,
+        attained_gpu_s=state.attained_gpu_s,
     )
 
 
@@ -233,6 +235,8 @@ def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, a
         ),
         input_checkpoint=state.accumulator if workload(state.spec.workload).sequential else b"",
         created_at=now,
+        slice_revision=grant.slice_revision,
+        slice_state=grant.slice_state,
     )
     flight = InFlight(
         subjob_id=subjob.subjob_id,
@@ -257,6 +261,7 @@ def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, a
         next_seq=seq + 1,
         rounds_won=state.rounds_won + 1,
         grants_seen=state.grants_seen + 1,
+        attained_gpu_s=state.attained_gpu_s + window_cost(window, grant.candidate),
     )
     return Materialized(new_state, subjob)
 

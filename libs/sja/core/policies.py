@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from sja.protocol.messages import Candidate, Offer, Proposal, Verdict
+from sja.protocol.messages import Candidate, Offer, Proposal, Verdict, Window
 
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -136,7 +136,12 @@ class Ledger:
 
 def grant_cost(offer: Offer, cand: Candidate) -> float:
     """GPU-seconds a grant is expected to consume: what the ledger charges."""
-    return cand.duration_mean_s * offer.window.compute_share
+    return window_cost(offer.window, cand)
+
+
+def window_cost(window: Window, cand: Candidate) -> float:
+    """``grant_cost`` for a window (what an agent counts for a grant it took)."""
+    return cand.duration_mean_s * window.compute_share
 
 
 # --- canonical order and capacity --------------------------------------------------------------------
@@ -458,6 +463,137 @@ def clear(
     if not excluded:
         return d
     return Decision(d.policy, d.winner, d.candidate, d.verdicts + tuple(excluded), d.price)
+
+
+# --- shortlists: the bids an agent sends -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BidOrder:
+    """How a policy ranks the bids of one tenant (``per_tenant``) or all bids against each other,
+    from what the bidding job itself knows: the smaller key wins. A batch of ``n`` like windows is
+    won by at most ``n`` bids per tenant (per policy rank), so an agent that sends only its best
+    bids in this order sends every bid that could win."""
+
+    per_tenant: bool
+    key: Callable[[Offer, Proposal, PolicyConfig], tuple[object, ...]]
+    static: bool
+    """The key depends on the job and the window's shape only, not on when the offer was made:
+    an agent may keep its jobs sorted by it between batches."""
+
+
+def _eff_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
+    cand = _best_candidate(offer, p, cfg.horizon_s)
+    return (-efficiency_value(offer, cand, cfg.horizon_s), p.submitted_at, p.job_id)
+
+
+def _fair_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
+    # The clearer's key within a tenant is (job attained, submitted_at): the agent counts the same
+    # GPU-seconds for its job (``JobState.attained_gpu_s``).
+    return (p.attained_gpu_s, p.submitted_at, p.job_id)
+
+
+def _sla_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
+    # slack = deadline - now - remaining; ``now`` is the same for every bid of an offer.
+    if p.deadline_at is None:
+        return (math.inf, p.submitted_at, p.job_id)
+    return (p.deadline_at - p.expected_remaining_s, p.submitted_at, p.job_id)
+
+
+def _jasda_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
+    # Within a tenant the fairness term is the same for every bid: utilization and responsiveness
+    # order them (responsiveness grows with waiting: the key depends on the offer's time).
+    w_u, _w_f, w_r = cfg.jasda_weights
+    now = offer.issued_at
+    best = -math.inf
+    for c in p.candidates:
+        util = efficiency_value(offer, c, cfg.horizon_s)
+        waited = max(0.0, now - p.submitted_at) / cfg.responsiveness_scale_s
+        urgency = 0.0
+        if p.deadline_at is not None:
+            slack = p.deadline_at - now - p.expected_remaining_s
+            urgency = 1.0 - max(0.0, min(1.0, slack / cfg.responsiveness_scale_s))
+        best = max(best, w_u * util + w_r * min(1.0, max(waited, urgency)))
+    return (-best, p.submitted_at, p.job_id)
+
+
+BID_ORDERS: dict[str, BidOrder] = {
+    "efficiency": BidOrder(per_tenant=False, key=_eff_order, static=True),
+    "fair": BidOrder(per_tenant=True, key=_fair_order, static=True),
+    "sla": BidOrder(per_tenant=False, key=_sla_order, static=True),
+    "token": BidOrder(per_tenant=True, key=_eff_order, static=True),
+    "jasda": BidOrder(per_tenant=True, key=_jasda_order, static=False),
+}
+"""Policies whose winners an agent can foresee within a tenant. ``auction`` is not among them: a
+tenant's budget, which only the clearer knows, decides which of its bids are affordable."""
+
+
+def bid_for(name: str, offer: Offer, p: Proposal, config: PolicyConfig | None = None) -> Proposal:
+    """The proposal cut to the one candidate the named policy would take from it for ``offer``
+    (every policy picks a job's candidate from the job's own numbers): what an agent that knows
+    the policy sends. Unchanged for a policy not known here."""
+    if len(p.candidates) <= 1 or name not in POLICIES:
+        return p
+    cfg = config if config is not None else PolicyConfig()
+    if name == "auction":
+        cand = max(p.candidates, key=lambda c: (c.bid, efficiency_value(offer, c, cfg.horizon_s), c.size))
+    else:
+        cand = _best_candidate(offer, p, cfg.horizon_s)
+    return msgspec.structs.replace(p, candidates=[cand])
+
+
+def shortlist_size(like_offers: int) -> int:
+    """Bids per tenant (or in all) to send for ``like_offers`` windows of one shape: every bid that
+    could win one, and two more for a ledger that ranks a tenant's jobs a little differently."""
+    return like_offers + 2
+
+
+def shortlist(
+    name: str,
+    offer: Offer,
+    proposals: Sequence[Proposal],
+    like_offers: int,
+    config: PolicyConfig | None = None,
+) -> list[Proposal]:
+    """The proposals worth sending for ``like_offers`` windows shaped like ``offer``: the best
+    ``shortlist_size`` per tenant (or overall) in the policy's order; all of them for a policy that
+    cannot be foreseen (``auction``, or a name not known here). Order of the input is kept."""
+    order = BID_ORDERS.get(name)
+    k = shortlist_size(like_offers)
+    if order is None or len(proposals) <= k:
+        return list(proposals)
+    cfg = config if config is not None else PolicyConfig()
+    parts: dict[str, list[tuple[tuple[object, ...], int]]] = {}
+    for i, p in enumerate(proposals):
+        parts.setdefault(p.tenant if order.per_tenant else "", []).append((order.key(offer, p, cfg), i))
+    keep: list[int] = []
+    for ranked in parts.values():
+        keep.extend(i for _k, i in heapq.nsmallest(k, ranked))
+    return [proposals[i] for i in sorted(keep)]
+
+
+def likely_winners(
+    name: str,
+    offer: Offer,
+    proposals: Sequence[Proposal],
+    like_offers: int,
+    config: PolicyConfig | None = None,
+) -> list[str]:
+    """The jobs among ``proposals`` likely to win one of ``like_offers`` windows shaped like
+    ``offer``: the best ``like_offers`` per tenant (or overall) in the policy's order. Until the
+    batch is cleared an agent leaves them out of its next answers: the clearer would leave out a
+    job whose grant is on its way, and the bid would only take the place of one that can win.
+    None for a policy that cannot be foreseen."""
+    order = BID_ORDERS.get(name)
+    if order is None:
+        return []
+    cfg = config if config is not None else PolicyConfig()
+    parts: dict[str, list[tuple[tuple[object, ...], str]]] = {}
+    for p in proposals:
+        parts.setdefault(p.tenant if order.per_tenant else "", []).append(
+            (order.key(offer, p, cfg), p.job_id)
+        )
+    return [job_id for ranked in parts.values() for _k, job_id in heapq.nsmallest(like_offers, ranked)]
 
 
 # --- batches ------------------------------------------------------------------------------------------

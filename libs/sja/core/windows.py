@@ -71,20 +71,28 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
 
 class OfferPacer:
     """When to offer a free window: at once when the slice is newly free (its fence changed), then
-    again while nobody takes it, backing off from ``min_s`` to ``max_s``. New demand
-    (``demand_changed``) cuts every pending backoff back to ``min_s`` from the window's last offer
-    (never sooner: that offer's round may still be open, and a slice in two rounds at once is cleared
-    twice for one grant)."""
+    again while nobody takes it, backing off from ``min_s`` to ``max_s``.
 
-    def __init__(self, min_s: float, max_s: float) -> None:
+    New demand shortens the wait. Counted demand (``demand_changed(n)``: ``n`` jobs became able to
+    take a window) offers that many waiting windows again at once besides the new ones, those that
+    have waited longest first, but none sooner than ``floor_s`` after its last offer (that offer's
+    round may still be open). Uncounted demand (``demand_changed()``) cuts every pending backoff back to ``min_s``
+    from the window's last offer."""
+
+    def __init__(self, min_s: float, max_s: float, floor_s: float | None = None) -> None:
         self.min_s = min_s
         self.max_s = max_s
+        self.floor_s = min_s if floor_s is None else min(floor_s, min_s)
         self._last: dict[str, tuple[int, float, float, float]] = {}
         """slice_id -> (fence offered at, earliest next offer, current backoff, when last offered)"""
         self._demand = False
+        self._ready = 0
 
-    def demand_changed(self) -> None:
-        self._demand = True
+    def demand_changed(self, ready: int = 0) -> None:
+        if ready > 0:
+            self._ready = min(self._ready + ready, 1_000_000)
+        else:
+            self._demand = True
 
     def due(self, windows: Iterable[Window], fences: Mapping[str, int], now: float) -> list[Window]:
         """The windows to offer now (recording that they were offered)."""
@@ -95,13 +103,27 @@ class OfferPacer:
                 for k, (fence, next_at, _backoff, at) in self._last.items()
             }
         out: list[Window] = []
+        waiting: list[tuple[float, Window]] = []
         for w in windows:
             fence = fences[w.slice_id]
             last = self._last.get(w.slice_id)
             same = last is not None and last[0] == fence
             if same and last is not None and now < last[1]:
+                if self._ready and now >= last[3] + self.floor_s:
+                    waiting.append((last[3], w))
                 continue
             backoff = min(last[2] * 2, self.max_s) if same and last is not None else self.min_s
             self._last[w.slice_id] = (fence, now + backoff, backoff, now)
             out.append(w)
+        if self._ready:
+            # A job that became ready is usually one whose subjob just ended: its slice, freed a
+            # moment before the job could bid, is offered now and has likely gone to another job
+            # or unclaimed. So counted demand goes to windows already waiting, over and above the
+            # new ones.
+            extra, self._ready = self._ready, 0
+            waiting.sort(key=lambda aw: (aw[0], aw[1].slice_id))
+            for _at, w in waiting[:extra]:
+                fence, _next, backoff, _at0 = self._last[w.slice_id]
+                self._last[w.slice_id] = (fence, now + backoff, backoff, now)
+                out.append(w)
         return out

@@ -96,9 +96,14 @@ class Offer(Message, tag="sja.offer.v1", frozen=True, kw_only=True):
     slice_fence: NonNegInt
     """The slice's fence when the offer was made: a grant for a stale offer is refused."""
     slice_revision: NonNegInt
+    """The slice's KV revision the offer was made from."""
     issued_at: float
     reply_by: float
     reply_to: str
+    slice_state: SliceState | None = None
+    """The slice's state at ``slice_revision``, as the advertiser saw it: the clearer writes the
+    lease over it with one compare-and-set against that revision instead of reading the slice
+    first (a slice that moved on since fails the compare-and-set)."""
 
 
 MAX_BATCH_OFFERS = 4096
@@ -149,6 +154,9 @@ class Proposal(msgspec.Struct, frozen=True, kw_only=True):
     grants_seen: NonNegInt = 0
     """Grants the job's agent had received when it replied; the clearer subtracts the grants it
     issued since, so one job is never granted more windows than it can use at once."""
+    attained_gpu_s: NonNegFloat = 0.0
+    """GPU-seconds the job has been granted so far, as its agent counts them (what the agents
+    rank a tenant's own jobs by when they shortlist bids for ``fair``)."""
 
 
 class Reply(Message, tag="sja.reply.v1", frozen=True, kw_only=True):
@@ -205,6 +213,11 @@ class Grant(Message, tag="sja.grant.v1", frozen=True, kw_only=True):
     lease_until: float
     policy: str
     granted_at: float
+    slice_revision: NonNegInt = 0
+    """The slice's KV revision holding this lease (0: unknown)."""
+    slice_state: SliceState | None = None
+    """The slice as leased at ``slice_revision``: the executor starts the subjob with one
+    compare-and-set against it instead of reading the slice first."""
 
 
 class Outcome(Message, tag="sja.outcome.v1", frozen=True, kw_only=True):
@@ -212,6 +225,9 @@ class Outcome(Message, tag="sja.outcome.v1", frozen=True, kw_only=True):
 
     offer_id: Id
     verdicts: list[Verdict]
+    pool: str = ""
+    policy: str = ""
+    """The policy the pool's clearer cleared with: agents shortlist their next bids by it."""
 
 
 class RoundRecord(Message, tag="sja.round_record.v1", frozen=True, kw_only=True):
@@ -241,6 +257,14 @@ class RoundRecord(Message, tag="sja.round_record.v1", frozen=True, kw_only=True)
     bids: NonNegInt = 0
     """Bids for this offer (its verdicts list the winner, and the batch's losers on the last
     offer of their group)."""
+
+
+class RoundBatch(Message, tag="sja.round_batch.v1", frozen=True, kw_only=True):
+    """The records of the rounds of one offer batch (or a part of a large one), written to
+    ``SJA_ROUNDS`` as one message: one JetStream write per batch instead of one per offer."""
+
+    batch_id: Id
+    records: Annotated[list[RoundRecord], msgspec.Meta(min_length=1, max_length=MAX_BATCH_OFFERS)]
 
 
 # --- jobs and subjobs -------------------------------------------------------------------------------
@@ -334,6 +358,10 @@ class Subjob(Message, tag="sja.subjob.v1", frozen=True, kw_only=True):
     planned_duration_q_s: NonNegFloat
     input_checkpoint: Checkpoint = b""
     created_at: float = 0.0
+    slice_revision: NonNegInt = 0
+    """The slice's KV revision holding the grant's lease (from the grant; 0: unknown)."""
+    slice_state: SliceState | None = None
+    """The slice as leased at ``slice_revision`` (from the grant)."""
 
 
 class Completion(Message, tag="sja.completion.v1", frozen=True, kw_only=True):
@@ -436,6 +464,9 @@ class JobState(Message, tag="sja.job_state.v1", frozen=True, kw_only=True):
     rounds_won: NonNegInt = 0
     attempt_failures: NonNegInt = 0
     grants_seen: NonNegInt = 0
+    attained_gpu_s: NonNegFloat = 0.0
+    """GPU-seconds granted to the job so far (expected duration times compute share of every grant
+    it took): what the clearer's ledger charges, counted by the agent."""
 
 
 class JobCancel(Message, tag="sja.job_cancel.v1", frozen=True, kw_only=True):
@@ -463,10 +494,14 @@ class RoundsView(Message, tag="sja.rounds_view.v1", frozen=True, kw_only=True):
 
 
 class DemandChanged(Message, tag="sja.demand_changed.v1", frozen=True, kw_only=True):
-    """An agent took on new work: free windows are worth offering again at once."""
+    """An agent's jobs can take more work: free windows are worth offering again at once."""
 
     agent_id: Id
     jobs: NonNegInt
+    ready: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    """Windows the agent's jobs became able to take since its last signal (a job claimed, a subjob
+    completed): that many waiting windows are offered again at once. 0: not counted (every
+    waiting window's backoff is cut short)."""
 
 
 class AgentHeartbeat(Message, tag="sja.agent_heartbeat.v1", frozen=True, kw_only=True):

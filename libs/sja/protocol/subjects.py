@@ -151,6 +151,7 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.Subjob, subjob_dispatched("*", "*"), durable=True),
     Route(m.Completion, subjob_completed("*"), durable=True),
     Route(m.RoundRecord, round_cleared("*"), durable=True),
+    Route(m.RoundBatch, round_cleared("*"), durable=True),
 )
 
 

@@ -1,0 +1,57 @@
+"""Reading the round records of ``SJA_ROUNDS``: a message holds one ``RoundRecord`` (a lone offer)
+or a ``RoundBatch`` (the rounds of one offer batch); readers see records either way."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from nats.js.api import DeliverPolicy
+from nats.js.client import JetStreamContext
+
+from sja.bus.codec import decode
+from sja.protocol import subjects
+from sja.protocol.messages import RoundBatch, RoundRecord
+
+
+def decode_rounds(data: bytes) -> list[RoundRecord]:
+    """The records in one ``SJA_ROUNDS`` message (``DecodeError`` if it is neither kind)."""
+    got = decode(data, RoundRecord | RoundBatch)  # type: ignore[arg-type]
+    return list(got.records) if isinstance(got, RoundBatch) else [got]
+
+
+async def iter_rounds(
+    js: JetStreamContext, timeout_s: float = 2.0, strict: bool = False
+) -> AsyncIterator[RoundRecord]:
+    """Every round record in ``SJA_ROUNDS``, oldest first, read with an ordered consumer up to the
+    stream's last message when reading started. A message that is not a round record is skipped,
+    and no message for ``timeout_s`` ends the reading; ``strict``: both raise (``DecodeError``,
+    ``TimeoutError``), for readers that must see every record."""
+    info = await js.stream_info(subjects.STREAM_ROUNDS.name)
+    if not info.state.messages:
+        return
+    sub = await js.subscribe(
+        f"{subjects.PREFIX}.round.cleared.>",
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL,
+        pending_msgs_limit=10_000_000,
+    )
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=timeout_s)
+            except TimeoutError:
+                if strict:
+                    raise
+                return
+            try:
+                records = decode_rounds(msg.data)
+            except ValueError:
+                if strict:
+                    raise
+                records = []
+            for rec in records:
+                yield rec
+            if msg.metadata.num_pending == 0:
+                return
+    finally:
+        await sub.unsubscribe()
