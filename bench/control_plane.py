@@ -506,28 +506,6 @@ async def run(
     done = [s for s in states if s.status == "done"]
     wrong = [s.job_id for s in done if s.result != run_in_one_piece(s.spec.workload, s.spec.params)]
     all_rounds = [r for r in rounds if wall_start <= r.cleared_at <= wall_end]
-    if os.environ.get("SJA_BENCH_DEBUG"):
-        import collections
-        by_batch = collections.defaultdict(list)
-        for r in all_rounds:
-            by_batch[r.batch_id or r.offer_id].append(r)
-        stats = collections.Counter()
-        for recs in by_batch.values():
-            offers = len(recs)
-            won = sum(1 for r in recs if r.grant_id)
-            reasons = collections.Counter(v.reason.split(":")[0][:30] for r in recs for v in r.verdicts if not v.won)
-            bids = max((r.bids for r in recs), default=0)
-            stats["batches"] += 1
-            stats["offers"] += offers
-            stats["won"] += won
-            stats["bids_max"] += bids
-            for k, v in reasons.items():
-                stats["why:" + k] += v
-            if won < offers:
-                stats["batches_with_unwon"] += 1
-                stats["unwon_offers"] += offers - won
-                stats["unwon_bids_sum"] += bids
-        print("DEBUG", dict(stats), file=sys.stderr)
     reasons: dict[str, int] = {}
     for r in all_rounds:
         if not r.grant_id:
