@@ -429,7 +429,7 @@ class AgentService(Service):
             return
         self._bidding[key] = (now, likely)
         for job_id in likely:
-            self._likely[job_id] = self._likely.get(job_id, 0) + 1
+            _count(self._likely, job_id, +1)
             self._changed(job_id)
 
     def _cleared(self, key: str) -> None:
@@ -438,11 +438,7 @@ class AgentService(Service):
         if got is None:
             return
         for job_id in got[1]:
-            left = self._likely.get(job_id, 1) - 1
-            if left > 0:
-                self._likely[job_id] = left
-            else:
-                self._likely.pop(job_id, None)
+            _count(self._likely, job_id, -1)
             self._changed(job_id)
 
     def _expire_bidding(self, now: float) -> None:
@@ -526,16 +522,12 @@ class AgentService(Service):
     async def on_grant(self, msg: Msg) -> None:
         grant = decode(msg.data, Grant)
         job_id = grant.job_id
-        self._granted[job_id] = self._granted.get(job_id, 0) + 1
+        _count(self._granted, job_id, +1)
         self._changed(job_id)
         try:
             await self._materialize(grant, extract(msg))
         finally:
-            left = self._granted.get(job_id, 1) - 1
-            if left > 0:
-                self._granted[job_id] = left
-            else:
-                self._granted.pop(job_id, None)
+            _count(self._granted, job_id, -1)
             self._changed(job_id)
 
     async def _materialize(self, grant: Grant, ctx: otel_context.Context) -> None:
@@ -698,3 +690,12 @@ class AgentService(Service):
         async with self.lock(req.job_id):
             if req.job_id in self.owned:
                 await self.save(req.job_id, lambda s: J.request_cancel(s, time.time()))
+
+
+def _count(counts: dict[str, int], key: str, delta: int) -> None:
+    """Add ``delta`` to a count, dropping it at zero (the dict holds only jobs counted)."""
+    n = counts.get(key, 0) + delta
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)

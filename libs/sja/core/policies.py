@@ -562,14 +562,7 @@ def shortlist(
     k = shortlist_size(like_offers)
     if order is None or len(proposals) <= k:
         return list(proposals)
-    cfg = config if config is not None else PolicyConfig()
-    parts: dict[str, list[tuple[tuple[object, ...], int]]] = {}
-    for i, p in enumerate(proposals):
-        parts.setdefault(p.tenant if order.per_tenant else "", []).append((order.key(offer, p, cfg), i))
-    keep: list[int] = []
-    for ranked in parts.values():
-        keep.extend(i for _k, i in heapq.nsmallest(k, ranked))
-    return [proposals[i] for i in sorted(keep)]
+    return [proposals[i] for i in sorted(_best_per_part(order, offer, proposals, k, config))]
 
 
 def likely_winners(
@@ -583,17 +576,22 @@ def likely_winners(
     ``offer``: the best ``like_offers`` per tenant (or overall) in the policy's order. Until the
     batch is cleared an agent leaves them out of its next answers: the clearer would leave out a
     job whose grant is on its way, and the bid would only take the place of one that can win.
-    None for a policy that cannot be foreseen."""
+    Empty for a policy that cannot be foreseen."""
     order = BID_ORDERS.get(name)
     if order is None:
         return []
+    return [proposals[i].job_id for i in _best_per_part(order, offer, proposals, like_offers, config)]
+
+
+def _best_per_part(
+    order: BidOrder, offer: Offer, proposals: Sequence[Proposal], k: int, config: PolicyConfig | None
+) -> list[int]:
+    """Indices of the best ``k`` proposals per tenant (or overall) in ``order``."""
     cfg = config if config is not None else PolicyConfig()
-    parts: dict[str, list[tuple[tuple[object, ...], str]]] = {}
-    for p in proposals:
-        parts.setdefault(p.tenant if order.per_tenant else "", []).append(
-            (order.key(offer, p, cfg), p.job_id)
-        )
-    return [job_id for ranked in parts.values() for _k, job_id in heapq.nsmallest(like_offers, ranked)]
+    parts: dict[str, list[tuple[tuple[object, ...], int]]] = {}
+    for i, p in enumerate(proposals):
+        parts.setdefault(p.tenant if order.per_tenant else "", []).append((order.key(offer, p, cfg), i))
+    return [i for ranked in parts.values() for _k, i in heapq.nsmallest(k, ranked)]
 
 
 # --- batches ------------------------------------------------------------------------------------------

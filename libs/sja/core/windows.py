@@ -76,8 +76,8 @@ class OfferPacer:
     New demand shortens the wait. Counted demand (``demand_changed(n)``: ``n`` jobs became able to
     take a window) offers that many waiting windows again at once besides the new ones, those that
     have waited longest first, but none sooner than ``floor_s`` after its last offer (that offer's
-    round may still be open). Uncounted demand (``demand_changed()``) cuts every pending backoff back to ``min_s``
-    from the window's last offer."""
+    round may still be open). Uncounted demand (``demand_changed()``) cuts every pending backoff
+    back to ``min_s`` from the window's last offer."""
 
     def __init__(self, min_s: float, max_s: float, floor_s: float | None = None) -> None:
         self.min_s = min_s
