@@ -18,7 +18,7 @@ from opentelemetry import trace
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
-from sja.bus.tracing import extract, inject, publish
+from sja.bus.tracing import child_span, extract, inject, publish
 from sja.core import jobs as J
 from sja.core import leases
 from sja.core.bidbook import BidBook
@@ -379,7 +379,8 @@ class AgentService(Service):
             log.warning("ignoring offer %s with reply subject %r", offers[0].offer_id, reply_to)
             return
         now = time.time()
-        with tracer.start_as_current_span(
+        with child_span(
+            tracer,
             "sja.reply",
             context=extract(msg),
             kind=trace.SpanKind.CONSUMER,
@@ -532,7 +533,8 @@ class AgentService(Service):
 
     async def _materialize(self, grant: Grant, ctx: otel_context.Context) -> None:
         async with self.lock(grant.job_id):
-            with tracer.start_as_current_span(
+            with child_span(
+                tracer,
                 "sja.materialize",
                 context=ctx,
                 attributes={
@@ -546,15 +548,21 @@ class AgentService(Service):
                     span.set_attribute("sja.note", "job not owned here")
                     await self.release(grant, "job not owned here")
                     return
-                # A grant is only as good as the slice's lease: a replayed or stale grant (the slice
-                # moved on to another fence) must not become a subjob.
-                assert self.slices is not None
-                got = await self.slices.get(grant.window.slice_id)
-                if (
-                    got is None
-                    or not leases.holds(got[0], grant.grant_id, grant.fence)
-                    or got[0].status != "leased"
-                ):
+                # A grant is only as good as its lease. The grant carries the lease the clearer
+                # wrote: one that disagrees with it is refused here; one that agrees but has since
+                # lapsed (a replay) becomes a subjob the executor refuses by compare-and-set
+                # (reported lost, its units planned again). Only a grant without a lease is read.
+                w = grant.window
+                ok = leases.carried_lease(
+                    grant.grant_id, grant.fence, w.slice_id, grant.job_id, grant.slice_state
+                )
+                if ok is None:
+                    assert self.slices is not None
+                    got = await self.slices.get(w.slice_id)
+                    ok = got is not None and leases.carried_lease(
+                        grant.grant_id, grant.fence, w.slice_id, grant.job_id, got[0]
+                    )
+                if not ok:
                     span.set_attribute("sja.note", "stale grant: the slice's lease moved on")
                     log.warning(
                         "ignoring stale grant %s for %s on %s (fence %d)",
@@ -639,7 +647,8 @@ class AgentService(Service):
             await msg.ack()
             return
         async with self.lock(c.job_id):
-            with tracer.start_as_current_span(
+            with child_span(
+                tracer,
                 "sja.complete",
                 context=extract(msg),
                 kind=trace.SpanKind.CONSUMER,
@@ -657,7 +666,7 @@ class AgentService(Service):
                 planned: list[InFlight] = []
 
                 def transition(state: JobState) -> JobState | None:
-                    with tracer.start_as_current_span("sja.calibrate", attributes={"sja.job_id": c.job_id}):
+                    with child_span(tracer, "sja.calibrate", attributes={"sja.job_id": c.job_id}):
                         new, ok = J.apply_completion(state, c, now)
                     applied[:] = [ok]
                     planned[:] = [f for f in state.in_flight if f.subjob_id == c.subjob_id][:1]

@@ -19,7 +19,7 @@ from sja.bus.codec import decode, encode
 from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
-from sja.bus.tracing import extract, inject, publish, trace_id_hex
+from sja.bus.tracing import child_span, extract, inject, publish, trace_id_hex
 from sja.core import leases
 from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
 from sja.core.rounds import all_replied, close_by, live_agents
@@ -362,7 +362,8 @@ class ClearerService(Service):
     ) -> tuple[RoundRecord, list[Verdict]]:
         """One offer of the batch: take the slice for its winner and publish the grant. Returns the
         round's record (published with the batch's) and its verdicts (for the agents' outcomes)."""
-        with tracer.start_as_current_span(
+        with child_span(
+            tracer,
             "sja.clear",
             kind=trace.SpanKind.CONSUMER,
             attributes={
@@ -405,7 +406,8 @@ class ClearerService(Service):
         assert decision.winner is not None and decision.candidate is not None and self.slices
         win = decision.winner
         now = lease_until - self.cfg.lease_s
-        with tracer.start_as_current_span(
+        with child_span(
+            tracer,
             "sja.grant",
             attributes={
                 "sja.offer_id": offer.offer_id,

@@ -38,6 +38,26 @@ def holds(s: SliceState, grant_id: str, fence: int) -> bool:
     return s.grant_id == grant_id and s.fence == fence and s.status in ("leased", "busy")
 
 
+def carried_lease(
+    grant_id: str, fence: int, slice_id: str, job_id: str, leased: SliceState | None
+) -> bool | None:
+    """Whether the lease a grant carries (``Grant.slice_state``, as the clearer wrote it) is the lease
+    the grant names; ``None`` if it carries none (a reader must then look at the slice itself).
+
+    A grant whose own fields disagree with its lease is not the clearer's (edited or corrupted) and
+    is refused without a read. One that agrees may still be old (a replay of a grant whose lease
+    has since moved on): executors admit a subjob only against the slice's current lease (``admit``,
+    by compare-and-set), so such a grant's subjob is reported ``lost`` and never runs."""
+    if leased is None:
+        return None
+    return (
+        leased.slice_id == slice_id
+        and leased.status == "leased"
+        and leased.holder_job == job_id
+        and holds(leased, grant_id, fence)
+    )
+
+
 def start(
     s: SliceState,
     *,
