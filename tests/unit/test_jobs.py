@@ -16,6 +16,7 @@ from sja.core.jobs import (
     new_job,
     next_range,
     overdue,
+    profile_of,
     propose,
     request_cancel,
     settle,
@@ -277,6 +278,23 @@ def test_completion_from_a_stale_grant_is_ignored() -> None:
     stale = msgspec.structs.replace(execute(sj, T0), grant_id="g-someone-else")
     after, applied = apply_completion(state, stale, T0 + 1.0)
     assert not applied and after == state
+
+
+def test_a_profile_is_rebuilt_once_per_profile_state_and_calibration_leaves_it_alone() -> None:
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0)
+    before = profile_of(state)
+    assert profile_of(state) is before  # the same profile state: not refit
+    q = before.mem_quantile(sj.units, 0.95)
+    after, applied = apply_completion(state, execute(sj, T0 + 0.2, peak=sj.planned_mem_q_mib * 3), T0 + 1.0)
+    assert applied and after.profile != state.profile
+    # The completion calibrated a copy: the profile of the state it came from is what it was.
+    assert profile_of(state) is before and before.mem_quantile(sj.units, 0.95) == q
+    assert profile_of(after).mem_quantile(sj.units, 0.95) > q
+    # A state equal in content but not the same object gets a profile equal in what it says.
+    twin = msgspec.convert(msgspec.to_builtins(state.profile), type(state.profile))
+    assert twin is not state.profile
+    assert profile_of(msgspec.structs.replace(state, profile=twin)).mem_quantile(sj.units, 0.95) == q
 
 
 # --- failures --------------------------------------------------------------------------------------

@@ -70,13 +70,13 @@ def service(
     name: Annotated[str, typer.Argument(help="inventory|advertiser|clearer|agent|executor|gateway")],
 ) -> None:
     """Run one service in the foreground (settings from SJA_* environment variables)."""
-    from services.registry import SERVICES
+    from services.registry import SERVICES, load
     from sja.bus.service import configure_logging, run_service
     from sja.bus.settings import SettingsError
 
     if name not in SERVICES:
         fail(f"unknown service {name!r} (known: {', '.join(SERVICES)})")
-    svc_cls, settings_cls = SERVICES[name]
+    svc_cls, settings_cls = load(name)
     try:
         settings = settings_cls.from_env()
     except SettingsError as e:

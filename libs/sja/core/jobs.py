@@ -21,6 +21,7 @@ from sja.protocol.messages import (
     JobSpec,
     JobState,
     Offer,
+    ProfileState,
     Proposal,
     Subjob,
     SubjobSummary,
@@ -93,9 +94,25 @@ def is_consistent(state: JobState) -> bool:
     )
 
 
+_PROFILES: dict[int, tuple[ProfileState, JobProfile]] = {}
+_PROFILES_LIMIT = 4096
+
+
 def profile_of(state: JobState) -> JobProfile:
-    assert state.profile is not None
-    return JobProfile.from_state(state.profile)
+    """The job's profile, to read (plan with) and not to change: rebuilt from ``state.profile``
+    once per profile state, not once per offer, grant and completion (rebuilding refits both
+    regressions). Job states are immutable, so a profile state's identity is its content while it is
+    held here. To update a profile, ``JobProfile.from_state`` makes one of your own."""
+    ps = state.profile
+    assert ps is not None
+    got = _PROFILES.get(id(ps))
+    if got is not None and got[0] is ps:
+        return got[1]
+    if len(_PROFILES) >= _PROFILES_LIMIT:
+        _PROFILES.clear()
+    profile = JobProfile.from_state(ps)
+    _PROFILES[id(ps)] = (ps, profile)
+    return profile
 
 
 def is_terminal(state: JobState) -> bool:
@@ -274,7 +291,8 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
         return state, False
     in_flight = [f for f in state.in_flight if f.subjob_id != c.subjob_id]
     profile_name, compute_share = flight.profile, flight.compute_share
-    profile = profile_of(state)
+    assert state.profile is not None
+    profile = JobProfile.from_state(state.profile)  # updated below: a copy of its own
     w = workload(state.spec.workload)
     retry = list(state.retry)
     acc = state.accumulator
