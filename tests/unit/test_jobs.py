@@ -23,6 +23,7 @@ from sja.core.jobs import (
     validate_spec,
 )
 from sja.core.planner import PlanLimits
+from sja.core.profiles import JobProfile
 from sja.protocol.messages import (
     Completion,
     Grant,
@@ -291,6 +292,8 @@ def test_a_profile_is_rebuilt_once_per_profile_state_and_calibration_leaves_it_a
     # The completion calibrated a copy: the profile of the state it came from is what it was.
     assert profile_of(state) is before and before.mem_quantile(sj.units, 0.95) == q
     assert profile_of(after).mem_quantile(sj.units, 0.95) > q
+    # The calibrated profile is kept as the new state's, and is what rebuilding it gives.
+    assert profile_of(after) == JobProfile.from_state(after.profile)
     # A state equal in content but not the same object gets a profile equal in what it says.
     twin = msgspec.convert(msgspec.to_builtins(state.profile), type(state.profile))
     assert twin is not state.profile

@@ -108,11 +108,16 @@ def profile_of(state: JobState) -> JobProfile:
     got = _PROFILES.get(id(ps))
     if got is not None and got[0] is ps:
         return got[1]
+    profile = JobProfile.from_state(ps)
+    _keep_profile(ps, profile)
+    return profile
+
+
+def _keep_profile(ps: ProfileState, profile: JobProfile) -> None:
+    """Hold ``profile`` as the one of ``ps`` (it must be what ``JobProfile.from_state(ps)`` gives)."""
     if len(_PROFILES) >= _PROFILES_LIMIT:
         _PROFILES.clear()
-    profile = JobProfile.from_state(ps)
     _PROFILES[id(ps)] = (ps, profile)
-    return profile
 
 
 def is_terminal(state: JobState) -> bool:
@@ -335,13 +340,15 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
         finished_at=c.finished_at,
     )
     history = [*state.history, summary][-HISTORY_LIMIT:]
+    calibrated = profile.to_state()
+    _keep_profile(calibrated, profile)  # fitted already: the next proposal need not refit it
     new = msgspec.structs.replace(
         state,
         in_flight=in_flight,
         retry=retry,
         accumulator=acc,
         units_done=units_done,
-        profile=profile.to_state(),
+        profile=calibrated,
         history=history,
         attempt_failures=failures,
         error=error,
