@@ -313,12 +313,12 @@ class InstantExecutor:
             return
         if admitted.verdict != "run":
             self.lost += 1
-            await self.complete(sj, "lost", now, b"", admitted.verdict)
+            await self.complete(sj, "lost", now, b"", admitted.verdict, msg)
             await msg.ack()
             return
         w = workload(sj.workload)
         output = w.run(w.validate(dict(sj.params)), sj.unit_start, sj.units, sj.input_checkpoint)
-        await self.complete(sj, "ok", now, output, "")
+        await self.complete(sj, "ok", now, output, "", msg)
         if await slicelease.free(self.slices, sj, admitted.held):
             self.freed.append((sj.slice_id, time.time()))
         await msg.ack()
@@ -327,7 +327,9 @@ class InstantExecutor:
         if self.on_units is not None:
             self.on_units(sj.job_id, sj.units)
 
-    async def complete(self, sj: Subjob, status: str, started: float, output: bytes, error: str) -> None:
+    async def complete(
+        self, sj: Subjob, status: str, started: float, output: bytes, error: str, msg: Msg
+    ) -> None:
         # The job as it "really" is: TRUE_MIB_PER_UNIT of memory, SECONDS_PER_UNIT at full speed.
         share = 1.0 / SLICES_PER_GPU
         ok = status == "ok"
@@ -351,11 +353,10 @@ class InstantExecutor:
             error=error,
             executor_id="bench-instant",
         )
-        await self.nc.jetstream().publish(
-            subjects.subjob_completed(sj.job_id),
-            encode(c),
-            headers={"Nats-Msg-Id": f"{sj.subjob_id}:{sj.fence}"},
-        )
+        # The completion continues the subjob's trace, as the executor's does (its run's span).
+        headers = {k: v for k, v in (msg.headers or {}).items() if k in ("traceparent", "tracestate")}
+        headers["Nats-Msg-Id"] = f"{sj.subjob_id}:{sj.fence}"
+        await self.nc.jetstream().publish(subjects.subjob_completed(sj.job_id), encode(c), headers=headers)
 
 
 # --- the run -------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ round record per offer. A lone ``Offer`` is a batch of one."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -331,8 +332,11 @@ class ClearerService(Service):
                     for o, d, gid, until in planned
                 )
             )
+            ended = collections.Counter((rec.window.pool, rec.policy, how) for rec, how in results)
+            for (pool, policy_, how), n in ended.items():
+                self.m_rounds.add(n, pool=pool, policy=policy_, outcome=how)
             await self._publish_records(rnd, [rec for rec, _ in results])
-            await self._send_outcomes(rnd, [v for _, vs in results for v in vs])
+            await self._send_outcomes(rnd, [v for rec, _ in results for v in rec.verdicts])
         finally:
             otel_context.detach(token)
             for o in rnd.offers:
@@ -359,9 +363,10 @@ class ClearerService(Service):
         lease_until: float,
         bids: list[Bid],
         because: str,
-    ) -> tuple[RoundRecord, list[Verdict]]:
+    ) -> tuple[RoundRecord, str]:
         """One offer of the batch: take the slice for its winner and publish the grant. Returns the
-        round's record (published with the batch's) and its verdicts (for the agents' outcomes)."""
+        round's record (published with the batch's; its verdicts go to the agents' outcomes) and
+        how the round ended (counted once per batch)."""
         with child_span(
             tracer,
             "sja.clear",
@@ -396,8 +401,7 @@ class ClearerService(Service):
             outcome = "lost_cas"
         else:
             outcome = "no_winner" if bids else "no_bids"
-        self.m_rounds.add(1, pool=offer.window.pool, policy=decision.policy, outcome=outcome)
-        return record, record.verdicts
+        return record, outcome
 
     async def _grant(
         self, offer: Offer, decision: Decision, grant_id: str, lease_until: float
