@@ -75,6 +75,7 @@ from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
+from sja.bus.service import freeze_after_start, tune_gc
 from sja.client import SjaClient
 from sja.execution import slicelease
 from sja.protocol import subjects
@@ -643,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     pools = [n["name"] for n in inv["nodes"]]
 
     load_before = round(os.getloadavg()[0], 2)
+    tune_gc()  # as every service process does (and this one plays the executors)
     monitor = free_port()
     server = EmbeddedNats(
         store_dir=str(out / "nats"), extra_args=["-m", str(monitor)], log_file=str(out / "logs" / "nats.log")
@@ -675,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         stack.start(order=SERVICES)
         asyncio.run(stack.wait_ready())
+        freeze_after_start()
         pids = [p.proc.pid for p in stack.procs]
         assert server.proc is not None
         cpu0 = per_service_cpu(stack.procs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -232,6 +233,28 @@ async def run_service(service: Service, ready: Callable[[], None] | None = None)
         if ready is not None:
             ready()
         await stop.wait()
+
+
+GC_GEN0_THRESHOLD = 10_000
+"""Allocations between young-generation collections (CPython's default is 700)."""
+
+
+def tune_gc() -> None:
+    """Set a service process's cycle collector for a long-running server holding many objects.
+
+    With CPython's defaults, an agent holding a thousand jobs spent a fifth of its CPU in the
+    collector at hundreds of grants a second (full collections scanning every live object). A
+    larger young generation makes collections ten times rarer; ``freeze_after_start`` moves what
+    start-up made (modules, classes, connections) out of every later collection. Garbage cycles
+    still get collected, only later. For the process entry point only, not for a library caller."""
+    _g0, g1, g2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, g1, g2)
+
+
+def freeze_after_start() -> None:
+    """What start-up allocated is permanent: leave it out of every later collection."""
+    gc.collect()
+    gc.freeze()
 
 
 def configure_logging(level: str) -> None:

@@ -71,7 +71,7 @@ def service(
 ) -> None:
     """Run one service in the foreground (settings from SJA_* environment variables)."""
     from services.registry import SERVICES, load
-    from sja.bus.service import configure_logging, run_service
+    from sja.bus.service import configure_logging, freeze_after_start, run_service, tune_gc
     from sja.bus.settings import SettingsError
 
     if name not in SERVICES:
@@ -83,8 +83,9 @@ def service(
         fail(str(e))
         return
     configure_logging(settings.log_level)
+    tune_gc()
     try:
-        run_async(run_service(svc_cls(settings)))
+        run_async(run_service(svc_cls(settings), ready=freeze_after_start))
     except ValueError as e:
         fail(str(e))
 
