@@ -39,6 +39,9 @@ class AdvertiserSettings(BaseSettings, frozen=True, kw_only=True):
     """A free slice nobody took is offered again, backing off from min to max. The minimum is
     longer than a round may stay open (reply window and grace), so that a slice is not in two
     rounds at once."""
+    hold_new_s: float = 0.1
+    """A newly free window waits up to this long for a job able to take it (counted demand from the
+    agents) before it is offered anyway; 0: offer at once (see ``OfferPacer``)."""
     tick_s: float = 0.05
     coalesce_s: float = 0.005
     """After a slice frees, wait this long for others before advertising, so that a burst of
@@ -58,7 +61,10 @@ class AdvertiserService(Service):
         self.round = 0
         self.offers_published = 0
         self.pacer = OfferPacer(
-            settings.reoffer_min_s, settings.reoffer_max_s, floor_s=settings.reply_window_s
+            settings.reoffer_min_s,
+            settings.reoffer_max_s,
+            floor_s=settings.reply_window_s,
+            hold_s=settings.hold_new_s,
         )
         self._wake = asyncio.Event()
         self.free: set[str] = set()

@@ -187,3 +187,54 @@ def test_counted_demand_reoffers_that_many_waiting_windows_besides_new_ones() ->
     pacer.demand_changed(1)
     got = [w.slice_id for w in pacer.due(ws, fences, 0.2)]
     assert got == ["s000", "s001"]
+
+
+def test_a_held_new_window_meets_the_demand_that_follows_it_in_one_offer() -> None:
+    pacer = OfferPacer(min_s=0.5, max_s=2.0, floor_s=0.05, hold_s=0.1)
+    ws = [offer(i).window for i in range(3)]
+    fences = {w.slice_id: 1 for w in ws}
+    pacer.demand_changed(2)  # two jobs ready
+    assert [w.slice_id for w in pacer.due(ws, fences, 0.0)] == ["s000", "s001"]
+    assert pacer.due(ws, fences, 0.05) == []  # s002: no job for it yet, held
+    pacer.demand_changed(1)
+    assert [w.slice_id for w in pacer.due(ws, fences, 0.06)] == ["s002"]
+    # A slice frees (its subjob ended): held until its job is ready again, then one offer.
+    fences["s000"] = 2
+    assert pacer.due(ws, fences, 0.2) == []
+    pacer.demand_changed(1)
+    assert [w.slice_id for w in pacer.due(ws, fences, 0.21)] == ["s000"]
+    # No demand comes: offered anyway once the hold is over.
+    fences["s001"] = 2
+    assert pacer.due(ws, fences, 0.3) == []
+    assert pacer.due(ws, fences, 0.35) == []
+    assert [w.slice_id for w in pacer.due(ws, fences, 0.41)] == ["s001"]
+
+
+def test_demand_beyond_the_free_windows_is_kept_for_windows_freed_later_until_it_is_stale() -> None:
+    pacer = OfferPacer(min_s=0.5, max_s=2.0, floor_s=0.05, hold_s=0.1)
+    w0, w1, w2 = (offer(i).window for i in range(3))
+    fences = {w.slice_id: 1 for w in (w0, w1, w2)}
+    pacer.demand_changed(5)
+    assert len(pacer.due([w0, w1, w2], fences, 0.0)) == 3  # three of five jobs get one; all taken
+    fences["s000"] = 2  # freed: the fourth job's, at once
+    assert [w.slice_id for w in pacer.due([w0], fences, 0.2)] == ["s000"]
+    fences["s001"] = 2  # the fifth's (s000 taken meanwhile)
+    assert [w.slice_id for w in pacer.due([w1], fences, 0.3)] == ["s001"]
+    fences["s002"] = 2  # demand used up: held
+    assert pacer.due([w2], fences, 0.35) == []
+    assert [w.slice_id for w in pacer.due([w2], fences, 0.46)] == ["s002"]  # hold over: offered anyway
+    pacer.demand_changed(1)
+    assert pacer.due([], fences, 0.5) == []  # a job ready, no free window
+    fences["s000"] = 3
+    assert pacer.due([w0], fences, 3.0) == []  # that demand is stale after max_s: s000 is held
+    pacer.demand_changed(1)
+    assert [w.slice_id for w in pacer.due([w0], fences, 3.01)] == ["s000"]
+
+
+def test_uncounted_demand_offers_held_windows_at_once() -> None:
+    pacer = OfferPacer(min_s=0.5, max_s=2.0, floor_s=0.05, hold_s=0.1)
+    ws = [offer(i).window for i in range(2)]
+    fences = {w.slice_id: 1 for w in ws}
+    assert pacer.due(ws, fences, 0.0) == []
+    pacer.demand_changed()
+    assert len(pacer.due(ws, fences, 0.01)) == 2

@@ -77,33 +77,55 @@ class OfferPacer:
     take a window) offers that many waiting windows again at once besides the new ones, those that
     have waited longest first, but none sooner than ``floor_s`` after its last offer (that offer's
     round may still be open). Uncounted demand (``demand_changed()``) cuts every pending backoff
-    back to ``min_s`` from the window's last offer."""
+    back to ``min_s`` from the window's last offer.
 
-    def __init__(self, min_s: float, max_s: float, floor_s: float | None = None) -> None:
+    With ``hold_s > 0`` a newly free window waits for a job that can take it: it is offered when
+    counted demand not yet met by an offer is there (a *credit*), or after ``hold_s`` at the latest.
+    A slice usually frees when a subjob ends, a moment before the job that ran it is able to bid
+    again; offered at once, it mostly finds no bid, and the job's demand then re-offers another
+    window: two offers (two rounds, two replies from every agent) per grant. Held, the freed window
+    and the job's demand meet in one offer. Each offer, new or again, uses one credit; credit left
+    over (more jobs ready than windows) stays for windows freed later, until ``max_s`` after the
+    last demand. Uncounted demand offers every held window at once."""
+
+    def __init__(self, min_s: float, max_s: float, floor_s: float | None = None, hold_s: float = 0.0) -> None:
         self.min_s = min_s
         self.max_s = max_s
         self.floor_s = min_s if floor_s is None else min(floor_s, min_s)
+        self.hold_s = hold_s
         self._last: dict[str, tuple[int, float, float, float]] = {}
         """slice_id -> (fence offered at, earliest next offer, current backoff, when last offered)"""
+        self._held: dict[str, tuple[int, float]] = {}
+        """slice_id -> (fence, since when) of new windows waiting for demand (``hold_s``)"""
         self._demand = False
         self._ready = 0
+        self._ready_at: float | None = None
+        """When counted demand last came (stamped by the next ``due``)."""
 
     def demand_changed(self, ready: int = 0) -> None:
         if ready > 0:
             self._ready = min(self._ready + ready, 1_000_000)
+            self._ready_at = None
         else:
             self._demand = True
 
     def due(self, windows: Iterable[Window], fences: Mapping[str, int], now: float) -> list[Window]:
         """The windows to offer now (recording that they were offered)."""
+        uncounted = self._demand
         if self._demand:
             self._demand = False
             self._last = {
                 k: (fence, min(next_at, at + self.min_s), self.min_s, at)
                 for k, (fence, next_at, _backoff, at) in self._last.items()
             }
+        holding = self.hold_s > 0
+        if self._ready_at is None:
+            self._ready_at = now
+        if holding and self._ready and now - self._ready_at > self.max_s:
+            self._ready = 0  # demand that long unmet is stale (its jobs got windows elsewhere)
         out: list[Window] = []
         waiting: list[tuple[float, Window]] = []
+        held: dict[str, tuple[int, float]] = {}
         for w in windows:
             fence = fences[w.slice_id]
             last = self._last.get(w.slice_id)
@@ -112,17 +134,28 @@ class OfferPacer:
                 if self._ready and now >= last[3] + self.floor_s:
                     waiting.append((last[3], w))
                 continue
+            if holding and not same and not uncounted:
+                if self._ready > 0:
+                    self._ready -= 1
+                else:
+                    since = self._held.get(w.slice_id)
+                    since_at = since[1] if since is not None and since[0] == fence else now
+                    if now < since_at + self.hold_s:
+                        held[w.slice_id] = (fence, since_at)
+                        continue
             backoff = min(last[2] * 2, self.max_s) if same and last is not None else self.min_s
             self._last[w.slice_id] = (fence, now + backoff, backoff, now)
             out.append(w)
+        self._held = held
         if self._ready:
-            # A job that became ready is usually one whose subjob just ended: its slice, freed a
-            # moment before the job could bid, is offered now and has likely gone to another job
-            # or unclaimed. So counted demand goes to windows already waiting, over and above the
-            # new ones.
-            extra, self._ready = self._ready, 0
+            # Without holding: a job that became ready is usually one whose subjob just ended; its
+            # slice, freed a moment before the job could bid, was offered at once and has likely
+            # gone to another job or unclaimed. So counted demand goes to windows already waiting,
+            # over and above the new ones.
             waiting.sort(key=lambda aw: (aw[0], aw[1].slice_id))
-            for _at, w in waiting[:extra]:
+            taken = waiting[: self._ready]
+            self._ready = self._ready - len(taken) if holding else 0
+            for _at, w in taken:
                 fence, _next, backoff, _at0 = self._last[w.slice_id]
                 self._last[w.slice_id] = (fence, now + backoff, backoff, now)
                 out.append(w)
