@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,10 @@ def setup_tracing(
     )
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    if not env.get("OTEL_PROPAGATORS"):
+        # W3C trace context only: SJA carries no baggage, and the SDK's default (trace context
+        # and baggage) parses and writes both on every message.
+        propagate.set_global_textmap(TraceContextTextMapPropagator())
     _provider = provider
     return provider
 
