@@ -75,6 +75,7 @@ from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
+from sja.bus.rounds import decode_grants
 from sja.bus.service import freeze_after_start, tune_gc
 from sja.client import SjaClient
 from sja.execution import slicelease
@@ -382,6 +383,7 @@ def cpu_of(pids: list[int]) -> float:
 class Sample:
     at: float
     grants: int
+    grant_msgs: int
     varz: dict[str, Any]
     cpu_services: float
     cpu_server: float
@@ -405,6 +407,7 @@ async def run(
     me = psutil.Process()
     server = psutil.Process(server_pid)
     grants = 0
+    grant_msgs = 0
     client = SjaClient(nc, timeout_s=30.0)
     submitted: list[str] = []
     done_units: dict[str, int] = {}
@@ -413,8 +416,9 @@ async def run(
     next_index = n_jobs
 
     async def on_grant(msg: Msg) -> None:
-        nonlocal grants
-        grants += 1
+        nonlocal grants, grant_msgs
+        grants += len(decode_grants(msg.data))
+        grant_msgs += 1
 
     def on_units(job_id: str, n: int) -> None:
         nonlocal next_index
@@ -435,6 +439,7 @@ async def run(
         return Sample(
             at=time.perf_counter(),
             grants=grants,
+            grant_msgs=grant_msgs,
             varz=varz(monitor_port),
             cpu_services=cpu_of(service_pids),
             cpu_server=sum(server.cpu_times()[:2]),
@@ -504,7 +509,8 @@ async def run(
         if i < len(times):
             free_ms.append((times[i] - t_free) * 1e3)
     in_msgs = end.varz["in_msgs"] - start.varz["in_msgs"]
-    out_msgs = end.varz["out_msgs"] - start.varz["out_msgs"] - n  # less this benchmark's grant counter
+    # Less the deliveries to this benchmark's grant counter.
+    out_msgs = end.varz["out_msgs"] - start.varz["out_msgs"] - (end.grant_msgs - start.grant_msgs)
     done = [s for s in states if s.status == "done"]
     wrong = [s.job_id for s in done if s.result != run_in_one_piece(s.spec.workload, s.spec.params)]
     all_rounds = [r for r in rounds if wall_start <= r.cleared_at <= wall_end]

@@ -39,6 +39,7 @@ from sja.protocol.messages import (
     Completion,
     DemandChanged,
     Grant,
+    GrantBatch,
     InFlight,
     JobCancel,
     JobState,
@@ -521,15 +522,35 @@ class AgentService(Service):
                     log.debug("job %s lost offer %s: %s", v.job_id, outcome.offer_id, v.reason)
 
     async def on_grant(self, msg: Msg) -> None:
-        grant = decode(msg.data, Grant)
-        job_id = grant.job_id
-        _count(self._granted, job_id, +1)
-        self._changed(job_id)
+        got = decode(msg.data, Grant | GrantBatch)  # type: ignore[arg-type]
+        if isinstance(got, Grant):
+            todo = [(got, extract(msg))]
+        else:
+            # Each grant under its own sja.grant span (the message's headers carry the round's).
+            contexts = got.trace_contexts
+            todo = [
+                (g, extract(carrier=contexts[i]) if i < len(contexts) else extract(msg))
+                for i, g in enumerate(got.grants)
+            ]
+        for grant, _ in todo:
+            _count(self._granted, grant.job_id, +1)
+            self._changed(grant.job_id)
         try:
-            await self._materialize(grant, extract(msg))
+            if len(todo) == 1:
+                await self._materialize(*todo[0])
+            else:
+                await asyncio.gather(*(self._materialize_logged(g, ctx) for g, ctx in todo))
         finally:
-            _count(self._granted, job_id, -1)
-            self._changed(job_id)
+            for grant, _ in todo:
+                _count(self._granted, grant.job_id, -1)
+                self._changed(grant.job_id)
+
+    async def _materialize_logged(self, grant: Grant, ctx: otel_context.Context) -> None:
+        """One grant of a batch: its failure is logged and does not stop the others."""
+        try:
+            await self._materialize(grant, ctx)
+        except Exception:
+            log.exception("materializing grant %s for %s failed", grant.grant_id, grant.job_id)
 
     async def _materialize(self, grant: Grant, ctx: otel_context.Context) -> None:
         async with self.lock(grant.job_id):

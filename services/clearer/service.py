@@ -30,6 +30,7 @@ from sja.protocol.messages import (
     BatchReply,
     ErrorReply,
     Grant,
+    GrantBatch,
     Offer,
     OfferBatch,
     Outcome,
@@ -94,6 +95,9 @@ class OpenRound:
     timer: asyncio.TimerHandle | None = None
     policy: str = ""
     """The policy it was cleared with."""
+    granted: list[tuple[Grant, dict[str, str]]] = field(default_factory=list)
+    """Its grants so far, each with the trace context of its ``sja.grant`` span (sent per agent
+    once the batch's compare-and-sets are done)."""
 
     def bids(self) -> dict[str, list[Bid]]:
         """offer id -> its bids. Offers with the same contributing reply groups share one list, so
@@ -335,6 +339,7 @@ class ClearerService(Service):
             ended = collections.Counter((rec.window.pool, rec.policy, how) for rec, how in results)
             for (pool, policy_, how), n in ended.items():
                 self.m_rounds.add(n, pool=pool, policy=policy_, outcome=how)
+            await self._send_grants(rnd)
             await self._publish_records(rnd, [rec for rec, _ in results])
             await self._send_outcomes(rnd, [v for rec, _ in results for v in rec.verdicts])
         finally:
@@ -383,7 +388,7 @@ class ClearerService(Service):
         ) as span:
             grant, note = (None, "")
             if decision.winner is not None:
-                grant, note = await self._grant(offer, decision, grant_id, lease_until)
+                grant, note = await self._grant(offer, decision, grant_id, lease_until, rnd.granted)
                 if grant is None:
                     self._charge(offer, decision, lease_until, sign=-1.0)
             if span.is_recording():
@@ -404,9 +409,15 @@ class ClearerService(Service):
         return record, outcome
 
     async def _grant(
-        self, offer: Offer, decision: Decision, grant_id: str, lease_until: float
+        self,
+        offer: Offer,
+        decision: Decision,
+        grant_id: str,
+        lease_until: float,
+        granted: list[tuple[Grant, dict[str, str]]],
     ) -> tuple[Grant | None, str]:
-        """CAS the slice from free to leased; only then does the winner hold it."""
+        """CAS the slice from free to leased; only then does the winner hold it. The grant joins
+        ``granted`` (sent with the batch's other grants to the same agent by ``_send_grants``)."""
         assert decision.winner is not None and decision.candidate is not None and self.slices
         win = decision.winner
         now = lease_until - self.cfg.lease_s
@@ -473,7 +484,7 @@ class ClearerService(Service):
                 slice_state=leased,
             )
             self.grants += 1
-            await publish(self.bus, subjects.grant_issued(win.agent_id), grant)
+            granted.append((grant, inject()))
             labels = {"pool": offer.window.pool, "policy": decision.policy}
             self.m_grants.add(1, tenant=grant.tenant, **labels)
             # Clocks of two hosts: a small skew must not make a negative latency.
@@ -489,6 +500,23 @@ class ClearerService(Service):
             now=now,
             lease_s=self.cfg.lease_s,
         )
+
+    async def _send_grants(self, rnd: OpenRound) -> None:
+        """The batch's grants, one message per agent: a ``Grant`` (under its ``sja.grant`` span) when
+        the agent won one window, a ``GrantBatch`` carrying each grant's trace context when more."""
+        by_agent: dict[str, list[tuple[Grant, dict[str, str]]]] = {}
+        for grant, carrier in rnd.granted:
+            by_agent.setdefault(grant.agent_id, []).append((grant, carrier))
+        for agent_id, got in sorted(by_agent.items()):
+            subject = subjects.grant_issued(agent_id)
+            if len(got) == 1:
+                grant, carrier = got[0]
+                await self.bus.publish(subject, encode(grant), headers=carrier)
+                continue
+            batch = GrantBatch(
+                batch_id=rnd.key, grants=[g for g, _ in got], trace_contexts=[c for _, c in got]
+            )
+            await publish(self.bus, subject, batch)
 
     async def _send_outcomes(self, rnd: OpenRound, verdicts: list[Verdict]) -> None:
         """One outcome per agent per batch: what happened to each of its jobs' bids."""

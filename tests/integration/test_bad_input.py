@@ -55,6 +55,7 @@ from services.inventory.service import InventoryService, InventorySettings
 from sja.bus.codec import MAX_MESSAGE_BYTES, DecodeError, decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
 from sja.bus.natsd import EmbeddedNats
+from sja.bus.rounds import decode_grants
 from sja.bus.service import Service
 from sja.client import ApiError, SjaClient
 from sja.core import jobs as J
@@ -1072,8 +1073,8 @@ async def test_replayed_offers_grants_and_completions_change_nothing(
         await stack.nc.flush()
         await asyncio.sleep(0.6)
         await stack.assert_alive("after the replays")
-        old_grants = {decode(g.data, m.Grant).grant_id for g in grants_seen}
-        issued = [g for g in (decode(x.data, m.Grant) for x in new_grants) if g.grant_id not in old_grants]
+        old_grants = {g.grant_id for x in grants_seen for g in decode_grants(x.data)}
+        issued = [g for x in new_grants for g in decode_grants(x.data) if g.grant_id not in old_grants]
         assert not issued, f"grants issued for replayed offers: {issued}"
         after = await _slice_states(stack)
         assert {k: v[0].fence for k, v in after.items()} == {k: v[0].fence for k, v in slices_before.items()}
@@ -1094,7 +1095,7 @@ async def _one_subjob(stack: Stack, spec: m.JobSpec) -> tuple[str, m.Grant, m.Su
             break
         await asyncio.sleep(0.02)
     sj = decode(subjobs_seen[0].data, m.Subjob)
-    grant = next(g for g in (decode(x.data, m.Grant) for x in grants_seen) if g.grant_id == sj.grant_id)
+    grant = next(g for x in grants_seen for g in decode_grants(x.data) if g.grant_id == sj.grant_id)
     return ack.job_id, grant, sj
 
 

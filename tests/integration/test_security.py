@@ -45,6 +45,7 @@ from sja.bus.connection import (
     parse_permission_violation,
 )
 from sja.bus.natsd import EmbeddedNats
+from sja.bus.rounds import decode_grants
 from sja.bus.service import Service
 from sja.client import ApiError, SjaClient
 from sja.protocol import subjects
@@ -415,7 +416,7 @@ async def test_services_with_their_own_users_negotiate_end_to_end(secured: Secur
         grants: list[Grant] = []
 
         async def on_grant(msg: Any) -> None:
-            grants.append(decode(msg.data, Grant))
+            grants.extend(decode_grants(msg.data))
 
         await watcher.nc.subscribe(subjects.grant_issued("*"), cb=on_grant)
         client = await SjaClient.connect(

@@ -18,9 +18,10 @@ from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from sja.bus.codec import decode, encode
 from sja.bus.connection import stores
+from sja.bus.rounds import decode_grants
 from sja.client import ApiError, SjaClient
 from sja.protocol import subjects
-from sja.protocol.messages import ErrorReply, Grant, JobSpec, SliceState, Subjob
+from sja.protocol.messages import ErrorReply, Grant, GrantBatch, JobSpec, SliceState, Subjob
 
 
 @contextlib.asynccontextmanager
@@ -90,10 +91,14 @@ async def test_rounds_grant_each_slice_once_and_dispatch_subjobs(nats_url: str, 
     advertiser = AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=4.0))
 
     grants: list[Grant] = []
+    batches: list[GrantBatch] = []
     got_grant = asyncio.Event()
 
     async def on_grant(msg) -> None:
-        grants.append(decode(msg.data, Grant))
+        grants.extend(decode_grants(msg.data))
+        got = decode(msg.data, Grant | GrantBatch)  # type: ignore[arg-type]
+        if isinstance(got, GrantBatch):
+            batches.append(got)
         got_grant.set()
 
     await nc.subscribe(subjects.grant_issued("*"), cb=on_grant)
@@ -126,6 +131,13 @@ async def test_rounds_grant_each_slice_once_and_dispatch_subjobs(nats_url: str, 
                     subjobs.append(decode(m.data, Subjob))
                     await m.ack()
         assert len(subjobs) == 6, "every one of the six free slices should be granted and used"
+        # The free slices went out in batches: an agent that won several windows of one batch got
+        # them in one message, each grant with its own trace context, and materialized each one.
+        assert batches and all(len(b.grants) > 1 for b in batches)
+        assert all(len(b.trace_contexts) == len(b.grants) for b in batches)
+        assert all(c.get("traceparent") for b in batches for c in b.trace_contexts)
+        batched = {g.grant_id for b in batches for g in b.grants}
+        assert batched <= {sj.grant_id for sj in subjobs}
         slices, _ = await stores(js)
         for sj in subjobs:
             got = await slices.get(sj.slice_id)

@@ -156,6 +156,21 @@ JOB_STATE = m.JobState(
 )
 
 # One valid, fully populated instance of every message type.
+GRANT = m.Grant(
+    grant_id="g-1",
+    offer_id="o-1",
+    round=7,
+    job_id="j1",
+    tenant="alice",
+    agent_id="agent-1",
+    window=WINDOW,
+    candidate=CANDIDATE,
+    fence=4,
+    lease_until=1010.0,
+    policy="fair",
+    granted_at=1000.6,
+)
+
 SAMPLES: dict[type[m.Message], m.Message] = {
     m.SliceState: m.SliceState(
         slice_id="local-g0-3g.20gb-4",
@@ -212,21 +227,13 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         agent_id="agent-1",
         groups=[m.ReplyGroup(offer_ids=["o-2"], proposals=[PROPOSAL])],
     ),
-    m.Grant: m.Grant(
-        grant_id="g-1",
-        offer_id="o-1",
-        round=7,
-        job_id="j1",
-        tenant="alice",
-        agent_id="agent-1",
-        window=WINDOW,
-        candidate=CANDIDATE,
-        fence=4,
-        lease_until=1010.0,
-        policy="fair",
-        granted_at=1000.6,
-    ),
+    m.Grant: GRANT,
     m.Outcome: m.Outcome(offer_id="o-1", verdicts=[VERDICT], pool="node-a", policy="fair"),
+    m.GrantBatch: m.GrantBatch(
+        batch_id="b-1",
+        grants=[GRANT, msgspec.structs.replace(GRANT, grant_id="g-2", job_id="j2")],
+        trace_contexts=[{"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, {}],
+    ),
     m.RoundRecord: ROUND_RECORD,
     m.RoundBatch: m.RoundBatch(batch_id="b-1", records=[ROUND_RECORD, ROUND_RECORD]),
     m.SubmitJob: m.SubmitJob(spec=SPEC, request_id="req-1"),

@@ -1,5 +1,6 @@
-"""Reading the round records of ``SJA_ROUNDS``: a message holds one ``RoundRecord`` (a lone offer)
-or a ``RoundBatch`` (the rounds of one offer batch); readers see records either way."""
+"""Reading what clearers publish per offer batch: the round records of ``SJA_ROUNDS`` (a message
+holds one ``RoundRecord``, for a lone offer, or a ``RoundBatch``) and the grants to an agent (one
+``Grant`` or a ``GrantBatch``); readers see records and grants either way."""
 
 from __future__ import annotations
 
@@ -10,13 +11,19 @@ from nats.js.client import JetStreamContext
 
 from sja.bus.codec import decode
 from sja.protocol import subjects
-from sja.protocol.messages import RoundBatch, RoundRecord
+from sja.protocol.messages import Grant, GrantBatch, RoundBatch, RoundRecord
 
 
 def decode_rounds(data: bytes) -> list[RoundRecord]:
     """The records in one ``SJA_ROUNDS`` message (``DecodeError`` if it is neither kind)."""
     got = decode(data, RoundRecord | RoundBatch)  # type: ignore[arg-type]
     return list(got.records) if isinstance(got, RoundBatch) else [got]
+
+
+def decode_grants(data: bytes) -> list[Grant]:
+    """The grants in one message on ``grant_issued`` (``DecodeError`` if it is neither kind)."""
+    got = decode(data, Grant | GrantBatch)  # type: ignore[arg-type]
+    return list(got.grants) if isinstance(got, GrantBatch) else [got]
 
 
 async def iter_rounds(

@@ -224,6 +224,16 @@ class Grant(Message, tag="sja.grant.v1", frozen=True, kw_only=True):
     compare-and-set against it instead of reading the slice first."""
 
 
+class GrantBatch(Message, tag="sja.grant_batch.v1", frozen=True, kw_only=True):
+    """The grants of one offer batch to one agent, in one message (a lone grant goes as a
+    ``Grant``). ``trace_contexts[i]`` is the W3C trace context of ``grants[i]``'s ``sja.grant`` span,
+    under which the agent materializes it (the message's own headers carry the round's)."""
+
+    batch_id: Id
+    grants: list[Grant]
+    trace_contexts: list[dict[str, str]] = []
+
+
 class Outcome(Message, tag="sja.outcome.v1", frozen=True, kw_only=True):
     """Sent to each agent that replied: what happened to its proposals."""
 

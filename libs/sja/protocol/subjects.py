@@ -139,6 +139,7 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.OfferBatch, offer_opened("*"), durable=False),
     Route(m.BatchReply, offer_replied("*"), durable=False),
     Route(m.Grant, grant_issued("*"), durable=False),
+    Route(m.GrantBatch, grant_issued("*"), durable=False),
     Route(m.Outcome, outcome_sent("*"), durable=False),
     Route(m.AgentHeartbeat, AGENT_HEARTBEAT, durable=False),
     Route(m.DemandChanged, DEMAND_CHANGED, durable=False),
