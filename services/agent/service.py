@@ -77,6 +77,11 @@ class AgentSettings(BaseSettings, frozen=True, kw_only=True):
     demand_coalesce_s: float = 0.005
     """Jobs that became able to take a window (claimed, or a subjob done) are announced to the
     advertisers (``DemandChanged.ready``) after this pause, so a burst is one message."""
+    completion_flush_s: float = 0.25
+    """A completion is folded into its job at once, and written to ``sja-jobs`` with the job's next
+    write (its next subjob, usually) or after this long, whichever comes first; it is acknowledged
+    only once written (a crash in between redelivers it). A job's last completion is written at
+    once. 0: every completion is written on its own."""
 
 
 class AgentService(Service):
@@ -108,6 +113,13 @@ class AgentService(Service):
         self._ready_new = 0
         """Windows this agent's jobs became able to take since the last ``DemandChanged``."""
         self._demand = asyncio.Event()
+        self._unsaved: dict[str, list[tuple[Msg, Completion]]] = {}
+        """job id -> completions folded into its state here and not yet written to ``sja-jobs``
+        (acknowledged once written)."""
+        self._unsaved_since: dict[str, float] = {}
+        self._version: dict[str, int] = {}
+        """job id -> a number that changes with every change of its state here (written or not)."""
+        self._versions = 0
         self.m_subjobs = self.metrics.counter(
             "sja_subjobs",
             "Subjob outcomes folded into their jobs, by status (ok, oom, timeout, failed, cancelled, lost).",
@@ -153,6 +165,8 @@ class AgentService(Service):
         self.loop(self._heartbeat_forever())
         self.loop(self._demand_forever())
         self.loop(self._reap_forever())
+        if self.cfg.completion_flush_s > 0:
+            self.loop(self._flush_forever())
         self.loop(
             watch_consumers(
                 js,
@@ -162,6 +176,9 @@ class AgentService(Service):
         )
 
     async def on_stop(self) -> None:
+        # Completions folded in and not yet written: write them (and acknowledge) while connected.
+        with contextlib.suppress(Exception):
+            await self.flush_all()
         # See ExecutorService.on_stop: pull subscriptions go before the connection drains.
         for sub in (getattr(self, "_jobs_sub", None), getattr(self, "_done_sub", None)):
             if sub is not None:
@@ -289,24 +306,65 @@ class AgentService(Service):
 
     # --- state persistence -------------------------------------------------------------------------
 
-    async def save(self, job_id: str, transition: Callable[[JobState], JobState | None]) -> JobState | None:
-        """Apply ``transition`` to the job and CAS it; on conflict reload and apply again."""
+    async def save(
+        self, job_id: str, transition: Callable[[JobState], JobState | None], force: bool = False
+    ) -> JobState | None:
+        """Apply ``transition`` to the job and CAS it (with the completions folded in and not yet
+        written); on conflict reload, fold those completions in again, and apply it again.
+        ``force``: write even if the transition changes nothing (to write those completions)."""
         assert self.jobs is not None
         for _ in range(20):
+            if job_id not in self.owned:
+                return None
             state, rev = self.owned[job_id]
             new = transition(state)
             if new is None or new == state:
-                return new
+                if not (force and self._unsaved.get(job_id)):
+                    return new
+                new = state
             new_rev = await self.jobs.cas(job_id, new, rev)
             if new_rev is not None:
+                await self._written(job_id)
                 self._remember(new, new_rev)
                 return new
             got = await self.jobs.get(job_id)
             if got is None:
+                await self._written(job_id)  # the job is gone: nothing to fold them into
                 self._disown(job_id)
                 return None
-            self._own(*got)
+            fresh, fresh_rev = got
+            for _msg, c in self._unsaved.get(job_id, []):
+                fresh, _ = J.apply_completion(fresh, c, time.time())
+            self._own(fresh, fresh_rev)
         raise RuntimeError(f"could not update job {job_id}: too much contention")
+
+    async def _written(self, job_id: str) -> None:
+        """The job's unwritten completions are in ``sja-jobs`` now: acknowledge them."""
+        self._unsaved_since.pop(job_id, None)
+        for msg, _ in self._unsaved.pop(job_id, []):
+            with contextlib.suppress(Exception):
+                await msg.ack()
+
+    async def flush(self, job_id: str) -> None:
+        """Write the job's completions folded in here and not yet written."""
+        async with self.lock(job_id):
+            if self._unsaved.get(job_id):
+                await self.save(job_id, lambda s: None, force=True)
+
+    async def flush_all(self) -> None:
+        await asyncio.gather(*(self.flush(j) for j in list(self._unsaved)), return_exceptions=True)
+
+    async def _flush_forever(self) -> None:
+        every = self.cfg.completion_flush_s
+        while True:
+            await asyncio.sleep(every / 2)
+            due = time.monotonic() - every
+            jobs = [j for j, since in list(self._unsaved_since.items()) if since <= due]
+            if jobs:
+                results = await asyncio.gather(*(self.flush(j) for j in jobs), return_exceptions=True)
+                for job_id, r in zip(jobs, results, strict=True):
+                    if isinstance(r, Exception):
+                        log.warning("writing the completions of %s failed: %r", job_id, r)
 
     def _remember(self, state: JobState, rev: int) -> None:
         if J.is_terminal(state):
@@ -317,6 +375,8 @@ class AgentService(Service):
 
     def _own(self, state: JobState, rev: int) -> None:
         self.owned[state.job_id] = (state, rev)
+        self._versions += 1
+        self._version[state.job_id] = self._versions
         self._changed(state.job_id)
 
     def _changed(self, job_id: str) -> None:
@@ -327,6 +387,7 @@ class AgentService(Service):
 
     def _disown(self, job_id: str) -> None:
         self.owned.pop(job_id, None)
+        self._version.pop(job_id, None)
         for book in self.books.values():
             book.drop(job_id)
 
@@ -483,8 +544,8 @@ class AgentService(Service):
             got = self.owned.get(job_id)
             if got is None:
                 return None
-            state, rev = got
-            key = (job_id, rev, shape, policy)
+            state, _rev = got
+            key = (job_id, self._version.get(job_id, 0), shape, policy)
             if key in self._plans:
                 p = self._plans[key]
             else:
@@ -693,17 +754,28 @@ class AgentService(Service):
                     planned[:] = [f for f in state.in_flight if f.subjob_id == c.subjob_id][:1]
                     return new if ok else None
 
-                if c.job_id in self.owned:
-                    workload = self.owned[c.job_id][0].spec.workload
-                    state = await self.save(c.job_id, transition)
-                    span.set_attribute("sja.applied", bool(applied and applied[0]))
-                    if applied and applied[0]:
-                        self._record_completion(c, planned[0] if planned else None, workload)
-                        if state is not None and J.can_take_more(state):
-                            self.ready(1)
+                if c.job_id not in self.owned:
+                    await msg.ack()
+                    return
+                current, rev = self.owned[c.job_id]
+                new = transition(current)
+                span.set_attribute("sja.applied", new is not None)
+                if new is None:
+                    await msg.ack()  # a duplicate, or for a subjob no longer in flight: nothing to do
+                    return
+                self._record_completion(c, planned[0] if planned else None, current.spec.workload)
+                # Folded in here at once (the job bids on it); written with the job's next write or
+                # by the flusher, and acknowledged then. A finished job is written at once.
+                self._own(new, rev)
+                self._unsaved.setdefault(c.job_id, []).append((msg, c))
+                self._unsaved_since.setdefault(c.job_id, time.monotonic())
+                if J.is_terminal(new) or self.cfg.completion_flush_s <= 0:
+                    state = await self.save(c.job_id, lambda s: None, force=True)
                     if state is not None and J.is_terminal(state):
                         log.info("job %s %s after %d subjobs", c.job_id, state.status, state.next_seq)
-        await msg.ack()
+                        return
+                if J.can_take_more(new):
+                    self.ready(1)
 
     def _record_completion(self, c: Completion, flight: InFlight | None, workload: str) -> None:
         """Count an applied completion (a duplicate is not applied, so not counted twice)."""

@@ -96,6 +96,8 @@ class InstantExecutor(ExecutorService):
 
     hold_s = 0.0
     """How long each subjob keeps its slice busy."""
+    peak_mib_per_unit = 0.0
+    """Peak memory reported per unit (0: 1 MiB whatever the size)."""
 
     def _init_ray(self) -> None:
         return None
@@ -130,7 +132,7 @@ class InstantExecutor(ExecutorService):
         result = RunResult(
             status=status,
             units_done=sj.units if status == "ok" else 0,
-            peak_mem_mib=1.0,
+            peak_mem_mib=sj.units * self.peak_mib_per_unit if self.peak_mib_per_unit else 1.0,
             duration_s=max(now - started, 1e-4),
             started_at=started,
             finished_at=now,
@@ -239,6 +241,8 @@ async def running(
     executor: bool = True,
     hold_s: float = 0.0,
     advertiser: bool = True,
+    completion_flush_s: float = 0.05,
+    peak_mib_per_unit: float = 0.0,
 ) -> AsyncIterator[Stack]:
     nc = await connect(server.url, "fuzzer")
     stack = Stack(url=server.url, tmp=tmp, nc=nc, client=SjaClient(nc, timeout_s=REQUEST_TIMEOUT_S))
@@ -252,12 +256,20 @@ async def running(
         await stack.add(
             "agent",
             AgentService(
-                AgentSettings(**c(AGENT), horizon_s=3.0, heartbeat_s=0.5, lease_s=3.0, reap_every_s=0.5)
+                AgentSettings(
+                    **c(AGENT),
+                    horizon_s=3.0,
+                    heartbeat_s=0.5,
+                    lease_s=3.0,
+                    reap_every_s=0.5,
+                    completion_flush_s=completion_flush_s,
+                )
             ),
         )
         if executor:
             ex = InstantExecutor(ExecutorSettings(**c("executor-t"), node=NODE))
             ex.hold_s = hold_s
+            ex.peak_mib_per_unit = peak_mib_per_unit
             await stack.add("executor", ex)
         if advertiser:
             await stack.add(
@@ -1184,6 +1196,41 @@ async def test_grant_that_agrees_with_its_lease_but_not_the_slice_never_runs(
         assert admitted.verdict == "stale"
         assert await slices.get(sj.slice_id) == before
         assert before is not None and (before[0].grant_id, before[0].fence) == (grant.grant_id, grant.fence)
+
+
+async def test_a_completion_is_written_with_the_jobs_next_write(server: EmbeddedNats, tmp_path: Path) -> None:
+    """With a long flush interval, each completion reaches ``sja-jobs`` with the write of the job's
+    next subjob (and the last with the job's end): one write per subjob, not two, and the result is
+    still every unit once. With flushing off, two."""
+    for flush_s, per_subjob in ((30.0, 1), (0.0, 2)):
+        async with running(
+            server, tmp_path / str(flush_s), completion_flush_s=flush_s, peak_mib_per_unit=3000.0
+        ) as stack:
+            writes: list[m.JobState] = []
+
+            async def on_write(msg: Msg, writes: list[m.JobState] = writes) -> None:
+                with contextlib.suppress(DecodeError):
+                    writes.append(decode(msg.data, m.JobState))
+
+            await stack.nc.subscribe(f"$KV.{subjects.BUCKET_JOBS}.>", cb=on_write)
+            # 3 GB a unit: a subjob takes 1 to 13 units, depending on its slice.
+            spec = good_spec(
+                f"write-behind-{per_subjob}",
+                14,
+                max_parallel=1,
+                params={"units": 40, "samples_per_unit": 2000},
+                memory=m.MemoryDecl(base_mib=0.0, per_unit_mib=3000.0, rel_sd=0.05),
+            )
+            job = await stack.client.submit(spec)
+            (state,) = await stack.wait_done([job.job_id])
+            assert_intact(state)
+            n = len(state.history)
+            mine = [w for w in writes if w.job_id == job.job_id]
+            assert n >= 3, state.history
+            # The gateway's, the claim, then per subjob; the last completion on its own.
+            assert len(mine) == 2 + per_subjob * n + (1 if per_subjob == 1 else 0), [
+                (w.status, w.next_seq, len(w.in_flight), w.units_done) for w in mine
+            ]
 
 
 async def test_replayed_subjob_does_not_free_a_running_slice(server: EmbeddedNats, tmp_path: Path) -> None:
