@@ -234,6 +234,21 @@ def test_state_round_trip_then_learning_matches_uninterrupted_learning() -> None
     assert a.to_state() == b.to_state()
 
 
+def test_a_copy_is_the_restored_profile_and_learns_on_its_own() -> None:
+    a = _trained_profile()
+    c = a.copy()
+    assert c == JobProfile.from_state(a.to_state())
+    before = a.to_state()
+    c.observe(20, 300.0, 5.0, "2g.10gb", 2 / 7)
+    c.observe_oom(80, 4608.0)
+    c.observe_timeout(40, 2.0, "1g.5gb", 1 / 7)
+    assert a.to_state() == before, "learning on the copy changed the original"
+    a.observe(20, 300.0, 5.0, "2g.10gb", 2 / 7)
+    a.observe_oom(80, 4608.0)
+    a.observe_timeout(40, 2.0, "1g.5gb", 1 / 7)
+    assert a.to_state() == c.to_state()
+
+
 def test_linear_posterior_list_round_trip() -> None:
     post = LinearPosterior.prior_from(10.0, 2.0, 0.2, 8)
     post.update(4, 20.0)

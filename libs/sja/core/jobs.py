@@ -296,8 +296,7 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
         return state, False
     in_flight = [f for f in state.in_flight if f.subjob_id != c.subjob_id]
     profile_name, compute_share = flight.profile, flight.compute_share
-    assert state.profile is not None
-    profile = JobProfile.from_state(state.profile)  # updated below: a copy of its own
+    profile = profile_of(state).copy()  # updated below: a copy of its own
     w = workload(state.spec.workload)
     retry = list(state.retry)
     acc = state.accumulator

@@ -16,7 +16,7 @@ planned again on a slice with that much memory or time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 from sja.protocol.messages import MemoryDecl, ProfileState, TimeDecl
@@ -121,6 +121,10 @@ class LinearPosterior:
 
     def scale(self, x: float) -> float:
         return self.s0 + self.s1 * max(x, 0.0)
+
+    def copy(self) -> LinearPosterior:
+        """An independent copy, fitted as this one is (no refit)."""
+        return replace(self, obs=list(self.obs))
 
     def _fit(self) -> None:
         """Posterior of the weights from the prior and the kept observations; the noise is estimated
@@ -348,6 +352,18 @@ class JobProfile:
         self.timeout_bounds.append((k, cap_s * share))
         self.time.update(k, full_len * CENSORED_INFLATION, censored=True)
         self.observations += 1
+
+    def copy(self) -> JobProfile:
+        """An independent copy to update (what ``from_state(self.to_state())`` gives, without
+        refitting)."""
+        return JobProfile(
+            mem=self.mem.copy(),
+            time=self.time.copy(),
+            speed={k: replace(v) for k, v in self.speed.items()},
+            oom_bounds=list(self.oom_bounds),
+            timeout_bounds=list(self.timeout_bounds),
+            observations=self.observations,
+        )
 
     # --- serialization ----------------------------------------------------------------------------
 
