@@ -761,6 +761,12 @@ class AgentService(Service):
                 new = transition(current)
                 span.set_attribute("sja.applied", new is not None)
                 if new is None:
+                    pending = self._unsaved.get(c.job_id, [])
+                    if any(u.subjob_id == c.subjob_id and u.grant_id == c.grant_id for _, u in pending):
+                        # Delivered again before its first delivery was written (the write is
+                        # late): acknowledged with that write, never before it.
+                        pending.append((msg, c))
+                        return
                     await msg.ack()  # a duplicate, or for a subjob no longer in flight: nothing to do
                     return
                 self._record_completion(c, planned[0] if planned else None, current.spec.workload)

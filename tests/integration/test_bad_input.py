@@ -1233,6 +1233,72 @@ async def test_a_completion_is_written_with_the_jobs_next_write(server: Embedded
             ]
 
 
+async def test_a_completion_delivered_again_before_it_is_written_is_acknowledged_with_the_write(
+    server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A completion folded in and not yet written, delivered again (its acknowledgement was late): the
+    second delivery is not acknowledged before the first is written either, so an agent dying in
+    between loses neither; once the job is written, both are acknowledged and applied once."""
+    async with running(server, tmp_path, executor=False, completion_flush_s=30.0) as stack:
+        spec = good_spec(
+            "late-write",
+            15,
+            max_parallel=1,
+            params={"units": 40, "samples_per_unit": 2000},
+            memory=m.MemoryDecl(base_mib=0.0, per_unit_mib=3000.0, rel_sd=0.05),  # not all in one
+        )
+        job_id, _grant, sj = await _one_subjob(stack, spec)
+        assert sj.units < 40
+        await stack.remove("advertiser")  # no next grant: nothing writes the job but the flush
+        w = workload(sj.workload)
+        output = w.run(w.validate(dict(sj.params)), sj.unit_start, sj.units, sj.input_checkpoint)
+        now = time.time()
+        done = m.Completion(
+            subjob_id=sj.subjob_id,
+            job_id=job_id,
+            grant_id=sj.grant_id,
+            fence=sj.fence,
+            slice_id=sj.slice_id,
+            status="ok",
+            unit_start=sj.unit_start,
+            units=sj.units,
+            units_done=sj.units,
+            peak_mem_mib=1.0,
+            duration_s=0.01,
+            mem_cap_mib=sj.mem_cap_mib,
+            time_cap_s=sj.time_cap_s,
+            started_at=now,
+            finished_at=now,
+            output_checkpoint=output,
+        )
+        js = stack.nc.jetstream()
+        for copy in ("first", "again"):
+            await js.publish(
+                subjects.subjob_completed(job_id), encode(done), headers={"Nats-Msg-Id": f"zz-{copy}"}
+            )
+        durable = "agent-" + subjects._key(AGENT)
+        info = None
+        for _ in range(100):
+            info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
+            if info.num_ack_pending >= 2:
+                break
+            await asyncio.sleep(0.02)
+        assert info is not None and info.num_ack_pending >= 2, "acknowledged before being written"
+        written = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
+        assert written is not None and written[0].units_done == 0
+        await stack.agent.flush(job_id)  # type: ignore[attr-defined]
+        info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
+        for _ in range(100):
+            if info.num_ack_pending == 0:
+                break
+            await asyncio.sleep(0.02)
+            info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
+        assert info.num_ack_pending == 0
+        written = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
+        assert written is not None and written[0].units_done == sj.units
+        assert [h.subjob_id for h in written[0].history] == [sj.subjob_id]
+
+
 async def test_replayed_subjob_does_not_free_a_running_slice(server: EmbeddedNats, tmp_path: Path) -> None:
     async with running(server, tmp_path, executor=True, hold_s=1.5) as stack:
         completions: list[Msg] = []
