@@ -345,11 +345,15 @@ class AgentService(Service):
             with contextlib.suppress(Exception):
                 await msg.ack()
 
+    async def _write_unsaved(self, job_id: str) -> JobState | None:
+        """Write the job as it is here, with its completions not yet written (caller holds its lock)."""
+        return await self.save(job_id, lambda s: None, force=True)
+
     async def flush(self, job_id: str) -> None:
         """Write the job's completions folded in here and not yet written."""
         async with self.lock(job_id):
             if self._unsaved.get(job_id):
-                await self.save(job_id, lambda s: None, force=True)
+                await self._write_unsaved(job_id)
 
     async def flush_all(self) -> None:
         await asyncio.gather(*(self.flush(j) for j in list(self._unsaved)), return_exceptions=True)
@@ -743,24 +747,14 @@ class AgentService(Service):
                     "sja.duration_s": c.duration_s,
                 },
             ) as span:
-                now = time.time()
-                applied: list[bool] = []
-                planned: list[InFlight] = []
-
-                def transition(state: JobState) -> JobState | None:
-                    with child_span(tracer, "sja.calibrate", attributes={"sja.job_id": c.job_id}):
-                        new, ok = J.apply_completion(state, c, now)
-                    applied[:] = [ok]
-                    planned[:] = [f for f in state.in_flight if f.subjob_id == c.subjob_id][:1]
-                    return new if ok else None
-
                 if c.job_id not in self.owned:
                     await msg.ack()
                     return
                 current, rev = self.owned[c.job_id]
-                new = transition(current)
-                span.set_attribute("sja.applied", new is not None)
-                if new is None:
+                with child_span(tracer, "sja.calibrate", attributes={"sja.job_id": c.job_id}):
+                    new, ok = J.apply_completion(current, c, time.time())
+                span.set_attribute("sja.applied", ok)
+                if not ok:
                     pending = self._unsaved.get(c.job_id, [])
                     if any(u.subjob_id == c.subjob_id and u.grant_id == c.grant_id for _, u in pending):
                         # Delivered again before its first delivery was written (the write is
@@ -769,14 +763,15 @@ class AgentService(Service):
                         return
                     await msg.ack()  # a duplicate, or for a subjob no longer in flight: nothing to do
                     return
-                self._record_completion(c, planned[0] if planned else None, current.spec.workload)
+                flight = next((f for f in current.in_flight if f.subjob_id == c.subjob_id), None)
+                self._record_completion(c, flight, current.spec.workload)
                 # Folded in here at once (the job bids on it); written with the job's next write or
                 # by the flusher, and acknowledged then. A finished job is written at once.
                 self._own(new, rev)
                 self._unsaved.setdefault(c.job_id, []).append((msg, c))
                 self._unsaved_since.setdefault(c.job_id, time.monotonic())
                 if J.is_terminal(new) or self.cfg.completion_flush_s <= 0:
-                    state = await self.save(c.job_id, lambda s: None, force=True)
+                    state = await self._write_unsaved(c.job_id)
                     if state is not None and J.is_terminal(state):
                         log.info("job %s %s after %d subjobs", c.job_id, state.status, state.next_seq)
                         return
