@@ -5,7 +5,8 @@ between NATS and the KV store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,9 @@ MAX_CONSECUTIVE_FAILURES = 8
 """A job whose subjobs fail this many times in a row (other than OOM/timeout) is failed."""
 
 HISTORY_LIMIT = 500
+
+BIDDING_TIMEOUT_S = 1.0
+"""How long a job likely to win in a batch sits out later batches when no outcome comes."""
 
 
 def validate_spec(spec: JobSpec) -> tuple[JobSpec, int]:
@@ -78,6 +82,77 @@ def claim(state: JobState, agent_id: str, now: float) -> JobState | None:
     if state.owner_agent or is_terminal(state) or not is_consistent(state):
         return None
     return settle(msgspec.structs.replace(state, owner_agent=agent_id), now)
+
+
+def heir(job_id: str, agents: Iterable[str]) -> str:
+    """The agent among ``agents`` first in line to take the job over (rendezvous hashing): every
+    agent computes the same answer from the same set, and a dead owner's jobs spread evenly over
+    the agents alive. ``""`` if there is none."""
+    best, best_key = "", b""
+    for agent in agents:
+        key = hashlib.blake2b(f"{job_id}\x00{agent}".encode(), digest_size=8).digest()
+        if key > best_key or (key == best_key and agent < best):
+            best, best_key = agent, key
+    return best
+
+
+def takeover(
+    state: JobState,
+    new_agent: str,
+    owner_last_seen: float,
+    now: float,
+    liveness_s: float,
+    *,
+    live_agents: Iterable[str] = (),
+) -> JobState | None:
+    """The job taken over by ``new_agent`` from an owner silent for longer than ``liveness_s``, or
+    ``None`` when it stays where it is (its owner may be alive, it has none, it is over, or it is
+    not a state this code could have written).
+
+    ``owner_last_seen`` is when the owner was last known alive: its last heartbeat, or, for an owner
+    never heard of, when the caller started listening (an agent that just started must wait a full
+    ``liveness_s`` before calling anyone dead). ``live_agents`` (the agents heard from lately, the
+    caller included) spreads a dead owner's jobs: only the job's ``heir`` among them takes it at
+    once, any of them after twice ``liveness_s`` (the heir may be dead too).
+
+    The caller writes the result by compare-and-set on the job's revision, so two agents never
+    both take one job. Subjobs in flight stay in flight: their completions reach the new owner, or
+    they are given up (``overdue``) and their units planned again."""
+    owner = state.owner_agent
+    if not owner or owner == new_agent or is_terminal(state) or not is_consistent(state):
+        return None
+    silent_s = now - owner_last_seen
+    if silent_s <= liveness_s:
+        return None
+    heirs = {a for a in live_agents if a != owner} | {new_agent}
+    if silent_s <= 2 * liveness_s and heir(state.job_id, heirs) != new_agent:
+        return None
+    return settle(msgspec.structs.replace(state, owner_agent=new_agent), now)
+
+
+def is_owned_by(state: JobState, agent_id: str) -> bool:
+    """Whether ``agent_id`` owns the job: an agent that finds another owner in the store (the job was
+    taken over while it was silent) disowns it, and writes nothing more to it."""
+    return state.owner_agent == agent_id
+
+
+def plan_time(now: float, window_start_s: float) -> float:
+    """The moment a proposal is planned from: the window's start as offered, or now if that is
+    earlier (so that an answer does not change with the offer's delay)."""
+    return min(now, window_start_s)
+
+
+def sits_out(proposal: Proposal, grants_in_hand: int, likely_wins: int) -> bool:
+    """Whether a job holds back a proposal it could make: the grants it holds and is still
+    materializing use up what it can take (``proposal.capacity``), or it is likely to win in
+    ``likely_wins`` batches still being cleared (its bid would only take a better one's place)."""
+    return grants_in_hand >= proposal.capacity or likely_wins > 0
+
+
+def bidding_expired(answered_at: float, now: float, timeout_s: float = BIDDING_TIMEOUT_S) -> bool:
+    """Whether a batch answered at ``answered_at`` whose outcome never came stops holding its likely
+    winners back (the outcome was lost, or was not for this agent)."""
+    return now - answered_at >= timeout_s
 
 
 def is_consistent(state: JobState) -> bool:
@@ -387,11 +462,13 @@ def overdue(state: JobState, holders: Mapping[str, str | None], now: float, leas
     (``holders``: slice id -> the grant it holds now, ``None`` if none or no such slice). A subjob
     whose dispatch never reached an executor ends here; a late real completion is then ignored
     (``apply_completion`` only applies what is in flight)."""
-    return [
-        f
-        for f in state.in_flight
-        if now > f.dispatched_at + f.time_cap_s + 2 * lease_s and holders.get(f.slice_id) != f.grant_id
-    ]
+    return [f for f in past_due(state, now, lease_s) if holders.get(f.slice_id) != f.grant_id]
+
+
+def past_due(state: JobState, now: float, lease_s: float) -> list[InFlight]:
+    """In-flight subjobs with no completion two leases past their time cap: the ones ``overdue``
+    may give up, once the holders of their slices are known (a caller reads only those slices)."""
+    return [f for f in state.in_flight if now > f.dispatched_at + f.time_cap_s + 2 * lease_s]
 
 
 def lost_completion(state: JobState, flight: InFlight, now: float, why: str) -> Completion:
