@@ -5,19 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from sja.workloads.base import SpecError, Workload
+from sja.workloads.jacobi import Jacobi
 from sja.workloads.matmul import MatMul
 from sja.workloads.montecarlo import MonteCarloPi
 from sja.workloads.torch_infer import TorchInfer
 from sja.workloads.torch_train import TorchTrain
 
-BUILTIN: tuple[str, ...] = ("matmul", "montecarlo")
-"""The workloads that really compute; the simulator registers its own modeled one ("sim")."""
+BUILTIN: tuple[str, ...] = ("matmul", "montecarlo", "jacobi")
+"""The workloads that really compute on the CPU (``jacobi`` is sequential: its state passes from one
+subjob to the next as a checkpoint); the simulator registers its own modeled one ("sim")."""
 
 GPU: tuple[str, ...] = ("torch-train", "torch-infer")
 """PyTorch workloads (the ``gpu`` extra): on a slice's GPU when there is one, else on the CPU.
 Registering them does not import ``torch``; running one does."""
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (MatMul(), MonteCarloPi(), TorchTrain(), TorchInfer())}
+WORKLOADS: dict[str, Workload] = {
+    w.name: w for w in (MatMul(), MonteCarloPi(), Jacobi(), TorchTrain(), TorchInfer())
+}
 
 
 def workload(name: str) -> Workload:
