@@ -1,7 +1,9 @@
 """The service base: an async context manager with graceful drain, and ``run_service``.
 
-``stop()`` stops intake (drains subscriptions), waits for in-flight handlers up to the drain timeout,
-drains the connection, then flushes telemetry. ``start()`` and ``stop()`` are idempotent.
+``stop()`` stops intake first (the micro endpoints and discovery, then the subscriptions), waits for
+in-flight handlers up to the drain timeout, drains the connection, then flushes telemetry.
+``start()`` and ``stop()`` are idempotent. A request an endpoint is handling when ``stop()`` begins
+is answered: endpoint handlers run as tracked tasks, like subscription handlers.
 
 A service connects with the credentials of its settings (``SJA_NATS_USER`` and friends, see
 ``NatsAuth``); every publish or subscribe the server refuses is logged at ERROR by ``connect`` and
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -105,6 +108,10 @@ class Service:
             return
         self._stopped = True
         self.stopping.set()
+        # Intake first: no new request is taken while the work already taken drains.
+        if self._micro is not None:
+            with contextlib.suppress(Exception):
+                await self._micro.stop()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.drain()  # type: ignore[no-untyped-call]
@@ -118,9 +125,6 @@ class Service:
             await asyncio.gather(*pending, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.on_stop()
-        if self._micro is not None:
-            with contextlib.suppress(Exception):
-                await self._micro.stop()
         if self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
@@ -217,7 +221,47 @@ class Service:
             description=f"SJA {self.name}",
             metadata={"instance": self.instance},
         )
-        await self.add_endpoints(self._micro)
+        await self.add_endpoints(_TrackedEndpoints(self._micro, self))
+
+    def _tracked(
+        self, handler: Callable[[Any], Coroutine[Any, Any, None]]
+    ) -> Callable[[Any], Coroutine[Any, Any, None]]:
+        """An endpoint handler run as a tracked task, so ``stop()`` waits for it.
+
+        nats.micro runs a handler inside its endpoint's subscription and cancels it when the
+        endpoint stops; stopping the endpoints first would then cancel a request half done (a
+        submission written but never answered). Shielded, the request goes on to its reply while
+        only the endpoint's wait for it is cancelled."""
+
+        async def run(request: Any) -> None:
+            await asyncio.shield(self.spawn(handler(request)))
+
+        return run
+
+
+class _TrackedEndpoints:
+    """What ``Service.add_endpoints`` receives: the micro service, with every endpoint handler
+    tracked by the service (``Service._tracked``)."""
+
+    def __init__(self, micro: Any, service: Service) -> None:
+        self._micro = micro
+        self._service = service
+
+    async def add_endpoint(self, config: Any = None, **kwargs: Any) -> Any:
+        if config is not None:
+            config = dataclasses.replace(config, handler=self._service._tracked(config.handler))
+            return await self._micro.add_endpoint(config)
+        kwargs["handler"] = self._service._tracked(kwargs["handler"])
+        return await self._micro.add_endpoint(**kwargs)
+
+    def add_group(self, config: Any = None, **kwargs: Any) -> _TrackedEndpoints:
+        group = (
+            self._micro.add_group(config, **kwargs) if config is not None else self._micro.add_group(**kwargs)
+        )
+        return _TrackedEndpoints(group, self._service)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._micro, name)
 
 
 async def run_service(service: Service, ready: Callable[[], None] | None = None) -> None:
