@@ -38,11 +38,14 @@ from sja.protocol.messages import (
     BatchReply,
     Completion,
     DemandChanged,
+    ErrorReply,
     Grant,
     GrantBatch,
     InFlight,
     JobCancel,
     JobState,
+    LeaseRelease,
+    LeaseReleased,
     Offer,
     OfferBatch,
     Outcome,
@@ -58,10 +61,10 @@ tracer = trace.get_tracer("sja.agent")
 
 JOBS_CONSUMER = "agents"
 PLAN_CACHE_LIMIT = 200_000
-BIDDING_TIMEOUT_S = 1.0
-"""How long a job likely to win in a batch sits out later batches when no outcome comes."""
 MAX_POOLS = 10_000
 """Pools whose policy an agent remembers (bounded against outcomes naming made-up pools)."""
+MAX_AGENTS_SEEN = 10_000
+"""Agents whose last heartbeat an agent remembers (bounded against heartbeats naming made-up agents)."""
 
 
 class AgentSettings(BaseSettings, frozen=True, kw_only=True):
@@ -74,6 +77,19 @@ class AgentSettings(BaseSettings, frozen=True, kw_only=True):
     """The clearers' lease (``SJA_LEASE_S``): a subjob with no completion two leases past its time
     cap, whose slice moved on, is given up (``reap``)."""
     reap_every_s: float = 1.0
+    takeover_after_s: float = 10.0
+    """Liveness bound: the jobs of an agent not heard from (``AgentHeartbeat``) for this long are
+    taken over by the live agents (a job by one agent: compare-and-set on its owner). Keep it many
+    heartbeats long, so that an agent that is merely slow keeps its jobs. 0: no takeover."""
+    takeover_scan_s: float = 60.0
+    """Besides whenever an agent falls silent, the job store is scanned this often for jobs whose
+    owner was never heard from (an agent gone before this one started)."""
+    completions_inactive_s: float = 600.0
+    """An agent's own ``SJA_COMPLETIONS`` consumer is deleted by the server once nobody has pulled
+    from it this long (a recreated or scaled-down agent's, whose id never comes back)."""
+    release_timeout_s: float = 1.0
+    """How long a request to give a grant back (``sja.v1.lease.release``) waits for the inventory;
+    unanswered, the lease simply runs out."""
     demand_coalesce_s: float = 0.005
     """Jobs that became able to take a window (claimed, or a subjob done) are announced to the
     advertisers (``DemandChanged.ready``) after this pause, so a burst is one message."""
@@ -120,6 +136,11 @@ class AgentService(Service):
         self._version: dict[str, int] = {}
         """job id -> a number that changes with every change of its state here (written or not)."""
         self._versions = 0
+        self._last_seen: dict[str, float] = {}
+        """agent id -> when its last heartbeat arrived here (this host's clock)."""
+        self._heard_since = time.time()
+        """When this agent started listening to heartbeats (an agent never heard from was alive
+        then, as far as it knows)."""
         self.m_subjobs = self.metrics.counter(
             "sja_subjobs",
             "Subjob outcomes folded into their jobs, by status (ok, oom, timeout, failed, cancelled, lost).",
@@ -141,6 +162,8 @@ class AgentService(Service):
         await self.subscribe(subjects.grant_issued(self.agent_id), self.on_grant)
         await self.subscribe(subjects.outcome_sent(self.agent_id), self.on_outcome)
         await self.subscribe(subjects.JOB_CANCEL_REQUESTED, self.on_cancel)
+        self._heard_since = time.time()
+        await self.subscribe(subjects.AGENT_HEARTBEAT, self.on_heartbeat)
         js = self.jetstream
         self._jobs_sub = await js.pull_subscribe(
             f"{subjects.PREFIX}.job.submitted.>",
@@ -158,6 +181,7 @@ class AgentService(Service):
                 ack_wait=30,
                 deliver_policy=DeliverPolicy.NEW,
                 max_deliver=-1,
+                inactive_threshold=self.cfg.completions_inactive_s,
             ),
         )
         self.loop(self._pull_forever(self._jobs_sub, self.on_submitted, batch=16))
@@ -165,6 +189,8 @@ class AgentService(Service):
         self.loop(self._heartbeat_forever())
         self.loop(self._demand_forever())
         self.loop(self._reap_forever())
+        if self.cfg.takeover_after_s > 0:
+            self.loop(self._takeover_forever())
         if self.cfg.completion_flush_s > 0:
             self.loop(self._flush_forever())
         self.loop(
@@ -235,8 +261,7 @@ class AgentService(Service):
         suspects = [
             (job_id, f)
             for job_id, (state, _) in list(self.owned.items())
-            for f in state.in_flight
-            if now > f.dispatched_at + f.time_cap_s + 2 * lease_s
+            for f in J.past_due(state, now, lease_s)
         ]
         reaped = 0
         holders: dict[str, str | None] = {}
@@ -263,7 +288,8 @@ class AgentService(Service):
                 if job_id not in self.owned:
                     continue
                 workload = self.owned[job_id][0].spec.workload
-                await self.save(job_id, transition)
+                if await self.save(job_id, transition) is None:
+                    made.clear()  # the job is gone, or another agent's now: nothing was written
                 for c, f in made:
                     log.warning("subjob %s of %s given up: %s", c.subjob_id, job_id, c.error)
                     self._record_completion(c, f, workload)
@@ -282,6 +308,75 @@ class AgentService(Service):
             with contextlib.suppress(Exception):
                 await self.bus.publish(subjects.AGENT_HEARTBEAT, encode(hb))
             await asyncio.sleep(self.cfg.heartbeat_s)
+
+    async def on_heartbeat(self, msg: Msg) -> None:
+        hb = decode(msg.data, AgentHeartbeat)
+        if hb.agent_id == self.agent_id:
+            return
+        if hb.agent_id not in self._last_seen and len(self._last_seen) >= MAX_AGENTS_SEEN:
+            return
+        self._last_seen[hb.agent_id] = time.time()
+
+    async def _takeover_forever(self) -> None:
+        liveness_s = self.cfg.takeover_after_s
+        every = max(liveness_s / 4, 0.1)
+        next_scan = self._heard_since + liveness_s + every
+        while True:
+            await asyncio.sleep(every)
+            now = time.time()
+            silent = any(now - t > liveness_s for t in self._last_seen.values())
+            if not silent and now < next_scan:
+                continue
+            try:
+                taken = await self.take_over(now)
+                if taken:
+                    log.info("took over %d jobs of silent agents", taken)
+            except Exception:
+                log.exception("taking over the jobs of silent agents failed")
+            if now >= next_scan:
+                next_scan = now + self.cfg.takeover_scan_s
+
+    async def take_over(self, now: float) -> int:
+        """Take over the jobs of agents silent for longer than ``takeover_after_s`` (``J.takeover``:
+        this agent takes the ones it is heir to at once, any after twice the bound), each by
+        compare-and-set on its revision; returns how many. An agent silent that long with no job
+        left is forgotten."""
+        assert self.jobs is not None
+        liveness_s = self.cfg.takeover_after_s
+        live = [a for a, t in self._last_seen.items() if now - t <= liveness_s]
+        live.append(self.agent_id)
+        still_owning: set[str] = set()
+        taken = 0
+        for state, rev in await self.jobs.all():
+            owner = state.owner_agent
+            if not owner or owner == self.agent_id or J.is_terminal(state):
+                continue
+            if len(self.owned) >= self.cfg.max_jobs:
+                still_owning.add(owner)
+                continue
+            seen = self._last_seen.get(owner, self._heard_since)
+            new = J.takeover(state, self.agent_id, seen, now, liveness_s, live_agents=live)
+            if new is None:
+                still_owning.add(owner)
+                continue
+            new_rev = await self.jobs.cas(state.job_id, new, rev)
+            if new_rev is None:
+                continue  # another agent took it first (or its owner wrote it: alive after all)
+            log.warning(
+                "took over job %s of %s (silent %.1fs, %d subjobs in flight)",
+                state.job_id,
+                owner,
+                now - seen,
+                len(new.in_flight),
+            )
+            self._remember(new, new_rev)
+            if J.can_take_more(new):
+                self.ready(new.spec.max_parallel - len(new.in_flight))
+            taken += 1
+        for agent, t in list(self._last_seen.items()):
+            if now - t > liveness_s and agent not in still_owning:
+                del self._last_seen[agent]
+        return taken
 
     def ready(self, windows: int) -> None:
         """Jobs here can take ``windows`` more windows: tell the advertisers (coalesced)."""
@@ -333,6 +428,14 @@ class AgentService(Service):
                 self._disown(job_id)
                 return None
             fresh, fresh_rev = got
+            if not J.is_owned_by(fresh, self.agent_id):
+                # Taken over while this agent was silent: it is the new owner's now. Completions
+                # folded in here reach the new owner too (or their subjobs are given up there).
+                log.warning("job %s is owned by %s now: disowned", job_id, fresh.owner_agent)
+                await self._written(job_id)
+                self._disown(job_id)
+                self.locks.pop(job_id, None)
+                return None
             for _msg, c in self._unsaved.get(job_id, []):
                 fresh, _ = J.apply_completion(fresh, c, time.time())
             self._own(fresh, fresh_rev)
@@ -512,7 +615,7 @@ class AgentService(Service):
         """Batches whose outcome never came (lost, or not for this agent) stop holding jobs back."""
         while self._bidding:
             key, (at, _) = next(iter(self._bidding.items()))
-            if now - at < BIDDING_TIMEOUT_S:
+            if not J.bidding_expired(at, now):
                 break
             self._cleared(key)
 
@@ -538,7 +641,7 @@ class AgentService(Service):
         re-plans with the time actually left and never cuts more than the proposal, so a memoized
         answer can never make a subjob unsafe."""
         shape = self.shape(offer, now)
-        plan_now = min(now, offer.window.start_s)
+        plan_now = J.plan_time(now, offer.window.start_s)
         if len(self._plans) > PLAN_CACHE_LIMIT:
             self._plans.clear()
 
@@ -557,9 +660,7 @@ class AgentService(Service):
                 if p is not None and policy:
                     p = bid_for(policy, offer, p, self.policy_config)
                 self._plans[key] = p
-            if p is not None and (self._granted.get(job_id, 0) >= p.capacity or job_id in self._likely):
-                # Its grants in hand use up what it can take, or it is likely to win in a batch
-                # still being cleared (a bid the clearer would leave out, taking a better one's place).
+            if p is not None and J.sits_out(p, self._granted.get(job_id, 0), self._likely.get(job_id, 0)):
                 return None
             return p
 
@@ -666,8 +767,8 @@ class AgentService(Service):
                     made[:] = [m]
                     return m.state
 
-                await self.save(grant.job_id, transition)
-                m = made[0] if made else None
+                saved = await self.save(grant.job_id, transition)
+                m = made[0] if made and saved is not None else None
                 if m is None or m.subjob is None:
                     reason = m.reason if m else "job gone"
                     span.set_attribute("sja.note", reason)
@@ -702,24 +803,31 @@ class AgentService(Service):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def release(self, grant: Grant, reason: str) -> None:
-        """Give a granted slice back at once instead of letting its lease run out."""
-        assert self.slices is not None
-        got = await self.slices.get(grant.window.slice_id)
-        if got is None:
-            return
-        current, rev = got
+    async def release(self, grant: Grant, reason: str) -> bool:
+        """Give a granted slice back at once instead of letting its lease run out: a request to the
+        inventory (``sja.v1.lease.release``), which frees the slice if it still holds the grant at
+        its fence. Returns whether it was freed; unanswered, the lease runs out as it would have."""
+        req = LeaseRelease(
+            slice_id=grant.window.slice_id,
+            grant_id=grant.grant_id,
+            fence=grant.fence,
+            job_id=grant.job_id,
+            reason=reason[:200],
+        )
         try:
-            freed = leases.release(
-                current,
-                grant_id=grant.grant_id,
-                fence=grant.fence,
-                now=time.time(),
+            resp = await self.bus.request(
+                subjects.LEASE_RELEASE, encode(req), timeout=self.cfg.release_timeout_s
             )
-        except leases.LeaseConflict:
-            return
-        await self.slices.cas(grant.window.slice_id, freed, rev)
-        log.info("released %s for %s: %s", grant.window.slice_id, grant.job_id, reason)
+            got = decode(resp.data, LeaseReleased | ErrorReply)  # type: ignore[arg-type]
+        except Exception as e:
+            log.warning("could not give %s back (%r): its lease runs out instead", grant.window.slice_id, e)
+            return False
+        if isinstance(got, ErrorReply):
+            log.warning("giving %s back refused: %s %s", grant.window.slice_id, got.code, got.message)
+            return False
+        if got.released:
+            log.info("released %s for %s: %s", grant.window.slice_id, grant.job_id, reason)
+        return bool(got.released)
 
     async def on_completed(self, msg: Msg) -> None:
         try:

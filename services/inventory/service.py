@@ -1,4 +1,6 @@
-"""Inventory: publishes the node's slices to the ``sja-slices`` KV bucket and expires leases.
+"""Inventory: publishes the node's slices to the ``sja-slices`` KV bucket, expires leases, and frees
+a slice whose holder gives its grant back (``sja.v1.lease.release``: the only way an agent changes a
+slice, so no agent needs to write the bucket).
 
 Slices come from a declared file (emulated GPUs) or from NVML (``SJA_INVENTORY_SOURCE=nvml``), which
 is read again every ``poll_interval_s``: slices of a GPU that stopped answering are marked offline,
@@ -12,6 +14,9 @@ import logging
 import time
 from typing import get_args
 
+from nats.aio.msg import Msg
+
+from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.watch import KvView
@@ -20,13 +25,15 @@ from sja.inventory.declared import InventoryError
 from sja.inventory.nvml import NvmlUnavailable, SoftSlices
 from sja.inventory.sources import check_source, is_nvml, read_source
 from sja.protocol import subjects
-from sja.protocol.messages import SliceState, SliceStatus
+from sja.protocol.messages import ErrorReply, LeaseRelease, LeaseReleased, SliceState, SliceStatus
 
 log = logging.getLogger(__name__)
 
 
 SLICE_EXPORT_S = 1.0
 """How often the slice gauges are refreshed from the watched cache."""
+RELEASE_ATTEMPTS = 5
+"""Compare-and-set attempts to free a slice given back (each after reading it again)."""
 
 
 class InventorySettings(BaseSettings, frozen=True, kw_only=True):
@@ -85,6 +92,7 @@ class InventoryService(Service):
         # The sweep reads a watched cache: listing the bucket would create a consumer per sweep.
         self.view = KvView(await self.js.key_value(subjects.BUCKET_SLICES), SliceState)
         await self.view.start()
+        await self.subscribe(subjects.LEASE_RELEASE, self.on_release, queue="inventory")
         self.loop(self._sweep_forever())
         if self.nvml is not None:
             self.loop(self._poll_forever())
@@ -203,6 +211,39 @@ class InventoryService(Service):
             )
             for s in mine
         )
+
+    async def on_release(self, msg: Msg) -> None:
+        """A grant's holder gives its slice back: answer with ``LeaseReleased`` (or a typed error)."""
+        try:
+            req = decode(msg.data, LeaseRelease)
+        except DecodeError as e:
+            self.metrics.rejected(subjects.LEASE_RELEASE, e)
+            if msg.reply:
+                await msg.respond(encode(ErrorReply(code="bad_request", message=str(e)[:500])))
+            return
+        result = await self.release(req)
+        if msg.reply:
+            await msg.respond(encode(result))
+
+    async def release(self, req: LeaseRelease) -> LeaseReleased:
+        """Free the slice if it still holds ``req``'s grant at its fence (``leases.release``), by
+        compare-and-set on the slice's revision."""
+        assert self.slices is not None
+        for _ in range(RELEASE_ATTEMPTS):
+            got = await self.slices.get(req.slice_id)
+            if got is None:
+                return LeaseReleased(slice_id=req.slice_id, released=False, reason="unknown_slice")
+            current, rev = got
+            try:
+                freed = leases.release(current, grant_id=req.grant_id, fence=req.fence, now=time.time())
+            except leases.LeaseConflict:
+                return LeaseReleased(slice_id=req.slice_id, released=False, reason="not_held")
+            if await self.slices.cas(req.slice_id, freed, rev) is not None:
+                log.info(
+                    "released %s (grant %s, job %s): %s", req.slice_id, req.grant_id, req.job_id, req.reason
+                )
+                return LeaseReleased(slice_id=req.slice_id, released=True)
+        return LeaseReleased(slice_id=req.slice_id, released=False, reason="conflict")
 
     async def sweep(self) -> int:
         """Free every slice of ours whose lease ran out; returns how many."""

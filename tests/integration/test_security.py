@@ -22,16 +22,18 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from services.advertiser.service import AdvertiserService, AdvertiserSettings
-from services.agent.service import AgentService, AgentSettings
+from services.agent.service import JOBS_CONSUMER, AgentService, AgentSettings
 from services.clearer.service import ClearerService, ClearerSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
@@ -48,8 +50,18 @@ from sja.bus.natsd import EmbeddedNats
 from sja.bus.rounds import decode_grants
 from sja.bus.service import Service
 from sja.client import ApiError, SjaClient
+from sja.core import leases
 from sja.protocol import subjects
-from sja.protocol.messages import AgentHeartbeat, Grant, JobSpec, Subjob
+from sja.protocol.messages import (
+    AgentHeartbeat,
+    Candidate,
+    ErrorReply,
+    Grant,
+    JobSpec,
+    SliceState,
+    Subjob,
+    Window,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NATS_CONF = ROOT / "infra" / "nats" / "nats.conf"
@@ -243,6 +255,107 @@ async def test_a_service_logs_and_counts_a_refused_publish(
         assert agent.last_permission_violation.subject == "sja.v1.grant.issued.agent-rogue"
     logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("agent-rogue" in m and "sja.v1.grant.issued.agent-rogue" in m for m in logged), logged
+
+
+async def test_an_agent_cannot_write_slices_nor_delete_the_shared_consumer(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """An agent could forge a lease by writing ``sja-slices``, or stop every agent's intake by
+    deleting the shared ``agents`` consumer: the server refuses both, and both stay as they were."""
+    inventory = InventoryService(InventorySettings(**secured.settings("INVENTORY", tmp_path, "inventory-0")))
+    agent = AgentService(AgentSettings(**secured.settings("AGENT", tmp_path, "agent-0")))
+    async with inventory, agent:
+        assert inventory.slices is not None
+        entries = await inventory.slices.all()
+        assert entries, "the inventory declared its slices"
+        before = {s.slice_id: rev for s, rev in entries}
+        victim = sorted(before)[0]
+        async with (
+            opened(secured.url, "agent-x", secured.auth("AGENT")) as rogue,
+            opened(secured.url, "admin", secured.auth("ADMIN")) as admin,
+        ):
+            assert rogue.nc and admin.nc
+            forged = SliceState(**{**msgspec.structs.asdict(entries[0][0]), "status": "free", "fence": 999})
+            await rogue.nc.publish(f"$KV.{subjects.BUCKET_SLICES}.{victim}", encode(forged))
+            await rogue.nc.flush()
+            await rogue.wait_violation(f"$KV.{subjects.BUCKET_SLICES}.{victim}")
+
+            delete = f"$JS.API.CONSUMER.DELETE.{subjects.STREAM_JOBS.name}.{JOBS_CONSUMER}"
+            with pytest.raises(Exception):  # noqa: B017, PT011 - refused: no answer comes
+                await rogue.nc.jetstream().delete_consumer(subjects.STREAM_JOBS.name, JOBS_CONSUMER)
+            await rogue.wait_violation(delete)
+            for other in ("SJA_COMPLETIONS.agent-0", "KV_sja-jobs.x"):
+                await rogue.nc.publish(f"$JS.API.CONSUMER.DELETE.{other}", b"")
+                await rogue.nc.flush()
+                await rogue.wait_violation(f"$JS.API.CONSUMER.DELETE.{other}")
+
+            # Both still as they were: the consumer serves the agents, the slice kept its revision.
+            info = await admin.nc.jetstream().consumer_info(subjects.STREAM_JOBS.name, JOBS_CONSUMER)
+            assert info.name == JOBS_CONSUMER
+            got = await inventory.slices.get(victim)
+            assert got is not None and got[1] == before[victim] and got[0].fence != 999
+            assert admin.violations == []
+        assert agent.permission_violations == 0 and inventory.permission_violations == 0
+
+
+async def test_an_agent_gives_a_grant_back_through_the_inventory(secured: Secured, tmp_path: Path) -> None:
+    """``sja.v1.lease.release``: the inventory frees the slice for the grant that holds it, and
+    refuses a grant or fence that does not (a stale or forged release leaves the lease alone)."""
+    inventory = InventoryService(InventorySettings(**secured.settings("INVENTORY", tmp_path, "inventory-0")))
+    agent = AgentService(AgentSettings(**secured.settings("AGENT", tmp_path, "agent-0")))
+    async with inventory, agent:
+        assert inventory.slices is not None
+        free, rev = (await inventory.slices.all())[0]
+        leased = leases.grant(
+            free, offered_fence=free.fence, job_id="j1", grant_id="g-1", now=time.time(), lease_s=60.0
+        )
+        assert await inventory.slices.cas(free.slice_id, leased, rev) is not None
+
+        def grant(grant_id: str, fence: int) -> Grant:
+            window = Window(
+                slice_id=free.slice_id,
+                node=free.node,
+                pool=free.pool,
+                gpu_model=free.gpu_model,
+                profile=free.profile,
+                mem_mib=free.mem_mib,
+                compute_share=free.compute_share,
+                start_s=0.0,
+            )
+            candidate = Candidate(
+                size=1, mem_q_mib=1.0, p_fit_mem=1.0, duration_q_s=1.0, duration_mean_s=1.0, p_fit_time=1.0
+            )
+            return Grant(
+                grant_id=grant_id,
+                offer_id="o-1",
+                round=1,
+                job_id="j1",
+                tenant="alpha",
+                agent_id="agent-0",
+                window=window,
+                candidate=candidate,
+                fence=fence,
+                lease_until=leased.lease_until,
+                policy="fair",
+                granted_at=0.0,
+            )
+
+        assert not await agent.release(grant("g-1", leased.fence + 1), "stale fence")
+        assert not await agent.release(grant("g-other", leased.fence), "not its grant")
+        still = await inventory.slices.get(free.slice_id)
+        assert still is not None and still[0] == leased, (
+            "a release that does not hold the lease changes nothing"
+        )
+
+        assert await agent.release(grant("g-1", leased.fence), "cannot use it")
+        after = await inventory.slices.get(free.slice_id)
+        assert after is not None and after[0].status == "free" and after[0].fence == leased.fence
+        assert not await agent.release(grant("g-1", leased.fence), "again"), "released once"
+
+        # A malformed request gets a typed error, not silence.
+        resp = await agent.bus.request(subjects.LEASE_RELEASE, b"\x01garbage", timeout=5)
+        assert decode(resp.data, ErrorReply).code == "bad_request"
+        assert agent.permission_violations == 0 and inventory.permission_violations == 0
 
 
 # --- tenants ---------------------------------------------------------------------------------------

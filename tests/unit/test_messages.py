@@ -290,6 +290,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.RoundsView: m.RoundsView(rounds=[ROUND_RECORD]),
     m.AgentHeartbeat: m.AgentHeartbeat(agent_id="agent-1", jobs=2, sent_at=1000.0, interval_s=1.0),
     m.DemandChanged: m.DemandChanged(agent_id="agent-1", jobs=3),
+    m.LeaseRelease: m.LeaseRelease(slice_id="local-g0-7g.40gb-0", grant_id="g-1", fence=3, job_id="j1"),
+    m.LeaseReleased: m.LeaseReleased(slice_id="local-g0-7g.40gb-0", released=False, reason="not_held"),
 }
 
 

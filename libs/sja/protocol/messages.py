@@ -525,3 +525,24 @@ class AgentHeartbeat(Message, tag="sja.agent_heartbeat.v1", frozen=True, kw_only
     jobs: NonNegInt
     sent_at: float
     interval_s: PosFloat
+
+
+class LeaseRelease(Message, tag="sja.lease_release.v1", frozen=True, kw_only=True):
+    """A grant's holder gives its slice back before the lease runs out (an agent that cannot use
+    a grant). The inventory checks ``grant_id`` and ``fence`` against the slice and frees it."""
+
+    slice_id: Id
+    grant_id: Id
+    fence: PosInt
+    job_id: str = ""
+    reason: Annotated[str, msgspec.Meta(max_length=200)] = ""
+
+
+class LeaseReleased(Message, tag="sja.lease_released.v1", frozen=True, kw_only=True):
+    """Answer to ``LeaseRelease``. ``released``: the slice is free now; else ``reason`` says why not
+    (``not_held``: the slice no longer holds that grant at that fence, the lease moved on;
+    ``unknown_slice``; ``conflict``: the slice kept changing under the write)."""
+
+    slice_id: str
+    released: bool
+    reason: Literal["", "not_held", "unknown_slice", "conflict"] = ""

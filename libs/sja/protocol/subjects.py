@@ -41,6 +41,10 @@ AGENT_HEARTBEAT = f"{PREFIX}.agent.heartbeat"
 DEMAND_CHANGED = f"{PREFIX}.agent.demand_changed"
 JOB_CANCEL_REQUESTED = f"{PREFIX}.job.cancel_requested"
 
+# Requests to the inventory (queue group ``inventory``: any replica answers; it frees the slice by
+# compare-and-set, whichever node it is on).
+LEASE_RELEASE = f"{PREFIX}.lease.release"
+
 
 # Durable (JetStream).
 def job_submitted(job_id: str) -> str:
@@ -148,6 +152,7 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.JobQuery, JOB_STATUS, durable=False),
     Route(m.JobListQuery, JOB_LIST, durable=False),
     Route(m.RoundsQuery, JOB_ROUNDS, durable=False),
+    Route(m.LeaseRelease, LEASE_RELEASE, durable=False),
     Route(m.JobState, job_submitted("*"), durable=True),
     Route(m.Subjob, subjob_dispatched("*", "*"), durable=True),
     Route(m.Completion, subjob_completed("*"), durable=True),
