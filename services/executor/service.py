@@ -36,7 +36,7 @@ from sja.execution.actor import (
     node_resources,
     slice_resource,
 )
-from sja.execution.runner import RunResult
+from sja.execution.runner import RunResult, failure_status
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, SliceState, Subjob
 from sja.telemetry.metrics import watch_consumers
@@ -276,7 +276,7 @@ class ExecutorService(Service):
             log.error("actor for %s failed: %s", sj.slice_id, e)
             await self._restart_actor(sj.slice_id)
             now = time.time()
-            status = "oom" if "OutOfMemory" in type(e).__name__ else "failed"
+            status = failure_status(e)
             return RunResult(
                 status=status,
                 units_done=0,

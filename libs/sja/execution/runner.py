@@ -55,6 +55,29 @@ def is_oom(e: BaseException) -> bool:
     )
 
 
+OOM_KILL_MARKERS = ("running low on memory", "memory usage threshold", "killed by the memory monitor")
+"""How an execution engine says it killed a worker for memory (Ray's memory monitor)."""
+
+
+def failure_status(e: BaseException) -> str:
+    """The status of a subjob whose run failed outside the workload (its actor, or the engine around
+    it): ``oom`` for an allocation failure (``is_oom``), an engine's out-of-memory error (any class
+    named ``OutOfMemoryError``, as Ray's), or a worker killed for memory; else ``failed``. Wrapped
+    causes (``cause``, ``__cause__``) are looked at too. Pure: no engine is imported."""
+    seen: set[int] = set()
+    current: BaseException | None = e
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if is_oom(current) or any(c.__name__ == "OutOfMemoryError" for c in type(current).__mro__):
+            return "oom"
+        text = str(current)[:10_000].lower()
+        if any(marker in text for marker in OOM_KILL_MARKERS):
+            return "oom"
+        cause = getattr(current, "cause", None)
+        current = cause if isinstance(cause, BaseException) else current.__cause__
+    return "failed"
+
+
 class _Device:
     """The device a subjob runs on and how it is measured and capped."""
 
