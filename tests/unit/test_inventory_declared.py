@@ -59,6 +59,34 @@ def test_default_inventory_has_six_valid_slices() -> None:
     assert {s.gpu_model for s in slices} == {"A100-40GB", "H100-80GB"}
 
 
+def test_media_extension_profiles_are_declared_by_name(tmp_path: Path) -> None:
+    """A ``+me`` instance keeps its profile name; its slice id spells ``+`` as ``_`` (a valid key)."""
+    path = _write(
+        tmp_path,
+        """
+nodes:
+  - name: media
+    gpus:
+      - model: A30-24GB
+        layout: [2g.12gb, 1g.6gb+me, 1g.6gb]
+      - model: H200-141GB
+        layout: [3g.71gb, 2g.35gb, 1g.18gb+me, 1g.18gb]
+""",
+    )
+    slices = load_declared(path)
+    assert [(s.gpu_index, s.slice_id, s.profile, s.mem_mib) for s in slices] == [
+        (0, "media-g0-2g.12gb-0", "2g.12gb", 11968),
+        (0, "media-g0-1g.6gb_me-2", "1g.6gb+me", 5952),
+        (0, "media-g0-1g.6gb-3", "1g.6gb", 5952),
+        (1, "media-g1-2g.35gb-0", "2g.35gb", 33024),
+        (1, "media-g1-1g.18gb_me-2", "1g.18gb+me", 16384),
+        (1, "media-g1-1g.18gb-3", "1g.18gb", 16384),
+        (1, "media-g1-3g.71gb-4", "3g.71gb", 71168),
+    ]
+    for s in slices:
+        assert decode(encode(s), SliceState) == s  # the id passes the wire schema
+
+
 def test_emulated_uuids_are_distinct() -> None:
     uuids = [s.gpu_uuid for s in load_declared(None)]
     assert len(set(uuids)) == len(uuids)
@@ -144,6 +172,14 @@ def _gpu(model: str = "A100-40GB", layout: list[str] | None = None) -> dict[str,
         (
             {"nodes": [{"name": "n", "gpus": [{**_gpu(), "uuid": "x"}]}]},
             r"invalid inventory: .*unknown field `uuid`",
+        ),
+        (
+            {"nodes": [{"name": "n", "gpus": [_gpu("A30-24GB", ["1g.6gb+me", "2g.12gb+me"])]}]},
+            r"node n gpu 0: A30-24GB: at most one media-extension \(\+me\) instance per GPU",
+        ),
+        (
+            {"nodes": [{"name": "n", "gpus": [_gpu(layout=["1g.5gb+me", "1g.5gb+me"])]}]},
+            r"node n gpu 0: A100-40GB: at most 1 x 1g.5gb\+me",
         ),
         ({"nodes": [], "version": 2}, r"invalid inventory: .*unknown field `version`"),
         ({"node": []}, r"invalid inventory: .*unknown field `node`"),

@@ -9,6 +9,8 @@ from sja.core.mig import (
     A100_40GB,
     CATALOGUE,
     H100_80GB,
+    H100_94GB,
+    H200_141GB,
     GpuModel,
     LayoutError,
     Placement,
@@ -177,13 +179,22 @@ def test_all_layouts_include_the_maximal_ones() -> None:
 def test_a30_maximal_layouts_exactly() -> None:
     got = set(enumerate_layouts(A30_24GB))
     p = Placement
-    assert got == {
+    plain = {
         (p("4g.24gb", 0),),
         (p("2g.12gb", 0), p("2g.12gb", 2)),
         (p("2g.12gb", 0), p("1g.6gb", 2), p("1g.6gb", 3)),
         (p("1g.6gb", 0), p("1g.6gb", 1), p("2g.12gb", 2)),
         (p("1g.6gb", 0), p("1g.6gb", 1), p("1g.6gb", 2), p("1g.6gb", 3)),
     }
+    # Each plain layout again with exactly one of its instances taking the media extensions.
+    with_media = {
+        tuple(Placement(pl.profile + "+me", pl.start) if i == k else pl for i, pl in enumerate(layout))
+        for layout in plain
+        for k in range(len(layout))
+        if layout[k].profile != "4g.24gb"
+    }
+    assert len(with_media) == 12
+    assert got == plain | with_media
 
 
 @pytest.mark.parametrize("gpu", [A100_40GB, H100_80GB], ids=lambda g: g.name)
@@ -206,3 +217,163 @@ def test_catalogue_is_consistent() -> None:
             assert 1 <= p.max_count <= len(p.starts)
             for s in p.starts:
                 assert s >= 0 and s + p.mem_slots <= gpu.mem_slots
+
+
+# Every GPU's catalogue against the published figures: (compute slices, memory slices, MiB, maximum
+# count, placement starts). Profiles and counts: NVIDIA MIG user guide, "Supported MIG Profiles".
+# Memory (GiB * 1024 of ``nvidia-smi mig -lgip``) and placements (``-lgipp``): the sources named in
+# ``sja.core.mig`` beside each model.
+_SEVEN = (0, 1, 2, 3, 4, 5, 6)
+PUBLISHED: dict[str, dict[str, tuple[int, int, int, int, tuple[int, ...]]]] = {
+    # -lgip/-lgipp on an A30, driver 535.183.01 (5.81, 11.69 GiB); 4g.24gb 23.50 GiB in two others.
+    "A30-24GB": {
+        "1g.6gb": (1, 1, 5952, 4, (0, 1, 2, 3)),
+        "1g.6gb+me": (1, 1, 5952, 1, (0, 1, 2, 3)),
+        "2g.12gb": (2, 2, 11968, 2, (0, 2)),
+        "2g.12gb+me": (2, 2, 11968, 1, (0, 2)),
+        "4g.24gb": (4, 4, 24064, 1, (0,)),
+    },
+    # -lgip on A100-SXM4-40GB: 4.75, 9.62, 9.62, 19.50, 19.50, 39.25 GiB.
+    "A100-40GB": {
+        "1g.5gb": (1, 1, 4864, 7, _SEVEN),
+        "1g.5gb+me": (1, 1, 4864, 1, _SEVEN),
+        "1g.10gb": (1, 2, 9856, 4, (0, 2, 4, 6)),
+        "2g.10gb": (2, 2, 9856, 3, (0, 2, 4)),
+        "3g.20gb": (3, 4, 19968, 2, (0, 4)),
+        "4g.20gb": (4, 4, 19968, 1, (0,)),
+        "7g.40gb": (7, 8, 40192, 1, (0,)),
+    },
+    # -lgip on an A100 80GB PCIe, driver 515.86.01: 9.50, 19.50, 39.25, 79.00 GiB.
+    "A100-80GB": {
+        "1g.10gb": (1, 1, 9728, 7, _SEVEN),
+        "1g.10gb+me": (1, 1, 9728, 1, _SEVEN),
+        "1g.20gb": (1, 2, 19968, 4, (0, 2, 4, 6)),
+        "2g.20gb": (2, 2, 19968, 3, (0, 2, 4)),
+        "3g.40gb": (3, 4, 40192, 2, (0, 4)),
+        "4g.40gb": (4, 4, 40192, 1, (0,)),
+        "7g.80gb": (7, 8, 80896, 1, (0,)),
+    },
+    # -lgip on H100 SXM5 80GB: 9.75, 19.62, 39.50, 79.25 GiB.
+    "H100-80GB": {
+        "1g.10gb": (1, 1, 9984, 7, _SEVEN),
+        "1g.10gb+me": (1, 1, 9984, 1, _SEVEN),
+        "1g.20gb": (1, 2, 20096, 4, (0, 2, 4, 6)),
+        "2g.20gb": (2, 2, 20096, 3, (0, 2, 4)),
+        "3g.40gb": (3, 4, 40448, 2, (0, 4)),
+        "4g.40gb": (4, 4, 40448, 1, (0,)),
+        "7g.80gb": (7, 8, 81152, 1, (0,)),
+    },
+    # -lgip/-lgipp on an H100 NVL, driver 560.35.03: 10.75, 21.62, 46.38, 93.12 GiB.
+    "H100-94GB": {
+        "1g.12gb": (1, 1, 11008, 7, _SEVEN),
+        "1g.12gb+me": (1, 1, 11008, 1, _SEVEN),
+        "1g.24gb": (1, 2, 22144, 4, (0, 2, 4, 6)),
+        "2g.24gb": (2, 2, 22144, 3, (0, 2, 4)),
+        "3g.47gb": (3, 4, 47488, 2, (0, 4)),
+        "4g.47gb": (4, 4, 47488, 1, (0,)),
+        "7g.94gb": (7, 8, 95360, 1, (0,)),
+    },
+    # -lgip of an H200 node (NVIDIA/mig-parted#120): 16.00, 32.25, 69.50, 139.75 GiB.
+    "H200-141GB": {
+        "1g.18gb": (1, 1, 16384, 7, _SEVEN),
+        "1g.18gb+me": (1, 1, 16384, 1, _SEVEN),
+        "1g.35gb": (1, 2, 33024, 4, (0, 2, 4, 6)),
+        "2g.35gb": (2, 2, 33024, 3, (0, 2, 4)),
+        "3g.71gb": (3, 4, 71168, 2, (0, 4)),
+        "4g.71gb": (4, 4, 71168, 1, (0,)),
+        "7g.141gb": (7, 8, 143104, 1, (0,)),
+    },
+}
+
+
+@pytest.mark.parametrize("model", list(PUBLISHED))
+def test_catalogue_matches_the_published_figures(model: str) -> None:
+    gpu = gpu_model(model)
+    got = {p.name: (p.compute_slots, p.mem_slots, p.mem_mib, p.max_count, p.starts) for p in gpu.profiles}
+    assert got == PUBLISHED[model]
+    # Profile memory comes in 64 MiB units, which two decimals of GiB tell apart exactly.
+    assert all(p.mem_mib % 64 == 0 for p in gpu.profiles)
+
+
+def test_catalogue_covers_every_model() -> None:
+    assert set(PUBLISHED) == set(CATALOGUE)
+
+
+@pytest.mark.parametrize("gpu", list(CATALOGUE.values()), ids=list(CATALOGUE))
+def test_every_gpu_has_one_media_extension_profile_per_small_instance(gpu: GpuModel) -> None:
+    media = [p for p in gpu.profiles if p.media_extension]
+    assert media, f"{gpu.name} lists no +me profile"
+    for p in media:
+        plain = gpu.profile(p.name.removesuffix("+me"))
+        assert (p.compute_slots, p.mem_slots, p.mem_mib, p.starts) == (
+            plain.compute_slots,
+            plain.mem_slots,
+            plain.mem_mib,
+            plain.starts,
+        )
+        assert p.max_count == 1
+
+
+@pytest.mark.parametrize(
+    ("gpu", "layout", "match"),
+    [
+        (A100_40GB, ["1g.5gb+me", "1g.5gb+me"], r"at most 1 x 1g\.5gb\+me"),
+        (H100_80GB, ["1g.10gb+me", "1g.10gb+me", "3g.40gb"], r"at most 1 x 1g\.10gb\+me"),
+        # the A30's two +me profiles fit by memory and compute, but share the one set of engines
+        (A30_24GB, ["1g.6gb+me", "2g.12gb+me"], r"one media-extension \(\+me\) instance"),
+        (A30_24GB, ["2g.12gb+me", "1g.6gb", "1g.6gb+me"], r"one media-extension \(\+me\) instance"),
+    ],
+)
+def test_two_media_extension_instances_on_one_gpu_are_invalid(
+    gpu: GpuModel, layout: list[str], match: str
+) -> None:
+    with pytest.raises(LayoutError, match=match):
+        place_layout(gpu, layout)
+
+
+def test_validate_placements_rejects_a_second_media_extension() -> None:
+    with pytest.raises(LayoutError, match=r"one media-extension"):
+        validate_placements(A30_24GB, [Placement("1g.6gb+me", 0), Placement("2g.12gb+me", 2)])
+    with pytest.raises(LayoutError, match=r"at most 1 x 1g\.5gb\+me"):
+        validate_placements(A100_40GB, [Placement("1g.5gb+me", 0), Placement("1g.5gb+me", 1)])
+
+
+@pytest.mark.parametrize(
+    ("gpu", "layout", "expected"),
+    [
+        (
+            A100_40GB,
+            ["3g.20gb", "2g.10gb", "1g.5gb+me", "1g.5gb"],
+            (
+                Placement("2g.10gb", 0),
+                Placement("1g.5gb+me", 2),
+                Placement("1g.5gb", 3),
+                Placement("3g.20gb", 4),
+            ),
+        ),
+        (A30_24GB, ["2g.12gb+me", "1g.6gb", "1g.6gb"], None),
+        (H200_141GB, ["1g.18gb+me"] + ["1g.18gb"] * 6, None),
+        (H100_94GB, ["4g.47gb", "2g.24gb", "1g.12gb+me"], None),
+    ],
+)
+def test_a_layout_with_one_media_extension_places(
+    gpu: GpuModel, layout: list[str], expected: tuple[Placement, ...] | None
+) -> None:
+    placements = place_layout(gpu, layout)
+    validate_placements(gpu, placements)
+    assert sorted(pl.profile for pl in placements) == sorted(layout)
+    if expected is not None:
+        assert placements == expected
+
+
+@pytest.mark.parametrize("gpu", list(CATALOGUE.values()), ids=list(CATALOGUE))
+def test_enumerated_layouts_include_media_extensions_once_at_most(gpu: GpuModel) -> None:
+    layouts = list(enumerate_layouts(gpu, maximal_only=False))
+    counts = [sum(gpu.profile(pl.profile).media_extension for pl in layout) for layout in layouts]
+    assert max(counts) == 1
+    maximal = list(enumerate_layouts(gpu))
+    # every +me profile appears in some maximal layout, at every start it may take
+    for p in gpu.profiles:
+        if p.media_extension:
+            starts = {pl.start for layout in maximal for pl in layout if pl.profile == p.name}
+            assert starts == set(p.starts)

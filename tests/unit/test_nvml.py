@@ -27,7 +27,7 @@ def test_h100_with_mig_gives_one_slice_per_gpu_instance() -> None:
         ("H100-80GB", "2g.20gb", 0, 20096),
         ("H100-80GB", "1g.10gb", 2, 9984),
         ("H100-80GB", "1g.10gb", 3, 9984),
-        ("H100-80GB", "3g.40gb", 4, 40320),
+        ("H100-80GB", "3g.40gb", 4, 40448),
     ]
     s = found.slices[0]
     assert s.slice_id == "n1-g0-2g.20gb-0" and s.node == "n1" and s.pool == "n1"
@@ -45,6 +45,58 @@ def test_a100_slice_ids_match_the_declared_inventory_of_the_same_layout() -> Non
     assert [s.profile for s in found.slices] == ["2g.10gb", "1g.5gb", "1g.5gb", "3g.20gb"]
     declared = {s.slice_id for s in load_declared(None) if s.gpu_index == 0}
     assert {s.slice_id for s in found.slices} == declared
+
+
+def test_media_extension_instance_keeps_its_profile_name() -> None:
+    """``MIG 1g.5gb+me`` is its own profile: not a plain 1g.5gb, and its slice id stays a valid key."""
+    nvml = FakeNvml("a100-me")
+    nvml.nvmlInit()
+    try:
+        gpu = nvml.nvmlDeviceGetHandleByIndex(0)
+        mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+        assert nvml.nvmlDeviceGetName(mig) == "NVIDIA A100-SXM4-40GB MIG 1g.5gb+me"
+        info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(gpu, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1)
+        assert (info.id, info.instanceCount, info.memorySizeMB, info.name) == (20, 1, 4864, b"MIG 1g.5gb+me")
+    finally:
+        nvml.nvmlShutdown()
+
+    found = discover(FakeNvml("a100-me"), node="n1")
+    assert not found.warnings
+    assert [(s.profile, s.placement_start, s.mem_mib, s.compute_slots) for s in found.slices] == [
+        ("1g.5gb+me", 0, 4864, 1),
+        ("1g.5gb", 1, 4864, 1),
+        ("2g.10gb", 2, 9856, 2),
+        ("3g.20gb", 4, 19968, 3),
+    ]
+    assert found.slices[0].slice_id == "n1-g0-1g.5gb_me-0"
+    assert all(re.fullmatch(r"[-/_=.a-zA-Z0-9]+", s.slice_id) for s in found.slices), "NATS KV keys"
+
+    # Without the right to read placements, the catalogue places the same profiles, +me included.
+    unprivileged = FakeNvml("a100-me")
+    unprivileged.privileged = False
+    derived = discover(unprivileged, node="n1")
+    assert any("not readable" in w for w in derived.warnings)
+    assert sorted(s.profile for s in derived.slices) == sorted(s.profile for s in found.slices)
+    validate_placements(
+        gpu_model("A100-40GB"), [Placement(x.profile, x.placement_start) for x in derived.slices]
+    )
+
+
+@pytest.mark.parametrize(
+    ("device_name", "profile"),
+    [
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", "1g.10gb+me"),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "1g.10gb"),
+        ("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", "3g.20gb"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition MIG 1g.24gb+me.all", "1g.24gb+me.all"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition MIG 2g.48gb-me", "2g.48gb-me"),
+    ],
+)
+def test_mig_device_names_keep_their_suffix(device_name: str, profile: str) -> None:
+    from sja.inventory.nvml import _MIG_NAME
+
+    found = _MIG_NAME.search(device_name)
+    assert found is not None and found.group(1) == profile
 
 
 def test_gpu_without_mig_is_one_whole_slice_or_soft_slices() -> None:

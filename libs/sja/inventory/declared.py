@@ -9,6 +9,8 @@ nodes:
         layout: [3g.20gb, 2g.10gb, 1g.5gb, 1g.5gb]
       - model: H100-80GB
         layout: [4g.40gb, 3g.40gb]
+      - model: A30-24GB
+        layout: [2g.12gb, 1g.6gb+me, 1g.6gb]   # at most one +me instance per GPU
 ```
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from sja.core.mig import LayoutError, gpu_model, place_layout
+from sja.core.mig import LayoutError, gpu_model, id_token, place_layout
 from sja.protocol.messages import SliceState
 
 DEFAULT_INVENTORY: dict[str, Any] = {
@@ -59,7 +61,8 @@ class InventoryDecl(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def slice_id(node: str, gpu_index: int, profile: str, start: int) -> str:
-    return f"{node}-g{gpu_index}-{profile}-{start}"
+    """``<node>-g<gpu>-<profile>-<start>``; a ``+me`` profile appears as ``_me`` (ids hold no ``+``)."""
+    return f"{node}-g{gpu_index}-{id_token(profile)}-{start}"
 
 
 def slices_from_decl(raw: dict[str, Any]) -> list[SliceState]:

@@ -3,8 +3,9 @@
 Scenarios reproduce the shape of real answers: device names such as ``NVIDIA H100 80GB HBM3`` and
 ``NVIDIA H100 80GB HBM3 MIG 1g.10gb``, ``GPU-<uuid>`` and ``MIG-<uuid>`` identifiers, memory in
 bytes, ``nvmlDeviceGetMigMode`` as ``[current, pending]``, GPU instance profile ids as
-``nvidia-smi mig -lgip`` lists them (19 for 1g, 14 for 2g, 9 for 3g, 5 for 4g, 0 for 7g, 15 for the
-two-memory-slice 1g) and placements in memory-slice units. Errors are the real ``pynvml.NVMLError``
+``nvidia-smi mig -lgip`` lists them (19 for 1g, 20 for 1g+me, 14 for 2g, 9 for 3g, 5 for 4g, 0 for
+7g, 15 for the two-memory-slice 1g; the A30's own: 14, 21, 5, 6, 0) and placements in memory-slice
+units. Errors are the real ``pynvml.NVMLError``
 subclasses with their codes: a missing driver raises ``NVMLError_LibraryNotFound`` from ``nvmlInit``,
 a lost GPU raises ``NVMLError_GpuIsLost`` from every query on it.
 
@@ -13,6 +14,7 @@ a lost GPU raises ``NVMLError_GpuIsLost`` from every query on it.
 | ``h100-mig`` | one H100 80GB HBM3, MIG on: 2g.20gb@0, 1g.10gb@2, 1g.10gb@3, 3g.40gb@4 |
 | ``h100-nomig`` | one H100 80GB HBM3, MIG off |
 | ``a100-40gb`` | one A100-SXM4-40GB, MIG on: 2g.10gb@0, 1g.5gb@2, 1g.5gb@3, 3g.20gb@4 |
+| ``a100-me`` | one A100-SXM4-40GB, MIG on: 1g.5gb+me@0, 1g.5gb@1, 2g.10gb@2, 3g.20gb@4 |
 | ``node`` | the three above on one node (indices 0, 1, 2) |
 | ``mig-pending`` | an H100 whose MIG mode is enabled but pending a GPU reset (still whole) |
 | ``unprivileged`` | ``h100-mig`` as a non-root user sees it: GPU instance queries raise ``NoPermission`` |
@@ -33,7 +35,7 @@ from typing import Any
 
 import pynvml
 
-from sja.core.mig import GpuModel, gpu_model
+from sja.core.mig import GpuModel, MigProfile, gpu_model
 
 _MIB = 1024 * 1024
 
@@ -49,22 +51,30 @@ NVMLError_NoPermission = pynvml.NVMLError_NoPermission
 NVMLError_Uninitialized = pynvml.NVMLError_Uninitialized
 NVMLError_InvalidArgument = pynvml.NVMLError_InvalidArgument
 
-# (compute slots, memory slots) -> (profile index as in NVML_GPU_INSTANCE_PROFILE_*, profile id)
-_PROFILE_IDS: dict[tuple[int, int], tuple[int, int]] = {
-    (1, 1): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19),
-    (2, 2): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14),
-    (3, 4): (pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9),
-    (4, 4): (pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5),
-    (7, 8): (pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0),
-    (1, 2): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15),
+# (compute slots, memory slots, media extensions) -> (profile index as in
+# NVML_GPU_INSTANCE_PROFILE_*, profile id as ``nvidia-smi mig -lgip`` lists it)
+_PROFILE_IDS: dict[tuple[int, int, bool], tuple[int, int]] = {
+    (1, 1, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19),
+    (1, 1, True): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20),
+    (2, 2, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14),
+    (3, 4, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9),
+    (4, 4, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5),
+    (7, 8, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0),
+    (1, 2, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15),
+}
+# The A30 numbers its profiles differently (four compute and four memory slices).
+_A30_PROFILE_IDS: dict[tuple[int, int, bool], tuple[int, int]] = {
+    (1, 1, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 14),
+    (1, 1, True): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 21),
+    (2, 2, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 5),
+    (2, 2, True): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1, 6),
+    (4, 4, False): (pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 0),
 }
 
 
-def _profile_ids(model: GpuModel, compute: int, mem: int) -> tuple[int, int]:
-    # The A30's whole-GPU profile has 4 compute and 4 memory slices.
-    if model.name.startswith("A30") and (compute, mem) == (4, 4):
-        return pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 0
-    return _PROFILE_IDS[(compute, mem)]
+def _profile_ids(model: GpuModel, p: MigProfile) -> tuple[int, int]:
+    table = _A30_PROFILE_IDS if model.name.startswith("A30") else _PROFILE_IDS
+    return table[(p.compute_slots, p.mem_slots, p.media_extension)]
 
 
 def _uuid(prefix: str, seed: str) -> str:
@@ -132,6 +142,7 @@ def _a100_40gb(layout: list[tuple[str, int]]) -> FakeGpu:
 
 _H100_LAYOUT = [("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4)]
 _A100_LAYOUT = [("2g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3), ("3g.20gb", 4)]
+_A100_ME_LAYOUT = [("1g.5gb+me", 0), ("1g.5gb", 1), ("2g.10gb", 2), ("3g.20gb", 4)]
 
 
 def scenario_gpus(name: str) -> tuple[list[FakeGpu], bool]:
@@ -142,6 +153,8 @@ def scenario_gpus(name: str) -> tuple[list[FakeGpu], bool]:
         return [_h100(False)], True
     if name == "a100-40gb":
         return [_a100_40gb(_A100_LAYOUT)], True
+    if name == "a100-me":
+        return [_a100_40gb(_A100_ME_LAYOUT)], True
     if name == "node":
         return [_h100(True, _H100_LAYOUT), _h100(False), _a100_40gb(_A100_LAYOUT)], True
     if name == "mig-pending":
@@ -161,6 +174,7 @@ SCENARIOS = (
     "h100-mig",
     "h100-nomig",
     "a100-40gb",
+    "a100-me",
     "node",
     "mig-pending",
     "unprivileged",
@@ -326,7 +340,7 @@ class FakeNvml:
         g = self._gpu(h)
         model = self._model(g)
         for p in model.profiles:
-            index, profile_id = _profile_ids(model, p.compute_slots, p.mem_slots)
+            index, profile_id = _profile_ids(model, p)
             if index == profile:
                 return SimpleNamespace(
                     id=profile_id,
@@ -355,7 +369,7 @@ class FakeNvml:
         return SimpleNamespace(
             device=_Handle(gi.gpu),
             id=gi.gi_id,
-            profileId=_profile_ids(model, p.compute_slots, p.mem_slots)[1],
+            profileId=_profile_ids(model, p)[1],
             placement=SimpleNamespace(start=m.start, size=p.mem_slots),
         )
 

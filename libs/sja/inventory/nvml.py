@@ -32,7 +32,10 @@ from sja.protocol.messages import SliceState
 log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
-_MIG_NAME = re.compile(r"MIG\s+(?:\d+c\.)?(\d+g\.\d+gb)(\+\w+)?", re.IGNORECASE)
+# ``MIG 1g.10gb``, ``MIG 1g.10gb+me``, ``MIG 1c.3g.40gb`` (a compute instance of a 3g.40gb): the profile
+# is ``<g>g.<mem>gb`` with its suffix (``+me``, and the ``-me``, ``+gfx``, ``+me.all`` of newer GPUs),
+# which names a different profile and so stays part of the name.
+_MIG_NAME = re.compile(r"MIG\s+(?:\d+c\.)?(\d+g\.\d+gb(?:[+-][a-z]+(?:\.[a-z]+)?)?)", re.IGNORECASE)
 _FAMILIES = ("A30", "A100", "H100", "H200")
 
 
@@ -147,10 +150,11 @@ def _mig_devices(nvml: Any, gpu: Any) -> list[_Mig]:
         gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
         ci_id = int(nvml.nvmlDeviceGetComputeInstanceId(mig))
         mem_mib = int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // _MIB
-        g = int(found.group(1).split("g.")[0])
+        profile = found.group(1).lower()
+        g = int(profile.split("g.")[0])
         entry = _Mig(
             uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
-            profile=found.group(1),
+            profile=profile,
             gi_id=gi_id,
             ci_id=ci_id,
             mem_mib=mem_mib,

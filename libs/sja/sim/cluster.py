@@ -5,6 +5,7 @@ Spec grammar (``docs/traces.md`` has examples)::
     spec   := group ("," group)*            or a path to a .yaml/.yml/.json file
     group  := [count "x"] model (":" option)* ["~repart" ["=" seconds]]
     option := "whole" | "repartitionable" ["=" seconds] | profile ("+" profile)*
+              (a profile may carry its own suffix: ``1g.10gb+me+3g.40gb`` is 1g.10gb+me and 3g.40gb)
 
 ``8xA100-40GB`` is eight A100-40GB GPUs, each one whole slice (the model's largest MIG profile, 7g.40gb);
 ``4xH100-80GB:4g.40gb+3g.40gb`` gives every GPU that MIG layout (the initial one, for a repartitionable
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from sja.core.mig import CATALOGUE, GpuModel, MigProfile, gpu_model, place_layout
+from sja.core.mig import CATALOGUE, GpuModel, MigProfile, gpu_model, id_token, place_layout
 from sja.sim.model import SimCluster, SimGpu, SimSlice
 from sja.sim.trace import OPENB_GPU_MEM_MIB, read_csv_rows
 
@@ -38,6 +39,8 @@ WHOLE_PROFILE = "whole"
 _REPART_SUFFIX_RE = re.compile(r"~repart(?:=(?P<seconds>[^:~\s]*))?\s*$", re.IGNORECASE)
 _REPART_OPTION_RE = re.compile(r"^repartitionable(?:=(?P<seconds>.*))?$", re.IGNORECASE)
 _GROUP_RE = re.compile(r"^(?:(?P<count>\d+)\s*[xX]\s*)?(?P<model>[^:~\s]+)(?P<rest>.*)$")
+_PROFILE_SEP_RE = re.compile(r"\+(?![A-Za-z])")
+"""``+`` between profiles; a ``+`` before a letter belongs to a profile name (``1g.10gb+me``)."""
 _CLUSTER_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -113,7 +116,7 @@ def parse_group(text: str) -> GpuGroup:
             raise ValueError(f"more than one layout (second: {option!r})")
         layout_given = True
         if option.lower() != "whole":
-            layout = tuple(p.strip() for p in option.split("+"))
+            layout = tuple(p.strip() for p in _PROFILE_SEP_RE.split(option))
             if any(not p for p in layout):
                 raise ValueError(f"empty profile in layout {option!r}")
     if model not in CATALOGUE:
@@ -218,7 +221,7 @@ def slices_of(gpu: SimGpu, generation: int = 0) -> list[SimSlice]:
         placements = [(model.profile(pl.profile), pl.start) for pl in place_layout(model, gpu.layout)]
     return [
         SimSlice(
-            slice_id=f"{gpu.gpu_id}-{p.name}-{start}{suffix}",
+            slice_id=f"{gpu.gpu_id}-{id_token(p.name)}-{start}{suffix}",
             gpu_id=gpu.gpu_id,
             node=gpu.node,
             gpu_model=gpu.model,

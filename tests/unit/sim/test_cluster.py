@@ -35,8 +35,8 @@ def test_layout_gives_each_gpu_its_instances() -> None:
     assert all(g.layout == ("4g.40gb", "3g.40gb") for g in cluster.gpus), "canonical order: by placement"
     first = [s for s in cluster.slices if s.gpu_id == "n0-g0"]
     assert [(s.slice_id, s.mem_mib) for s in first] == [
-        ("n0-g0-4g.40gb-0", 40320),
-        ("n0-g0-3g.40gb-4", 40320),
+        ("n0-g0-4g.40gb-0", 40448),
+        ("n0-g0-3g.40gb-4", 40448),
     ]
     assert [s.compute_share for s in first] == [4 / H100_80GB.compute_slots, 3 / 7]
     mixed = parse_cluster("A100-40GB:3g.20gb+2g.10gb+1g.5gb+1g.5gb")
@@ -47,6 +47,18 @@ def test_layout_gives_each_gpu_its_instances() -> None:
         "n0-g0-3g.20gb-4",
     ]
     assert sum(s.compute_share for s in mixed.slices) == pytest.approx(1.0)
+
+
+def test_layout_with_a_media_extension_profile() -> None:
+    cluster = parse_cluster("A100-40GB:3g.20gb+1g.5gb+me+2g.10gb+1g.5gb")
+    assert [(s.slice_id, s.profile) for s in cluster.slices] == [
+        ("n0-g0-2g.10gb-0", "2g.10gb"),
+        ("n0-g0-1g.5gb_me-2", "1g.5gb+me"),
+        ("n0-g0-1g.5gb-3", "1g.5gb"),
+        ("n0-g0-3g.20gb-4", "3g.20gb"),
+    ]
+    with pytest.raises(ValueError, match=r"one media-extension"):
+        parse_cluster("A30-24GB:2g.12gb+me+1g.6gb+me")
 
 
 def test_repartitionable_marks() -> None:
