@@ -1,7 +1,8 @@
 """Advertiser: turns free slices into offers, at once when a slice frees and again while unclaimed.
 
 The windows due in one pass are published per pool as one ``OfferBatch`` (one message, one reply
-per agent, one clearing), so a burst of freed slices costs one round trip, not one per slice."""
+per agent, one clearing), so a burst of freed slices costs one round trip, not one per slice. Each
+offer is still a round of its own, with its own ``sja.round`` trace."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import uuid
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
-from sja.bus.codec import decode
+from sja.bus.codec import decode, encode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
-from sja.bus.tracing import publish
+from sja.bus.tracing import start_roots
 from sja.bus.watch import KvView
 from sja.core.windows import OfferPacer, WindowRequest, find_windows
 from sja.protocol import subjects
@@ -159,24 +160,37 @@ class AdvertiserService(Service):
                     slice_state=s,
                 )
             )
-        with tracer.start_as_current_span(
-            "sja.round",
-            kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "sja.batch_id": batch_id,
-                "sja.offers": len(offers),
-                "sja.offer_ids": [o.offer_id for o in offers][:64],
-                "sja.slices": [o.window.slice_id for o in offers][:64],
-                "sja.round": offers[0].round,
-                "sja.pool": pool,
-                "messaging.system": "nats",
-                "messaging.destination.name": subjects.offer_opened(pool),
-                **({"sja.offer_id": offers[0].offer_id} if len(offers) == 1 else {}),
-            },
-        ):
-            batch = OfferBatch(
-                batch_id=batch_id, offers=offers, issued_at=now, reply_by=reply_by, reply_to=reply_to
-            )
-            await publish(self.bus, subjects.offer_opened(pool), batch)
+        # One trace per round: each offer gets a root span of its own (the sampler decides each),
+        # and the batch carries the trace context of every sampled one.
+        spans, carriers, headers = start_roots(tracer, "sja.round", len(offers), trace.SpanKind.PRODUCER)
+        subject = subjects.offer_opened(pool)
+        for o, span in zip(offers, spans, strict=True):
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "sja.offer_id": o.offer_id,
+                        "sja.round": o.round,
+                        "sja.slice": o.window.slice_id,
+                        "sja.pool": pool,
+                        "sja.batch_id": batch_id,
+                        "sja.offers": len(offers),
+                        "messaging.system": "nats",
+                        "messaging.destination.name": subject,
+                    }
+                )
+        batch = OfferBatch(
+            batch_id=batch_id,
+            offers=offers,
+            issued_at=now,
+            reply_by=reply_by,
+            reply_to=reply_to,
+            # A lone offer's context is the message's; so is every unsampled one's.
+            trace_contexts=carriers if len(offers) > 1 and any(carriers) else [],
+        )
+        try:
+            await self.bus.publish(subject, encode(batch), headers=headers)
+        finally:
+            for span in spans:
+                span.end()
         self.offers_published += len(offers)
         self.m_offers.add(len(offers), pool=pool)

@@ -9,16 +9,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
-from sja.bus.tracing import child_span, extract, inject, publish
+from sja.bus.tracing import ROOT, child_span, extract, inject, is_sampled, item_contexts, publish
 from sja.core import jobs as J
 from sja.core import leases
 from sja.core.bidbook import BidBook
@@ -65,6 +67,8 @@ MAX_POOLS = 10_000
 """Pools whose policy an agent remembers (bounded against outcomes naming made-up pools)."""
 MAX_AGENTS_SEEN = 10_000
 """Agents whose last heartbeat an agent remembers (bounded against heartbeats naming made-up agents)."""
+MAX_JOB_LINKS = 128
+"""Links to rounds a job's ``sja.job`` span keeps (the rest are counted: ``sja.links_dropped``)."""
 
 
 class AgentSettings(BaseSettings, frozen=True, kw_only=True):
@@ -141,6 +145,8 @@ class AgentService(Service):
         self._heard_since = time.time()
         """When this agent started listening to heartbeats (an agent never heard from was alive
         then, as far as it knows)."""
+        self._job_traces: dict[str, JobTrace] = {}
+        """job id -> what its ``sja.job`` span will hold (from when this process took the job)."""
         self.m_subjobs = self.metrics.counter(
             "sja_subjobs",
             "Subjob outcomes folded into their jobs, by status (ok, oom, timeout, failed, cancelled, lost).",
@@ -218,6 +224,7 @@ class AgentService(Service):
             assert isinstance(state, JobState)
             if state.owner_agent == self.agent_id and not J.is_terminal(state):
                 self._own(state, rev)
+                self._job_taken(state.job_id, recovered=True)
         if self.owned:
             log.info("recovered %d jobs", len(self.owned))
 
@@ -475,6 +482,7 @@ class AgentService(Service):
 
     def _remember(self, state: JobState, rev: int) -> None:
         if J.is_terminal(state):
+            self._job_ended(state)
             self._disown(state.job_id)
             self.locks.pop(state.job_id, None)
         else:
@@ -494,9 +502,60 @@ class AgentService(Service):
 
     def _disown(self, job_id: str) -> None:
         self.owned.pop(job_id, None)
+        self._job_traces.pop(job_id, None)
         self._version.pop(job_id, None)
         for book in self.books.values():
             book.drop(job_id)
+
+    # --- the job-level span ------------------------------------------------------------------------
+
+    def _job_taken(self, job_id: str, recovered: bool) -> None:
+        """This process took the job (claimed it, or took it back after a restart): its
+        ``sja.job`` span starts now."""
+        self._job_traces.setdefault(job_id, JobTrace(time.time_ns(), recovered))
+
+    def _job_granted(self, job_id: str, ctx: otel_context.Context) -> None:
+        """A grant for the job came: its ``sja.job`` span links to the grant's round (if traced)."""
+        jt = self._job_traces.get(job_id)
+        if jt is None:
+            return
+        jt.grants += 1
+        sc = trace.get_current_span(ctx).get_span_context()
+        if not (sc.is_valid and sc.trace_flags.sampled):
+            return  # a round not traced: nothing to link to
+        if len(jt.links) < MAX_JOB_LINKS:
+            jt.links.append(trace.Link(sc))
+        else:
+            jt.links_dropped += 1
+
+    def _job_ended(self, state: JobState) -> None:
+        """The job reached a final state: emit its ``sja.job`` span, a trace of its own that links to
+        the rounds it took part in."""
+        jt = self._job_traces.pop(state.job_id, None)
+        if jt is None:
+            return
+        span = tracer.start_span(
+            "sja.job",
+            context=ROOT,
+            links=jt.links,
+            start_time=jt.started_ns,
+            attributes={
+                "sja.job_id": state.job_id,
+                "sja.tenant": state.spec.tenant,
+                "sja.workload": state.spec.workload,
+                "sja.status": state.status,
+                "sja.units": state.total_units,
+                "sja.units_done": state.units_done,
+                "sja.subjobs": state.next_seq,
+                "sja.grants": jt.grants,
+                "sja.links_dropped": jt.links_dropped,
+                "sja.recovered": jt.recovered,
+                "sja.agent": self.agent_id,
+            },
+        )
+        if state.status == "failed":
+            span.set_status(trace.Status(trace.StatusCode.ERROR, state.error[:200]))
+        span.end()
 
     # --- handlers ----------------------------------------------------------------------------------
 
@@ -526,6 +585,7 @@ class AgentService(Service):
                 new_rev = await self.jobs.cas(state.job_id, claimed, rev)
                 if new_rev is not None:
                     self._remember(claimed, new_rev)
+                    self._job_taken(state.job_id, recovered=False)
                     self.ready(claimed.spec.max_parallel)
                     log.info(
                         "claimed job %s (%s, %d units)",
@@ -548,44 +608,70 @@ class AgentService(Service):
             log.warning("ignoring offer %s with reply subject %r", offers[0].offer_id, reply_to)
             return
         now = time.time()
-        with child_span(
-            tracer,
-            "sja.reply",
-            context=extract(msg),
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                "sja.offer_id": offers[0].offer_id,
-                "sja.batch_id": batch.batch_id if batch else "",
-                "sja.offers": len(offers),
-                "sja.agent": self.agent_id,
-            },
-        ) as span:
-            self._expire_bidding(now)
-            if batch is None:
+        self._expire_bidding(now)
+        ctx = extract(msg)
+        if batch is None:
+            with child_span(
+                tracer,
+                "sja.reply",
+                context=ctx,
+                kind=trace.SpanKind.CONSUMER,
+                attributes={"sja.offer_id": offers[0].offer_id, "sja.agent": self.agent_id},
+            ) as span:
                 proposals = self.proposals_for(offers[0], now, 1)
                 self._bid(offers[0].offer_id, now, [(offers[0], 1, proposals)])
-                span.set_attribute("sja.proposals", len(proposals))
-                span.set_attribute("sja.job_ids", ",".join(p.job_id for p in proposals[:64]))
+                if span.is_recording():
+                    span.set_attributes(_reply_attributes(proposals))
                 reply = Reply(offer_id=offers[0].offer_id, agent_id=self.agent_id, proposals=proposals)
                 await publish(self.bus, reply_to, reply)
-                return
-            # Offers of one shape get one answer: the reply grows with jobs x shapes, not x offers.
-            groups: dict[tuple[object, ...], list[Offer]] = {}
-            for o in offers:
-                groups.setdefault(self.shape(o, now), []).append(o)
-            out = []
-            sent: list[tuple[Offer, int, list[Proposal]]] = []
-            n = 0
-            for like in groups.values():
-                proposals = self.proposals_for(like[0], now, len(like))
-                n += len(proposals)
-                out.append(ReplyGroup(offer_ids=[o.offer_id for o in like], proposals=proposals))
-                sent.append((like[0], len(like), proposals))
-            self._bid(batch.batch_id, now, sent)
-            span.set_attribute("sja.proposals", n)
+            return
+        started_ns = time.time_ns()
+        # Offers of one shape get one answer: the reply grows with jobs x shapes, not x offers.
+        groups: dict[tuple[object, ...], list[Offer]] = {}
+        for o in offers:
+            groups.setdefault(self.shape(o, now), []).append(o)
+        out = []
+        sent: list[tuple[Offer, int, list[Proposal]]] = []
+        for like in groups.values():
+            proposals = self.proposals_for(like[0], now, len(like))
+            out.append(ReplyGroup(offer_ids=[o.offer_id for o in like], proposals=proposals))
+            sent.append((like[0], len(like), proposals))
+        self._bid(batch.batch_id, now, sent)
+        token = otel_context.attach(ctx)
+        try:
             await publish(
                 self.bus, reply_to, BatchReply(batch_id=batch.batch_id, agent_id=self.agent_id, groups=out)
             )
+        finally:
+            otel_context.detach(token)
+        # Each offer is a round with a trace of its own: a sampled one gets its own sja.reply
+        # span (spanning the whole batch's answer), an unsampled one nothing.
+        contexts = item_contexts(batch.trace_contexts, len(offers), ctx)
+        sampled = {o.offer_id: c for o, c in zip(offers, contexts, strict=True) if is_sampled(c)}
+        if not sampled:
+            return
+        for group, (_, _, proposals) in zip(out, sent, strict=True):
+            attributes: dict[str, AttributeValue] | None = None
+            for offer_id in group.offer_ids:
+                parent = sampled.get(offer_id)
+                if parent is None:
+                    continue
+                if attributes is None:
+                    attributes = {
+                        "sja.batch_id": batch.batch_id,
+                        "sja.offers": len(offers),
+                        "sja.like_offers": len(group.offer_ids),
+                        "sja.agent": self.agent_id,
+                        **_reply_attributes(proposals),
+                    }
+                span = tracer.start_span(
+                    "sja.reply",
+                    context=parent,
+                    kind=trace.SpanKind.CONSUMER,
+                    start_time=started_ns,
+                    attributes={"sja.offer_id": offer_id, **attributes},
+                )
+                span.end()
 
     def _bid(self, key: str, now: float, sent: list[tuple[Offer, int, list[Proposal]]]) -> None:
         """Remember the jobs likely to win in the batch just answered (``policies.likely_winners``)
@@ -692,15 +778,13 @@ class AgentService(Service):
         if isinstance(got, Grant):
             todo = [(got, extract(msg))]
         else:
-            # Each grant under its own sja.grant span (the message's headers carry the round's).
-            contexts = got.trace_contexts
-            todo = [
-                (g, extract(carrier=contexts[i]) if i < len(contexts) else extract(msg))
-                for i, g in enumerate(got.grants)
-            ]
-        for grant, _ in todo:
+            # Each grant under its own sja.grant span (the message's headers carry the batch's).
+            contexts = item_contexts(got.trace_contexts, len(got.grants), extract(msg))
+            todo = list(zip(got.grants, contexts, strict=True))
+        for grant, ctx in todo:
             _count(self._granted, grant.job_id, +1)
             self._changed(grant.job_id)
+            self._job_granted(grant.job_id, ctx)
         try:
             if len(todo) == 1:
                 await self._materialize(*todo[0])
@@ -901,6 +985,33 @@ class AgentService(Service):
         async with self.lock(req.job_id):
             if req.job_id in self.owned:
                 await self.save(req.job_id, lambda s: J.request_cancel(s, time.time()))
+
+
+@dataclass(slots=True)
+class JobTrace:
+    """What a job's ``sja.job`` span holds until the job ends."""
+
+    started_ns: int
+    recovered: bool
+    """Taken back after a restart: links to rounds before it are lost (they lived in memory)."""
+    links: list[trace.Link] = field(default_factory=list)
+    grants: int = 0
+    links_dropped: int = 0
+
+
+def _reply_attributes(proposals: list[Proposal]) -> dict[str, AttributeValue]:
+    """A reply span's attributes: the jobs that bid, and the best candidate's job and score."""
+    attributes: dict[str, AttributeValue] = {
+        "sja.proposals": len(proposals),
+        "sja.job_ids": [p.job_id for p in proposals[:64]],
+    }
+    best = max(
+        ((c.score, p.job_id) for p in proposals for c in p.candidates), default=None, key=lambda b: b[0]
+    )
+    if best is not None:
+        attributes["sja.score"] = best[0]
+        attributes["sja.job_id"] = best[1]
+    return attributes
 
 
 def _count(counts: dict[str, int], key: str, delta: int) -> None:

@@ -89,6 +89,8 @@ class OpenRound:
     """The batch id, or the offer id of a lone offer."""
     offers: list[Offer]
     ctx: otel_context.Context
+    """The trace context of the message's headers (a lone offer's round; in a batch, that of every
+    offer without a context of its own)."""
     opened_at: float
     replies: dict[str, Reply | BatchReply] = field(default_factory=dict)
     closed: bool = False
@@ -98,6 +100,13 @@ class OpenRound:
     granted: list[tuple[Grant, dict[str, str]]] = field(default_factory=list)
     """Its grants so far, each with the trace context of its ``sja.grant`` span (sent per agent
     once the batch's compare-and-sets are done)."""
+    carriers: dict[str, dict[str, str]] = field(default_factory=dict)
+    """offer id -> the trace context of its own ``sja.round`` (offers of a batch that have one)."""
+
+    def context_of(self, offer: Offer) -> otel_context.Context:
+        """The trace context of one offer's round."""
+        carrier = self.carriers.get(offer.offer_id)
+        return extract(carrier=carrier) if carrier else self.ctx
 
     def bids(self) -> dict[str, list[Bid]]:
         """offer id -> its bids. Offers with the same contributing reply groups share one list, so
@@ -256,6 +265,10 @@ class ClearerService(Service):
                 return
             offers = fresh
         rnd = OpenRound(key=key, offers=offers, ctx=extract(msg), opened_at=now)
+        if isinstance(got, OfferBatch) and got.trace_contexts:
+            # Missing entries (a shorter list) have the message's context, as empty ones do.
+            pairs = zip(got.offers, got.trace_contexts, strict=False)
+            rnd.carriers = {o.offer_id: c for o, c in pairs if c}
         self.rounds[key] = rnd
         for o in offers:
             self.open_slices[o.window.slice_id] = key
@@ -375,6 +388,7 @@ class ClearerService(Service):
         with child_span(
             tracer,
             "sja.clear",
+            context=rnd.context_of(offer),
             kind=trace.SpanKind.CONSUMER,
             attributes={
                 "sja.offer_id": offer.offer_id,
@@ -392,9 +406,17 @@ class ClearerService(Service):
                 if grant is None:
                     self._charge(offer, decision, lease_until, sign=-1.0)
             if span.is_recording():
-                span.set_attribute("sja.winner", grant.job_id if grant else "")
+                won = next((v for v in decision.verdicts if v.won), None) if grant else None
+                span.set_attribute("sja.job_id", grant.job_id if grant else "")
+                if won is not None:
+                    span.set_attribute("sja.score", won.score)
+                    span.set_attribute("sja.tenant", won.tenant)
+                # Why this round ended as it did: the winner's reason, else why nobody won.
                 span.set_attribute(
-                    "sja.reason", "; ".join(f"{v.job_id}: {v.reason}" for v in decision.verdicts[:16])
+                    "sja.reason", won.reason if won else note or ("no eligible bid" if bids else "no bids")
+                )
+                span.set_attribute(
+                    "sja.reasons", "; ".join(f"{v.job_id}: {v.reason}" for v in decision.verdicts[:16])
                 )
                 if note:
                     span.set_attribute("sja.note", note)

@@ -1,7 +1,8 @@
 """End to end: every service as its own process (``LocalStack``), a real nats-server and a local Ray.
 
 Jobs from two tenants run to completion through real negotiation rounds; results equal the one-piece
-computation; one round's spans form the expected tree across processes; the CLI works against it.
+computation; each round's spans form one tree across processes (one trace per offer, also in a batch)
+and a job's span links to its rounds; the CLI works against it.
 """
 
 from __future__ import annotations
@@ -141,30 +142,102 @@ EXPECTED_ROUND = [
 ]
 
 
+TRACED_JOB = JobSpec(
+    name="traced",
+    tenant="gamma",
+    workload="montecarlo",
+    max_parallel=3,
+    params={"units": 90, "samples_per_unit": 100_000, "seed": 21},
+)
+
+
 def test_one_round_is_one_trace_across_processes(stack: LocalStack) -> None:
-    """The round of a completed subjob: advertiser, agent, clearer, executor actor spans in one tree."""
+    """Each offer is a round with a trace of its own, also when it came in a batch of several:
+    advertiser, agent, clearer and executor actor spans form one tree per round; the job's own
+    span links to every round it won."""
+
+    async def go() -> JobState:
+        client = await SjaClient.connect(stack.nats_url)
+        try:
+            job_id = (await client.submit(TRACED_JOB)).job_id
+            return (await wait_terminal(client, [job_id], 240))[0]
+        finally:
+            await client.close()
+
+    state = asyncio.run(go())
+    assert state.status == "done", (state.status, state.error)
+    job_id = state.job_id
+
+    def attrs(span: dict[str, object]) -> dict[str, object]:
+        got = span["attributes"]
+        assert isinstance(got, dict)
+        return got
+
     deadline = time.monotonic() + 30
     while True:
         spans = read_spans(stack.out_dir)
-        trees = []
-        for root in (s for s in spans if s["name"] == "sja.round"):
-            in_trace = [s for s in spans if s["trace_id"] == root["trace_id"]]
-            # A batch of several offers has one sja.clear per offer: take a round of one offer.
-            one_offer = sum(1 for s in in_trace if s["name"] == "sja.clear") == 1
-            if one_offer and any(s["name"] == "sja.calibrate" for s in in_trace):
-                trees.append((root, in_trace))
-        if trees or time.monotonic() > deadline:
+        by_id = {s["span_id"]: s for s in spans}
+        traces: dict[object, list[dict[str, object]]] = {}
+        for s in spans:
+            traces.setdefault(s["trace_id"], []).append(s)
+        won = [
+            t
+            for t in traces.values()
+            if any(s["name"] == "sja.clear" and attrs(s).get("sja.job_id") == job_id for s in t)
+        ]
+        done = [t for t in won if any(s["name"] == "sja.calibrate" for s in t)]
+        job_spans = [s for s in spans if s["name"] == "sja.job" and attrs(s).get("sja.job_id") == job_id]
+        links = job_spans[0]["links"] if job_spans else []
+        assert isinstance(links, list)
+        batched = [
+            t for t in done if any(s["name"] == "sja.round" and int(attrs(s)["sja.offers"]) > 1 for s in t)
+        ]
+        if (batched and job_spans and all(link in by_id for link in links)) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert trees, "no round trace reached its calibration"
-    root, in_trace = trees[0]
-    assert render_tree(in_trace, str(root["span_id"])) == EXPECTED_ROUND
-    services = {str(s["service"]) for s in in_trace}
-    assert {"sja-advertiser", "sja-clearer", "sja-agent", "sja-executor-actor"} <= services
-    clear = next(s for s in in_trace if s["name"] == "sja.clear")
-    attrs = clear["attributes"]
-    assert isinstance(attrs, dict)
-    assert attrs["sja.policy"] == "fair" and attrs["sja.winner"] and attrs["sja.reason"]
+    assert done, "no round of the job reached its calibration"
+    assert batched, "no round of the job that came in a multi-offer batch reached its calibration"
+
+    # One trace per round: one sja.round (the root) and at most one sja.clear, for the same offer.
+    for t in traces.values():
+        rounds = [s for s in t if s["name"] == "sja.round"]
+        if not rounds:
+            continue
+        assert len(rounds) == 1 and rounds[0]["parent_id"] is None
+        clears = [s for s in t if s["name"] == "sja.clear"]
+        assert len(clears) <= 1
+        offer_id = attrs(rounds[0])["sja.offer_id"]
+        assert all(attrs(s)["sja.offer_id"] == offer_id for s in clears)
+        assert all(attrs(s)["sja.offer_id"] == offer_id for s in t if s["name"] == "sja.reply")
+
+    for in_trace in done:
+        root = next(s for s in in_trace if s["name"] == "sja.round")
+        assert render_tree(in_trace, str(root["span_id"])) == EXPECTED_ROUND
+        services = {str(s["service"]) for s in in_trace}
+        assert {"sja-advertiser", "sja-clearer", "sja-agent", "sja-executor-actor"} <= services
+        clear = next(s for s in in_trace if s["name"] == "sja.clear")
+        a = attrs(clear)
+        assert a["sja.policy"] == "fair" and a["sja.job_id"] == job_id
+        assert str(a["sja.reason"]).startswith("won") and isinstance(a["sja.score"], float)
+        reply = next(s for s in in_trace if s["name"] == "sja.reply")
+        assert job_id in list(attrs(reply)["sja.job_ids"])  # type: ignore[call-overload]
+
+    # The job's span is a trace of its own, linked to the sja.grant span of every round it won.
+    assert len(job_spans) == 1
+    job = job_spans[0]
+    assert job["parent_id"] is None and len(traces[job["trace_id"]]) == 1
+    granted = {
+        s["span_id"]
+        for t in won
+        for s in t
+        if s["name"] == "sja.grant" and attrs(s).get("sja.job_id") == job_id and "sja.fence" in attrs(s)
+    }
+    assert set(links) == granted and len(links) == len(granted)
+    a = attrs(job)
+    assert a["sja.status"] == "done" and a["sja.grants"] == len(granted) and a["sja.links_dropped"] == 0
+    assert a["sja.subjobs"] == len(state.history)
+    first_round = min(int(str(s["start_ns"])) for t in won for s in t if s["name"] == "sja.round")
+    assert int(str(job["start_ns"])) <= first_round
 
 
 def sja(*args: str, nats_url: str) -> subprocess.CompletedProcess[str]:

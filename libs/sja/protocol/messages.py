@@ -115,13 +115,19 @@ MAX_BATCH_OFFERS = 4096
 
 class OfferBatch(Message, tag="sja.offer_batch.v1", frozen=True, kw_only=True):
     """Several offers of one pool published together (the windows that became free in one
-    advertising tick): one message, one reply per agent, one clearing."""
+    advertising tick): one message, one reply per agent, one clearing.
+
+    Each offer is a round of its own, with a trace of its own: ``trace_contexts[i]`` is the W3C
+    trace context of ``offers[i]``'s ``sja.round`` span. An offer whose entry is empty or missing
+    (not sampled, or every entry left out) has the context of the message's headers, which carry
+    the decision not to trace whenever some offer is not sampled (``sja.bus.tracing.start_roots``)."""
 
     batch_id: Id
     offers: Annotated[list[Offer], msgspec.Meta(min_length=1, max_length=MAX_BATCH_OFFERS)]
     issued_at: float
     reply_by: float
     reply_to: str
+    trace_contexts: Annotated[list[dict[str, str]], msgspec.Meta(max_length=MAX_BATCH_OFFERS)] = []
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
