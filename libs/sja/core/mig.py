@@ -96,7 +96,7 @@ A100_40GB = GpuModel(
 # A100-SXM4-80GB / A100 80GB PCIe. Profiles and counts: MIG user guide (the A100 table with the
 # 80GB names). Memory: ``nvidia-smi mig -lgip`` on an A100 80GB PCIe, driver 515.86.01: 1g.10gb
 # 9.50, 1g.10gb+me 9.50, 2g.20gb 19.50, 3g.40gb 39.25, 4g.40gb 39.25, 7g.80gb 79.00 GiB (the MIG
-# devices show 9728 and 19968 MiB); other drivers print 78.50 or 79.12 for 7g.80gb. No ``-lgip``
+# devices show 9728 and 19968 MiB); other outputs print 79.12 or 79.25 for 7g.80gb. No ``-lgip``
 # with 1g.20gb (R525+) was found: kept at 2g.20gb's memory, as on every GPU where both appear.
 # Placements: as on the A100 40GB (same GA100 geometry).
 A100_80GB = GpuModel(
