@@ -9,8 +9,11 @@ from statistics import NormalDist
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.special import stdtrit
 
-from sja.core.profiles import JobProfile, LinearPosterior, z_of
+from sja.core.profiles import MAX_OBSERVATIONS, JobProfile, LinearPosterior, z_of
 from sja.protocol.messages import MemoryDecl, ProfileState, TimeDecl
 
 EPS = 0.05
@@ -139,25 +142,38 @@ def test_oom_pulls_the_memory_prediction_above_the_cap() -> None:
     assert p.mem_fit_probability(k, cap) < 0.05
 
 
-def test_timeout_moves_the_duration_model_without_banning_the_size() -> None:
+def test_timeout_bounds_the_size_until_a_completion_runs_within_it() -> None:
     p = overestimating_profile()
     share = 1 / 7
     q_before = p.duration_quantile(30, Q, "1g.5gb", share)
     p.observe_timeout(30, 70.0, "1g.5gb", share)
     assert p.observations == 1
     assert p.duration_quantile(30, Q, "1g.5gb", share) > q_before
-    # a stall can cause one timeout: the size stays plannable where the model says it fits
-    assert p.max_size_under_bounds(1e9, 70.0, share) is None
-    # and the spread is not inflated by the censored point: small sizes stay cheap
+    # a size >= 30 is not planned again into a window no longer, on this share ...
+    assert p.max_size_under_bounds(1e9, 70.0, share) == 29
+    assert p.max_size_under_bounds(1e9, 50.0, share) == 29
+    assert p.max_size_under_bounds(1e9, 70.1, share) is None
+    # ... nor on a share twice as large with half the window (the time model scales it)
+    assert p.max_size_under_bounds(1e9, 34.99, 2 / 7) == 29
+    assert p.max_size_under_bounds(1e9, 35.01, 2 / 7) is None
+    # the spread is not inflated by the censored point: small sizes stay cheap
     assert p.duration_quantile(1, Q, "1g.5gb", share) < p.duration_quantile(30, Q, "1g.5gb", share)
+    # a completion at a size below it says nothing about the bound; one at or above it within
+    # the length shows the timeout was noise (a stalled host), and lifts it
+    p.observe(10, 300.0, 20.0, "1g.5gb", share)
+    assert p.max_size_under_bounds(1e9, 70.0, share) == 29
+    p.observe(40, 500.0, 60.0, "1g.5gb", share)
+    assert p.timeout_bounds == []
+    assert p.max_size_under_bounds(1e9, 70.0, share) is None
 
 
-def test_only_ooms_are_hard_bounds() -> None:
+def test_ooms_and_timeouts_are_hard_bounds() -> None:
     p = overestimating_profile()
     p.observe_oom(50, 4608.0)
     p.observe_timeout(20, 10.0, "7g.40gb", 1.0)
-    assert p.max_size_under_bounds(4608.0, 5.0, 1.0) == 49
-    assert p.max_size_under_bounds(40000.0, 5.0, 1.0) is None
+    assert p.max_size_under_bounds(4608.0, 5.0, 1.0) == 19
+    assert p.max_size_under_bounds(4608.0, 20.0, 1.0) == 49
+    assert p.max_size_under_bounds(40000.0, 20.0, 1.0) is None
     assert p.timeout_bounds == [(20, 10.0)], "the timeout is on record"
 
 
@@ -316,3 +332,157 @@ def test_weight_rel_sd_is_opt_in() -> None:
         p.observe_memory(k, true_mem(k) * (1 + rng.gauss(0.0, 0.02)))
     assert p.mem.mean(50) == pytest.approx(true_mem(50), rel=0.05)
     assert p.mem_quantile(50, Q) >= true_mem(50)
+
+
+# --- censored observations only tighten --------------------------------------------------------
+
+QS = (0.5, 0.8, 0.9, 0.95, 0.99)
+PROFILES = ("1g", "2g", "3g", "7g")
+
+
+def _never_lower(before: float, after: float) -> bool:
+    return after >= before - 1e-9 * max(abs(before), 1.0)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[JobProfile, list[tuple[str, int, float, float, int]]]:
+    profile = JobProfile.from_declaration(
+        MemoryDecl(
+            base_mib=draw(st.floats(0.0, 5000.0)),
+            per_unit_mib=draw(st.floats(0.0, 200.0)),
+            rel_sd=draw(st.floats(0.0, 1.0)),
+        ),
+        TimeDecl(
+            warmup_s=draw(st.floats(0.0, 5.0)),
+            per_unit_s=draw(st.floats(1e-3, 1.0)),
+            rel_sd=draw(st.floats(0.0, 1.0)),
+        ),
+        typical_units=draw(st.integers(1, 300)),
+    )
+    ops = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["ok", "ok", "oom", "timeout"]),
+                st.integers(1, 400),
+                st.floats(1.0, 60_000.0),
+                st.floats(0.01, 300.0),
+                st.integers(1, 7),
+            ),
+            max_size=12,
+        )
+    )
+    return profile, ops
+
+
+def _replay(profile: JobProfile, ops: list[tuple[str, int, float, float, int]]) -> None:
+    for kind, k, mem, seconds, share7 in ops:
+        if kind == "ok":
+            profile.observe(k, mem, seconds, PROFILES[min(share7, 4) - 1], share7 / 7)
+        elif kind == "oom":
+            profile.observe_oom(k, mem)
+        else:
+            profile.observe_timeout(k, seconds, PROFILES[min(share7, 4) - 1], share7 / 7)
+
+
+CENSORED = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@CENSORED
+@given(
+    history=histories(), k=st.integers(1, 400), cap=st.floats(1.0, 60_000.0), seen=st.floats(0.0, 70_000.0)
+)
+def test_an_oom_never_lowers_the_memory_quantile_at_its_size_or_above(
+    history: tuple[JobProfile, list[tuple[str, int, float, float, int]]], k: int, cap: float, seen: float
+) -> None:
+    profile, ops = history
+    _replay(profile, ops)
+    sizes = [k, k + 1, 2 * k, k + 50, 1000]
+    before = {(x, q): profile.mem_quantile(x, q) for x in sizes for q in QS}
+    fit_before = {x: profile.mem_fit_probability(x, cap) for x in sizes}
+    profile.observe_oom(k, cap, seen)
+    for (x, q), b in before.items():
+        assert _never_lower(b, profile.mem_quantile(x, q)), (x, q, b, profile.mem_quantile(x, q))
+    for x, p in fit_before.items():
+        assert profile.mem_fit_probability(x, cap) <= p + 1e-9
+    # the OOM says the peak at k exceeded the cap: its median says so too
+    assert profile.mem_quantile(k, 0.5) >= max(cap, seen) * (1 - 1e-9)
+
+
+@CENSORED
+@given(history=histories(), k=st.integers(1, 400), cap_s=st.floats(0.01, 300.0), share7=st.integers(1, 7))
+def test_a_timeout_never_lowers_the_duration_quantile_at_its_size_or_above(
+    history: tuple[JobProfile, list[tuple[str, int, float, float, int]]], k: int, cap_s: float, share7: int
+) -> None:
+    profile, ops = history
+    _replay(profile, ops)
+    name, share = PROFILES[min(share7, 4) - 1], share7 / 7
+    sizes = [k, k + 1, 2 * k, 1000]
+    where = [(name, share), ("7g", 1.0), ("1g", 1 / 7)]
+    before = {(x, q, w): profile.duration_quantile(x, q, *w) for x in sizes for q in QS for w in where}
+    profile.observe_timeout(k, cap_s, name, share)
+    for (x, q, w), b in before.items():
+        after = profile.duration_quantile(x, q, *w)
+        assert _never_lower(b, after), (x, q, w, b, after)
+    assert profile.max_size_under_bounds(1e12, cap_s, share) is not None
+
+
+def test_an_oom_below_what_the_model_expects_does_not_lower_it() -> None:
+    # a completion at 4500 MiB at k = 100, then an OOM at a 2000 MiB cap: it confirms, never lowers
+    p = JobProfile.from_declaration(
+        MemoryDecl(base_mib=500.0, per_unit_mib=20.0, rel_sd=0.25),
+        TimeDecl(warmup_s=0.1, per_unit_s=0.01, rel_sd=0.3),
+        typical_units=100,
+    )
+    p.observe_memory(100, 4500.0)
+    for k in (40, 60, 100):
+        q = p.copy()
+        median, q95 = q.mem_quantile(100, 0.5), q.mem_quantile(100, 0.95)
+        q.observe_oom(k, 2000.0)
+        assert q.mem_quantile(100, 0.5) >= median
+        assert q.mem_quantile(100, 0.95) >= q95
+
+
+def test_censored_observations_outlive_the_observation_window() -> None:
+    p = overestimating_profile()
+    p.observe_oom(80, 3000.0)
+    p.observe_timeout(80, 12.0, "1g", 1 / 7)
+    rng = random.Random(1)
+    for _ in range(3 * MAX_OBSERVATIONS):
+        k = rng.randint(1, 20)
+        p.observe(k, true_mem(k), true_full_time(k) * 7, "1g", 1 / 7)
+    assert len(p.mem.obs) == MAX_OBSERVATIONS
+    # the exact observations say ~900 MiB at 80; the OOM says more than 3000, and it still does
+    assert p.mem.mean(80) < 1500.0
+    assert p.mem_quantile(80, 0.05) >= 3000.0
+    assert p.mem_quantile(120, 0.05) >= 3000.0
+    assert p.mem_quantile(79, 0.95) < 3000.0
+    assert p.max_size_under_bounds(3000.0, 1e9, 1.0) == 79
+    assert p.max_size_under_bounds(1e9, 12.0, 1 / 7) == 79
+    # and through the job state
+    restored = JobProfile.from_state(p.to_state())
+    assert restored.mem_quantile(80, 0.05) == p.mem_quantile(80, 0.05)
+    assert restored == p
+
+
+def test_a_completion_that_contradicts_a_lower_bound_drops_it() -> None:
+    p = overestimating_profile()
+    p.observe_oom(50, 1000.0)
+    assert p.mem.lower_bound(60) == 1000.0
+    p.observe_memory(60, 950.0)  # a larger size fitted under that cap: the OOM was noise
+    assert p.mem.lower_bound(60) is None
+    assert p.mem.held == []
+    assert p.max_size_under_bounds(1000.0, 1e9, 1.0) == 49, "an OOM bound stays"
+
+
+def test_quantiles_are_student_t() -> None:
+    post = LinearPosterior.prior_from(1000.0, 10.0, 0.1, 8, 0.05)
+    assert post.dof == 4.0
+    m, sd = post.mean(8), post.sd(8)
+    for q in (0.8, 0.95, 0.99):
+        assert post.quantile(8, q) == pytest.approx(m + float(stdtrit(4.0, q)) * sd, rel=1e-12)
+        # the model's own exceedance at its quantile is exactly 1 - q (a normal with the t
+        # variance gave 1.5 % at q = 0.99 with 4 degrees of freedom)
+        assert 1.0 - post.cdf(8, post.quantile(8, q)) == pytest.approx(1.0 - q, rel=1e-9)
+    assert post.quantile(8, 0.99) > m + z_of(0.99) * sd * math.sqrt(2.0)
+    post.update(8, 1080.0)
+    assert post.dof == 5.0

@@ -5,35 +5,62 @@ parameter ``k``: ``peak_mem(k) = a + b*k + noise`` and ``duration_full(k) = warm
 where ``duration_full`` is the duration on a full-speed slice. A slice profile's speed relative to the
 full GPU starts from its compute share and is learned per profile as a log-ratio.
 
-Quantiles use the posterior predictive, approximated by a normal with the Student-t variance
-(``nu / (nu - 2)``), which is conservative at the quantiles used here (eps in [0.01, 0.2]).
+Quantiles and probabilities use the posterior predictive itself, a Student-t with ``2a`` degrees of
+freedom (``scipy.special.stdtrit`` / ``stdtr``; the t quantile is cached per ``(dof, q)``).
 
-An OOM or a timeout is a censored observation ("more than the cap at size k"): it is fed to the
-regression as a pseudo-observation above the cap and it sets a hard bound so that no size >= k is
-planned again on a slice with that much memory or time.
+An OOM or a timeout is a censored observation ("more than the cap at size k"). It only ever tightens
+the profile, in three ways (see ``LinearPosterior.observe_censored``):
+
+- it is a fact about every size ``>= k`` (memory and time do not shrink with size): the predictive at
+  those sizes is conditioned on exceeding the cap (a truncated Student-t), and the fact is kept for
+  good, whatever the number of later observations, until a completion contradicts it;
+- it moves the regression line (so the next plan is smaller, not one unit smaller): a pseudo-
+  observation at ``max(1.15 * cap, median of the conditioned predictive)``;
+- the line's move can pivot it (a higher intercept, a lower slope) or shrink its spread, so the
+  predictive from before the observation is held as a floor at sizes ``>= k`` until the next completed
+  subjob: the quantiles at ``k`` and above never go down on a censored observation.
+
+It also sets a hard bound in ``JobProfile``: no size ``>= k`` is planned again under that memory cap
+(an OOM) or into a window no longer than that length at that compute share (a timeout), until a
+completion at a size ``>= k`` within that cap or length shows the bound was noise (timeouts only;
+memory is nearly deterministic and an OOM bound stays).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from statistics import NormalDist
+from functools import lru_cache
+
+from scipy.special import ndtr, ndtri, stdtr, stdtrit  # type: ignore[import-untyped]
 
 from sja.protocol.messages import MemoryDecl, ProfileState, TimeDecl
 
-_STD = NormalDist()
-
 CENSORED_INFLATION = 1.15
-"""A censored observation is recorded this far above the cap it broke."""
+"""A censored observation is fed to the regression at least this far above the cap it broke."""
 
+Q_MIN, Q_MAX = 1e-12, 1.0 - 1e-12
+"""Probabilities are clamped to this range (quantiles stay finite)."""
 
 Z_MAX = 7.0344869100478356
-"""z of the most extreme quantile used (q clamped to [1e-12, 1 - 1e-12])."""
+"""Standard normal z of ``Q_MAX``."""
 
 
 def z_of(q: float) -> float:
-    return _STD.inv_cdf(min(max(q, 1e-12), 1 - 1e-12))
+    """Standard normal quantile, clamped to ``[Q_MIN, Q_MAX]``."""
+    return float(ndtri(min(max(q, Q_MIN), Q_MAX)))
 
+
+def _t_ppf_raw(dof: float, q: float) -> float:
+    return float(stdtrit(dof, min(max(q, Q_MIN), Q_MAX)))
+
+
+t_ppf = lru_cache(maxsize=4096)(_t_ppf_raw)
+"""Student-t quantile with ``dof`` degrees of freedom, cached: the planner asks for a handful of
+``(dof, q)`` pairs thousands of times a second."""
+
+TPpf = Callable[[float, float], float]
 
 WEIGHT_PRIOR_REL_SD = 0.5
 """Relative sd of a prior's weights when the caller does not say (time profiles): declared speeds are
@@ -48,7 +75,55 @@ TIME_NOISE_PRIOR = 0.25
 """Expected run-to-run spread of duration at a given size (shared machines are noisy)."""
 
 MAX_OBSERVATIONS = 64
-"""Observations kept per regression (the oldest are dropped; the prior always stays)."""
+"""Observations kept per regression (the oldest are dropped; the prior always stays, and so do the
+lower bounds that censored observations set)."""
+
+_FORMAT_V2 = -2.0
+"""Marks the serialized layout with censored bounds and held floors (``LinearPosterior.to_list``)."""
+
+Fit = tuple[float, float, float, float, float, float, float, float, float]
+"""A fitted posterior: (mu0, mu1, p00, p01, p11, a, b, s0, s1)."""
+
+
+def _loc_scale(fit: Fit, x: float) -> tuple[float, float, float]:
+    """(location, scale, degrees of freedom) of the Student-t posterior predictive at ``x``."""
+    mu0, mu1, p00, p01, p11, a, b, s0, s1 = fit
+    s = s0 + s1 * max(x, 0.0)
+    f0, f1 = 1.0 / s, x / s
+    det = p00 * p11 - p01 * p01
+    lev = (p11 * f0 * f0 - 2.0 * p01 * f0 * f1 + p00 * f1 * f1) / det
+    return mu0 + mu1 * x, s * math.sqrt(max((b / a) * (1.0 + lev), 0.0)), 2.0 * a
+
+
+def _t_quantile(m: float, sd: float, dof: float, q: float, lower: float | None, ppf: TPpf) -> float:
+    """``q`` quantile of ``m + sd * T(dof)`` conditioned on exceeding ``lower`` (None: unconditioned).
+
+    Conditioning never lowers a quantile: it is ``F^-1(q + (1 - q) F(lower))``, computed from the
+    survival side so that a bound far in the upper tail keeps its precision."""
+    if lower is None or sd <= 0.0:
+        y = m + ppf(dof, q) * sd
+        return y if lower is None else max(y, lower)
+    surv = float(stdtr(dof, (m - lower) / sd))
+    if surv >= 1.0:
+        return m + ppf(dof, q) * sd
+    if surv <= 0.0:  # the model put no mass above the bound: all of it sits at the bound
+        return lower
+    p = max((1.0 - min(max(q, Q_MIN), Q_MAX)) * surv, 1e-300)
+    return max(m - sd * float(stdtrit(dof, p)), lower)
+
+
+def _t_cdf(m: float, sd: float, dof: float, y: float, lower: float | None) -> float:
+    """P(value <= y) for the distribution ``_t_quantile`` inverts."""
+    if lower is not None and y < lower:
+        return 0.0
+    if sd <= 0.0:
+        return 1.0 if y >= m else 0.0
+    if lower is None:
+        return float(stdtr(dof, (y - m) / sd))
+    surv_lower = float(stdtr(dof, (m - lower) / sd))
+    if surv_lower <= 0.0:
+        return 1.0
+    return max(1.0 - float(stdtr(dof, (m - y) / sd)) / surv_lower, 0.0)
 
 
 @dataclass
@@ -61,14 +136,25 @@ class LinearPosterior:
     prediction and is re-anchored to the posterior mean after every observation (the posterior is
     refitted from the prior and the kept observations), so a prior that was 5x off does not leave a
     5x-inflated spread behind.
+
+    ``quantile`` and ``cdf`` are the regression's own predictive; ``upper`` and ``upper_cdf`` add
+    what censored observations taught (lower bounds, held floors) and make it non-decreasing in
+    ``x``: the planner uses those.
     """
 
     prior: tuple[float, float, float, float, float, float, float]
     """(mu0, mu1, p00, p01, p11, a, b) of the prior; precision scaled by the noise variance."""
     floor: float
     """Smallest reference scale (keeps ``s(x) > 0``)."""
-    obs: list[tuple[float, float, bool]] = field(default_factory=list)
-    """(x, y, censored): a censored y is a lower bound (an OOM or a timeout), not a measurement."""
+    obs: list[tuple[float, float, float]] = field(default_factory=list)
+    """(x, y, bound): an exact observation has bound 0; a censored one (an OOM or a timeout: the
+    value exceeded ``bound > 0``) has its pseudo-value as y."""
+    lower: list[tuple[float, float]] = field(default_factory=list)
+    """(x, bound): the value exceeded ``bound`` at ``x``, hence at every size ``>= x``. Kept apart
+    from ``obs`` so that no number of later observations drops it; only the non-dominated ones."""
+    held: list[tuple[float, ...]] = field(default_factory=list)
+    """(x, *fit): the fitted posterior from before each censored observation since the last exact
+    one, a floor on ``upper`` at sizes ``>= x``."""
     s0: float = 1.0
     s1: float = 0.0
     mu0: float = 0.0
@@ -124,7 +210,10 @@ class LinearPosterior:
 
     def copy(self) -> LinearPosterior:
         """An independent copy, fitted as this one is (no refit)."""
-        return replace(self, obs=list(self.obs))
+        return replace(self, obs=list(self.obs), lower=list(self.lower), held=list(self.held))
+
+    def fitted(self) -> Fit:
+        return (self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b, self.s0, self.s1)
 
     def _fit(self) -> None:
         """Posterior of the weights from the prior and the kept observations; the noise is estimated
@@ -146,55 +235,148 @@ class LinearPosterior:
             mu0, mu1 = 0.0, mu1 + (p01 / p11) * mu0
         if mu1 < 0.0:
             mu0, mu1 = max(mu0 + (p01 / p00) * mu1, 0.0), 0.0
-        for x, y, censored in self.obs:
-            if censored:  # a lower bound moves the line up; it says nothing about the spread
+        for x, y, bound in self.obs:
+            if bound > 0.0:  # a lower bound moves the line up; it says nothing about the spread
                 continue
             resid = (y - (mu0 + mu1 * x)) / self.scale(x)
             b += 0.5 * resid * resid
             a += 0.5
         self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b = mu0, mu1, p00, p01, p11, a, b
 
-    def update(self, x: float, y: float, censored: bool = False) -> None:
-        self.obs.append((float(x), float(y), censored))
+    def _refit(self) -> None:
         del self.obs[:-MAX_OBSERVATIONS]
         self._fit()
         # Re-anchor the noise reference on what we now believe, and refit once with it.
         self.s0, self.s1 = max(self.mu0, self.floor), max(self.mu1, 0.0)
         self._fit()
 
+    def update(self, x: float, y: float) -> None:
+        """An exact observation: ``y`` measured at ``x``.
+
+        It is the evidence that releases the floors held since the last one, and it drops every
+        lower bound it contradicts (a bound at a size ``<= x`` that ``y`` does not exceed: that
+        censored observation was noise, a stall or a neighbour)."""
+        x, y = float(x), float(y)
+        self.held.clear()
+        self.lower = [(xb, bound) for xb, bound in self.lower if not (xb <= x and bound >= y)]
+        self.obs = [o for o in self.obs if not (o[2] > 0.0 and o[0] <= x and o[2] >= y)]
+        self.obs.append((x, y, 0.0))
+        self._refit()
+
+    def observe_censored(self, x: float, bound: float) -> None:
+        """The value at ``x`` exceeded ``bound`` (an OOM above a memory cap, a timeout).
+
+        A Tobit-style update that can only tighten: the predictive at sizes ``>= x`` is conditioned
+        on exceeding the bound (kept in ``lower``); the regression gets a pseudo-observation at the
+        larger of ``CENSORED_INFLATION * bound`` and the median of that conditioned predictive (so
+        it never pulls the line down where the model already expected more), and the predictive from
+        before is held as a floor at sizes ``>= x``, because refitting the line with one more point
+        can pivot it or narrow it. Hence ``upper(x', q)`` does not decrease for any ``x' >= x`` and
+        any ``q``."""
+        x, bound = float(x), max(float(bound), 1e-9)
+        fit = self.fitted()
+        self.held.append((x, *fit))
+        self._add_lower(x, bound)
+        m, sd, dof = _loc_scale(fit, x)
+        median = _t_quantile(m, sd, dof, 0.5, self.lower_bound(x), t_ppf)
+        self.obs.append((x, max(CENSORED_INFLATION * bound, median), bound))
+        self._refit()
+
+    def _add_lower(self, x: float, bound: float) -> None:
+        if any(xb <= x and b >= bound for xb, b in self.lower):
+            return  # already implied: the value exceeded more at a size no larger
+        self.lower = sorted([(xb, b) for xb, b in self.lower if not (xb >= x and b <= bound)] + [(x, bound)])
+
+    def lower_bound(self, x: float) -> float | None:
+        """The largest bound the value at ``x`` is known to exceed, or None."""
+        best: float | None = None
+        for xb, bound in self.lower:
+            if xb <= x and (best is None or bound > best):
+                best = bound
+        return best
+
+    @property
+    def dof(self) -> float:
+        return 2.0 * self.a
+
     def mean(self, x: float) -> float:
         return self.mu0 + self.mu1 * x
 
-    def rel_sd(self, x: float) -> float:
-        """Predictive sd relative to the reference scale at ``x``."""
-        s = self.scale(x)
-        f0, f1 = 1.0 / s, x / s
-        det = self.p00 * self.p11 - self.p01 * self.p01
-        lev = (self.p11 * f0 * f0 - 2.0 * self.p01 * f0 * f1 + self.p00 * f1 * f1) / det
-        nu = 2.0 * self.a
-        t_inflation = nu / (nu - 2.0) if nu > 2.0 else 3.0
-        return math.sqrt(max((self.b / self.a) * (1.0 + lev) * t_inflation, 0.0))
-
     def sd(self, x: float) -> float:
-        return self.scale(x) * self.rel_sd(x)
+        """Scale of the Student-t predictive at ``x``."""
+        return _loc_scale(self.fitted(), x)[1]
+
+    def rel_sd(self, x: float) -> float:
+        """Predictive scale relative to the reference scale at ``x``."""
+        return self.sd(x) / self.scale(x)
 
     def quantile(self, x: float, q: float) -> float:
-        return self.mean(x) + z_of(q) * self.sd(x)
+        """The regression's own predictive quantile (Student-t, no censored bounds)."""
+        m, sd, dof = _loc_scale(self.fitted(), x)
+        return m + t_ppf(dof, q) * sd
 
     def cdf(self, x: float, y: float) -> float:
-        sd = self.sd(x)
-        if sd <= 0.0:
-            return 1.0 if y >= self.mean(x) else 0.0
-        return _STD.cdf((y - self.mean(x)) / sd)
+        m, sd, dof = _loc_scale(self.fitted(), x)
+        return _t_cdf(m, sd, dof, y, None)
+
+    def upper(self, x: float, q: float, ppf: TPpf = t_ppf) -> float:
+        """The quantile the planner uses: the largest over the current fit and the floors held at
+        ``x``, each conditioned on the lower bounds, of the quantile at ``x`` and at 1. Quantiles
+        of a regression are convex in ``x`` (a line plus the norm of an affine function), so their
+        running maximum over ``[1, x]`` is ``max(q(1), q(x))``: a larger subjob never needs less."""
+        lx, l1 = self.lower_bound(x), self.lower_bound(1.0)
+        fit = self.fitted()
+        best = max(
+            _t_quantile(*_loc_scale(fit, x), q, lx, ppf), _t_quantile(*_loc_scale(fit, 1.0), q, l1, ppf)
+        )
+        for h in self.held:
+            if x >= h[0]:
+                hf: Fit = h[1:]  # type: ignore[assignment]
+                best = max(
+                    best,
+                    _t_quantile(*_loc_scale(hf, x), q, lx, ppf),
+                    _t_quantile(*_loc_scale(hf, 1.0), q, l1, ppf),
+                )
+        return best
+
+    def upper_cdf(self, x: float, y: float) -> float:
+        """P(value <= y) consistent with ``upper``: a maximum of quantiles is a minimum of cdfs."""
+        lx, l1 = self.lower_bound(x), self.lower_bound(1.0)
+        fits: list[Fit] = [self.fitted()]
+        fits += [h[1:] for h in self.held if x >= h[0]]  # type: ignore[misc]
+        return min(min(_t_cdf(*_loc_scale(f, x), y, lx), _t_cdf(*_loc_scale(f, 1.0), y, l1)) for f in fits)
 
     def to_list(self) -> list[float]:
-        flat = [v for x, y, c in self.obs for v in (x, y, 1.0 if c else 0.0)]
-        return [*self.prior, self.floor, self.s0, self.s1, *flat]
+        head = [*self.prior, self.floor, self.s0, self.s1]
+        counts = [_FORMAT_V2, float(len(self.obs)), float(len(self.lower)), float(len(self.held))]
+        flat_obs = [v for o in self.obs for v in o]
+        flat_lower = [v for lo in self.lower for v in lo]
+        flat_held = [v for h in self.held for v in h]
+        return [*head, *counts, *flat_obs, *flat_lower, *flat_held]
 
     @classmethod
     def from_list(cls, v: list[float]) -> LinearPosterior:
-        obs = [(v[i], v[i + 1], v[i + 2] > 0.5) for i in range(10, len(v) - 2, 3)]
-        post = cls(prior=tuple(v[:7]), floor=v[7], s0=v[8], s1=v[9], obs=obs)  # type: ignore[arg-type]
+        obs: list[tuple[float, float, float]] = []
+        lower: list[tuple[float, float]] = []
+        held: list[tuple[float, ...]] = []
+        if len(v) > 10 and v[10] == _FORMAT_V2:
+            n_obs, n_lower, n_held = int(v[11]), int(v[12]), int(v[13])
+            i = 14
+            obs = [(v[j], v[j + 1], v[j + 2]) for j in range(i, i + 3 * n_obs, 3)]
+            i += 3 * n_obs
+            lower = [(v[j], v[j + 1]) for j in range(i, i + 2 * n_lower, 2)]
+            i += 2 * n_lower
+            held = [tuple(v[j : j + 10]) for j in range(i, i + 10 * n_held, 10)]
+        else:  # the earlier layout: (x, y, censored flag) triples, a censored y was 1.15 x the cap
+            for j in range(10, len(v) - 2, 3):
+                x, y, censored = v[j], v[j + 1], v[j + 2] > 0.5
+                bound = y / CENSORED_INFLATION if censored else 0.0
+                obs.append((x, y, bound))
+                if censored:
+                    lower.append((x, bound))
+        post = cls(prior=tuple(v[:7]), floor=v[7], s0=v[8], s1=v[9], obs=obs, held=held)  # type: ignore[arg-type]
+        for x, bound in lower:
+            post._add_lower(x, bound)
         post._fit()
         return post
 
@@ -216,6 +398,15 @@ class SpeedEstimate:
         self.n += 1
 
 
+def _add_bound(bounds: list[tuple[int, float]], size: int, limit: float) -> None:
+    """Adds "size ``>= size`` exceeded ``limit``" unless a bound at a size no larger with a limit no
+    smaller implies it; drops the bounds it implies."""
+    if any(s <= size and lim >= limit for s, lim in bounds):
+        return
+    bounds[:] = [(s, lim) for s, lim in bounds if not (s >= size and lim <= limit)]
+    bounds.append((size, limit))
+
+
 @dataclass
 class JobProfile:
     """A job's memory and time model. Pure; serialized to ``ProfileState`` in the job state."""
@@ -226,10 +417,11 @@ class JobProfile:
     oom_bounds: list[tuple[int, float]] = field(default_factory=list)
     """(size, cap): size ``>= k`` exceeded ``cap`` MiB once; never plan it again under that cap."""
     timeout_bounds: list[tuple[int, float]] = field(default_factory=list)
-    """(size, full-speed seconds) of every timeout: kept for the record, not a hard bound. Durations
-    are noisy (a stalled host, a slow neighbour); one timeout must not ban a size forever, or a job
-    offered fixed-length windows could never run again. The censored observation moves the model."""
-    """(size, seconds, full-speed-equivalent): size ``>= k`` overran this length once."""
+    """(size, seconds x compute share): size ``>= k`` overran a window this long on a slice with this
+    compute share; not planned again into a window no longer at that share (scaled by the share for
+    others, as the time model does before it learns a profile's speed), until a completion at a size
+    ``>= k`` runs within it (durations are noisy: a stalled host, a slow neighbour can cause one
+    timeout). A learned speed does not move the bound: on the very slice it overran, it is a fact."""
     observations: int = 0
 
     @classmethod
@@ -253,16 +445,13 @@ class JobProfile:
 
     # --- predictions ------------------------------------------------------------------------------
 
-    # Quantiles of a regression are convex in k (a line plus the norm of an affine function), so
-    # their running maximum over [1, k] is max(q(1), q(k)): taking it makes every quantile
-    # non-decreasing in k (a larger subjob never needs less) at no cost where it already was.
-
     def mem_quantile(self, k: int, q: float) -> float:
-        return max(self.mem.quantile(k, q), self.mem.quantile(1, q), 0.0)
+        """The ``q`` quantile of peak memory at ``k``, non-decreasing in ``k`` (``LinearPosterior.upper``)."""
+        return max(self.mem.upper(k, q), 0.0)
 
     def mem_fit_probability(self, k: int, cap_mib: float) -> float:
         """P(peak <= cap) consistent with ``mem_quantile``: its q at which the quantile is the cap."""
-        return min(self.mem.cdf(k, cap_mib), self.mem.cdf(1, cap_mib))
+        return 0.0 if cap_mib < 0.0 else self.mem.upper_cdf(k, cap_mib)
 
     def slowdown(self, profile: str, share: float) -> tuple[float, float]:
         """(mean, sd) of log(duration on this profile / full-speed duration)."""
@@ -273,50 +462,44 @@ class JobProfile:
         mu, _ = self.slowdown(profile, share)
         return max(self.time.mean(k), 0.0) * math.exp(mu)
 
-    def _duration_parts(
-        self, k: int, profile: str, share: float
-    ) -> tuple[float, float, float, float, float, float]:
-        """(mean, sd) of the full-speed duration at ``k`` and at 1, and of the log slowdown."""
-        mu, sd = self.slowdown(profile, share)
-        t = self.time
-        return t.mean(k), t.sd(k), t.mean(1), t.sd(1), mu, sd
-
-    @staticmethod
-    def _duration_at(z: float, parts: tuple[float, float, float, float, float, float]) -> float:
-        mk, sk, m1, s1, mu, sd = parts
-        return max(mk + z * sk, m1 + z * s1, 0.0) * math.exp(mu + z * sd)
+    def _duration_at(self, k: int, q: float, slow: tuple[float, float], ppf: TPpf) -> float:
+        mu, sd = slow
+        return max(self.time.upper(k, q, ppf), 0.0) * math.exp(mu + z_of(q) * sd)
 
     def duration_quantile(self, k: int, q: float, profile: str, share: float) -> float:
         """The ``q`` quantile of the full-speed duration times the ``q`` quantile of the profile's
         slowdown (conservative: both tails at once)."""
-        return self._duration_at(z_of(q), self._duration_parts(k, profile, share))
+        return self._duration_at(k, q, self.slowdown(profile, share), t_ppf)
 
     def time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
         """P(duration <= length) consistent with ``duration_quantile``: the quantile is increasing in
-        z, so the z at which it equals the length is found by bisection and mapped back to q."""
+        q, so the q at which it equals the length is found by bisection (on the normal z of q)."""
         if length_s <= 0:
             return 0.0
-        parts = self._duration_parts(k, profile, share)
+        slow = self.slowdown(profile, share)
         lo, hi = -Z_MAX, Z_MAX
-        if self._duration_at(lo, parts) > length_s:
+        # uncached t quantiles: each bisection step asks for a new q
+        if self._duration_at(k, float(ndtr(lo)), slow, _t_ppf_raw) > length_s:
             return 0.0
-        if self._duration_at(hi, parts) <= length_s:
+        if self._duration_at(k, float(ndtr(hi)), slow, _t_ppf_raw) <= length_s:
             return 1.0
         for _ in range(40):
             mid = 0.5 * (lo + hi)
-            if self._duration_at(mid, parts) <= length_s:
+            if self._duration_at(k, float(ndtr(mid)), slow, _t_ppf_raw) <= length_s:
                 lo = mid
             else:
                 hi = mid
-        return _STD.cdf(lo)
+        return float(ndtr(lo))
 
     def max_size_under_bounds(self, mem_cap_mib: float, length_s: float, share: float) -> int | None:
-        """Largest size allowed by past OOMs for this memory cap (None: unbounded). Peak memory at a
-        size is nearly deterministic, so an OOM is a hard bound; timeouts are not (see
-        ``timeout_bounds``)."""
+        """Largest size allowed by past OOMs and timeouts for a slice with this much memory and a
+        window this long at this compute share (None: unbounded)."""
         limit: int | None = None
         for size, cap in self.oom_bounds:
             if mem_cap_mib <= cap:
+                limit = size - 1 if limit is None else min(limit, size - 1)
+        for size, bound_len in self.timeout_bounds:
+            if length_s * share <= bound_len:
                 limit = size - 1 if limit is None else min(limit, size - 1)
         return limit
 
@@ -336,21 +519,23 @@ class JobProfile:
         est = self.speed.setdefault(profile, SpeedEstimate())
         log_ratio = math.log(max(duration_s, 1e-6) / predicted_full) + math.log(share)
         est.update(log_ratio)
+        # a size >= k finished within a length a timeout said it could not: that timeout was noise
+        done = duration_s * share
+        self.timeout_bounds = [(s, lim) for s, lim in self.timeout_bounds if not (s <= k and lim >= done)]
         mu, _ = self.slowdown(profile, share)
         self.time.update(k, duration_s / math.exp(mu))
 
     def observe_oom(self, k: int, cap_mib: float, peak_seen_mib: float = 0.0) -> None:
         """Peak memory at size ``k`` exceeded ``cap_mib`` (censored from below)."""
-        self.oom_bounds.append((k, cap_mib))
-        self.mem.update(k, max(cap_mib, peak_seen_mib) * CENSORED_INFLATION, censored=True)
+        _add_bound(self.oom_bounds, k, cap_mib)
+        self.mem.observe_censored(k, max(cap_mib, peak_seen_mib))
         self.observations += 1
 
     def observe_timeout(self, k: int, cap_s: float, profile: str, share: float) -> None:
         """Duration at size ``k`` exceeded ``cap_s`` on this profile (censored from below)."""
         mu, _ = self.slowdown(profile, share)
-        full_len = cap_s / math.exp(mu)
-        self.timeout_bounds.append((k, cap_s * share))
-        self.time.update(k, full_len * CENSORED_INFLATION, censored=True)
+        _add_bound(self.timeout_bounds, k, cap_s * share)
+        self.time.observe_censored(k, cap_s / math.exp(mu))
         self.observations += 1
 
     def copy(self) -> JobProfile:
