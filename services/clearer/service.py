@@ -23,7 +23,16 @@ from sja.bus.settings import BaseSettings
 from sja.bus.tracing import child_span, extract, inject, publish, trace_id_hex
 from sja.core import leases
 from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
-from sja.core.rounds import all_replied, close_by, live_agents
+from sja.core.rounds import (
+    Shared,
+    all_replied,
+    close_by,
+    fresh_offers,
+    live_agents,
+    outcome_verdicts,
+    pack_records,
+    whole_record,
+)
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
@@ -229,12 +238,10 @@ class ClearerService(Service):
     async def replay_ledger(self) -> None:
         """Rebuild attained service from the durable round records, so a restart keeps fairness."""
         n = 0
-        async for rec in iter_rounds(self.jetstream):
-            if rec.winner_job and (not self.pools or rec.window.pool in self.pools):
-                tenant = next((v.tenant for v in rec.verdicts if v.won), "")
-                self.ledger.charge(tenant, rec.winner_job, rec.charged_gpu_s)
-                self.ledger.record_grant(rec.winner_job, rec.cleared_at + self.cfg.lease_s)
-                self.ledger.spend(tenant, min(rec.price, self.ledger.budget(tenant)))
+        # A record's own verdicts name its winner: the shared ones are not needed here.
+        async for rec in iter_rounds(self.jetstream, whole=False):
+            if not self.pools or rec.window.pool in self.pools:
+                self.ledger.replay_round(rec, self.cfg.lease_s)
             n += 1
         log.info("ledger rebuilt from %d round records", n)
 
@@ -256,7 +263,7 @@ class ClearerService(Service):
             return  # the same offer delivered twice
         # A slice already in an open round here (offered again before that round closed) waits for
         # it: two rounds for one slice clear it twice for at most one grant.
-        fresh = [o for o in offers if o.window.slice_id not in self.open_slices]
+        fresh = fresh_offers(offers, self.open_slices)
         if len(fresh) < len(offers):
             self.m_rounds.add(
                 len(offers) - len(fresh), pool=offers[0].window.pool, policy=self.policy, outcome="duplicate"
@@ -325,7 +332,7 @@ class ClearerService(Service):
         bids = rnd.bids()
         policy = rnd.policy = self.policy
         decisions = clear_batch(
-            policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config
+            policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config, rnd.replies
         )
         # Charge every winner now, before anything awaits: a batch closing meanwhile sees these
         # grants (a job never wins more windows than it can use). A grant that fails is refunded.
@@ -353,8 +360,10 @@ class ClearerService(Service):
             for (pool, policy_, how), n in ended.items():
                 self.m_rounds.add(n, pool=pool, policy=policy_, outcome=how)
             await self._send_grants(rnd)
-            await self._publish_records(rnd, [rec for rec, _ in results])
-            await self._send_outcomes(rnd, [v for rec, _ in results for v in rec.verdicts])
+            records = [rec for rec, _ in results]
+            shared = [(d.shared, d.skip) for _, d in decisions]
+            await self._publish_records(rnd, records, shared)
+            await self._send_outcomes(rnd, outcome_verdicts((rec.verdicts for rec in records), shared))
         finally:
             otel_context.detach(token)
             for o in rnd.offers:
@@ -540,11 +549,9 @@ class ClearerService(Service):
             )
             await publish(self.bus, subject, batch)
 
-    async def _send_outcomes(self, rnd: OpenRound, verdicts: list[Verdict]) -> None:
-        """One outcome per agent per batch: what happened to each of its jobs' bids."""
-        by_agent: dict[str, list[Verdict]] = {}
-        for v in verdicts:
-            by_agent.setdefault(v.agent_id, []).append(v)
+    async def _send_outcomes(self, rnd: OpenRound, by_agent: dict[str, list[Verdict]]) -> None:
+        """One outcome per agent that replied, per batch: what happened to each of its jobs' bids
+        (or that it sent none)."""
         for agent_id, vs in sorted(by_agent.items()):
             outcome = Outcome(
                 offer_id=rnd.key, verdicts=vs, pool=rnd.offers[0].window.pool, policy=rnd.policy
@@ -588,17 +595,20 @@ class ClearerService(Service):
         )
         return record
 
-    async def _publish_records(self, rnd: OpenRound, records: list[RoundRecord]) -> None:
+    async def _publish_records(
+        self, rnd: OpenRound, records: list[RoundRecord], shared: list[Shared]
+    ) -> None:
         """The batch's round records, in one ``SJA_ROUNDS`` message per ``RECORDS_PER_MESSAGE``
-        (a lone offer's record on its own), de-duplicated by batch (or offer) id."""
+        (a lone offer's record on its own, whole), de-duplicated by batch (or offer) id. A
+        message carries each group's shared verdicts once (``RoundBatch.shared``)."""
         pool = rnd.offers[0].window.pool
         if len(rnd.offers) == 1 and rnd.key == rnd.offers[0].offer_id:
-            parts: list[tuple[str, RoundRecord | RoundBatch]] = [(rnd.key, records[0])]
-        else:
-            parts = [
-                (f"{rnd.key}:{i}", RoundBatch(batch_id=rnd.key, records=records[i : i + RECORDS_PER_MESSAGE]))
-                for i in range(0, len(records), RECORDS_PER_MESSAGE)
+            parts: list[tuple[str, RoundRecord | RoundBatch]] = [
+                (rnd.key, whole_record(records[0], shared[0]))
             ]
+        else:
+            batches = pack_records(rnd.key, records, shared, RECORDS_PER_MESSAGE)
+            parts = [(f"{rnd.key}:{i * RECORDS_PER_MESSAGE}", b) for i, b in enumerate(batches)]
         for msg_id, payload in parts:
             await self.jetstream.publish(
                 subjects.round_cleared(pool), encode(payload), headers=inject({"Nats-Msg-Id": msg_id})

@@ -172,6 +172,8 @@ class GatewayService(Service):
             if isinstance(got, ErrorReply):
                 return got
         records: list[RoundRecord] = []
+        # Whole records: every bid of every offer has its verdict there (a batch writes the
+        # verdicts its like offers share once; ``iter_rounds`` reads them back into each record).
         async for rec in iter_rounds(self.jetstream):
             if any(v.job_id == q.job_id for v in rec.verdicts):
                 records.append(rec)
@@ -186,8 +188,9 @@ OTHER = "(other tenant)"
 
 def anonymize_round(record: RoundRecord, tenant: str) -> RoundRecord:
     """The round as a tenant may see it: other tenants' bids keep their outcome, score and size, but
-    not their job, tenant or reason; their job ids are also taken out of the tenant's own reasons."""
-    others = {v.job_id for v in record.verdicts if v.tenant != tenant}
+    not their job, tenant or reason; their job ids are also taken out of the tenant's own reasons.
+    An agent's verdict for replying without a bid (no job) is kept as it is."""
+    others = {v.job_id for v in record.verdicts if v.tenant != tenant and v.job_id}
     if not others:
         return record
 
@@ -198,7 +201,7 @@ def anonymize_round(record: RoundRecord, tenant: str) -> RoundRecord:
 
     verdicts = [
         msgspec.structs.replace(v, reason=scrub(v.reason))
-        if v.tenant == tenant
+        if v.tenant == tenant or not v.job_id
         else Verdict(
             job_id=OTHER,
             tenant=OTHER,

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sja.core.policies import (
+    NO_BID,
     POLICIES,
     Bid,
     Decision,
@@ -98,9 +99,15 @@ def bid(
 
 
 def check_well_formed(d: Decision, bids: list[Bid]) -> None:
-    """At most one winner, exactly one verdict per distinct job, a reason for each."""
+    """At most one winner, a verdict for every bid: exactly one standing verdict per distinct job
+    and an ``invalid`` one for each further bid of a job, a reason for each."""
     jobs = {b.proposal.job_id for b in bids}
-    counts = Counter(v.job_id for v in d.verdicts)
+    assert len(d.verdicts) == len(bids)
+    assert Counter((v.job_id, v.agent_id) for v in d.verdicts) == Counter(
+        (b.proposal.job_id, b.agent_id) for b in bids
+    )
+    standing = [v for v in d.verdicts if not v.reason.startswith("invalid:")]
+    counts = Counter(v.job_id for v in standing)
     assert set(counts) == jobs
     assert all(n == 1 for n in counts.values()), counts
     winners = [v for v in d.verdicts if v.won]
@@ -353,6 +360,20 @@ def test_duplicate_bids_for_one_job_give_one_voice() -> None:
     d = clear("sla", make_offer(), bids, Ledger())
     check_well_formed(d, bids)
     assert d.winner is not None and d.winner.agent_id == "agent-1"
+    second = next(v for v in d.verdicts if v.agent_id == "agent-2")
+    assert second.job_id == "a" and not second.won
+    assert second.reason == "invalid: a second bid for job a (the bid from agent-1 stands)"
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_an_agent_that_replied_without_a_bid_gets_a_verdict(name: str) -> None:
+    bids = [bid("a", agent="agent-1"), bid("b", agent="agent-2", submitted_at=1.0)]
+    d = clear(name, make_offer(), bids, Ledger(), replied=["agent-3", "agent-1", "agent-2"])
+    no_bid = [v for v in d.verdicts if not v.job_id]
+    assert [(v.agent_id, v.won, v.reason) for v in no_bid] == [("agent-3", False, NO_BID)]
+    check_well_formed(
+        Decision(d.policy, d.winner, d.candidate, tuple(v for v in d.verdicts if v.job_id)), bids
+    )
 
 
 @pytest.mark.parametrize("capacities", [(1, 1), (1, 2)])

@@ -10,14 +10,18 @@ from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from sja.bus.codec import decode
+from sja.core.rounds import unpack_records
 from sja.protocol import subjects
 from sja.protocol.messages import Grant, GrantBatch, RoundBatch, RoundRecord
 
 
-def decode_rounds(data: bytes) -> list[RoundRecord]:
-    """The records in one ``SJA_ROUNDS`` message (``DecodeError`` if it is neither kind)."""
+def decode_rounds(data: bytes, whole: bool = True) -> list[RoundRecord]:
+    """The records in one ``SJA_ROUNDS`` message (``DecodeError`` if it is neither kind), each with
+    every verdict of its offer (``whole``; else only its own: the winner's, as written)."""
     got = decode(data, RoundRecord | RoundBatch)  # type: ignore[arg-type]
-    return list(got.records) if isinstance(got, RoundBatch) else [got]
+    if not isinstance(got, RoundBatch):
+        return [got]
+    return unpack_records(got) if whole else list(got.records)
 
 
 def decode_grants(data: bytes) -> list[Grant]:
@@ -27,12 +31,12 @@ def decode_grants(data: bytes) -> list[Grant]:
 
 
 async def iter_rounds(
-    js: JetStreamContext, timeout_s: float = 2.0, strict: bool = False
+    js: JetStreamContext, timeout_s: float = 2.0, strict: bool = False, whole: bool = True
 ) -> AsyncIterator[RoundRecord]:
     """Every round record in ``SJA_ROUNDS``, oldest first, read with an ordered consumer up to the
     stream's last message when reading started. A message that is not a round record is skipped,
     and no message for ``timeout_s`` ends the reading; ``strict``: both raise (``DecodeError``,
-    ``TimeoutError``), for readers that must see every record."""
+    ``TimeoutError``), for readers that must see every record. ``whole``: as ``decode_rounds``."""
     info = await js.stream_info(subjects.STREAM_ROUNDS.name)
     if not info.state.messages:
         return
@@ -51,7 +55,7 @@ async def iter_rounds(
                     raise
                 return
             try:
-                records = decode_rounds(msg.data)
+                records = decode_rounds(msg.data, whole)
             except ValueError:
                 if strict:
                     raise

@@ -24,6 +24,9 @@ def render_rounds(job_id: str, rounds: list[RoundRecord]) -> Tree:
         )
         node.add(f"replies from: {', '.join(r.replies_from) or 'nobody'}")
         for v in r.verdicts:
+            if not v.job_id:  # an agent that replied without a bid for this window
+                node.add(f"[dim]agent {v.agent_id}[/]: {v.reason}")
+                continue
             style = "green" if v.won else ("bold" if v.job_id == job_id else "dim")
             node.add(f"[{style}]{v.job_id}[/] ({v.tenant}, size {v.size}): {v.reason}")
         if r.note:

@@ -1,8 +1,11 @@
 """Clearing policies: ``(offer, bids, ledger) -> decision`` with a reason for every bid.
 
 Pure and deterministic. Before any policy runs, bids are put in a canonical order and reduced to one
-per job (``canonical``), then bids from jobs that already hold as many unstarted grants as they can
-use are excluded (``split_by_capacity``). Every tie is broken by (submission time, job id).
+per job (``canonical``; a second bid for a job gets an ``invalid`` verdict), then bids from jobs that
+already hold as many unstarted grants as they can use are excluded (``split_by_capacity``). Every tie
+is broken by (submission time, job id). Every bid gets a verdict: won, lost (with the reason), or
+invalid (with the reason); an agent that replied with no bid for the window gets one too (``job_id``
+empty).
 
 Policies (selected by name, swappable at runtime):
 
@@ -25,12 +28,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
 
-from sja.protocol.messages import Candidate, Offer, Proposal, Verdict, Window
+from sja.protocol.messages import Candidate, Offer, Proposal, RoundRecord, Verdict, Window
 
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -51,6 +54,20 @@ class Decision:
     verdicts: tuple[Verdict, ...]
     price: float = 0.0
     """What the winner's tenant pays (auction); 0 under the other policies."""
+    shared: tuple[Verdict, ...] = ()
+    """``clear_batch``: the verdicts this offer shares with the other offers of its group (like
+    offers with the same bids): one per bid of the group, the batch's reason for it, and one per agent
+    that replied without a bid for them. The same tuple for every offer of the group."""
+    skip: int = -1
+    """The entry of ``shared`` that ``verdicts`` replaces for this offer (its winner's), -1: none."""
+
+    def all_verdicts(self) -> tuple[Verdict, ...]:
+        """Every verdict of this offer: one per bid (and per agent without one)."""
+        if not self.shared:
+            return self.verdicts
+        if self.skip < 0:
+            return self.verdicts + self.shared
+        return self.verdicts + self.shared[: self.skip] + self.shared[self.skip + 1 :]
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,17 @@ class Ledger:
         issued = self.job_grants.get(job_id, [])
         return sum(1 for lease_until in issued[grants_seen:] if lease_until > now)
 
+    def replay_round(self, record: RoundRecord, lease_s: float) -> None:
+        """Fold a recorded round into the ledger (a clearer rebuilding it at start): its winner's
+        service, grant and payment. A payment is clamped to what the tenant has left: budgets may
+        have been configured lower since, and a rebuilt ledger must not fail or go negative."""
+        if not record.winner_job:
+            return
+        tenant = next((v.tenant for v in record.verdicts if v.won), "")
+        self.charge(tenant, record.winner_job, record.charged_gpu_s)
+        self.record_grant(record.winner_job, record.cleared_at + lease_s)
+        self.spend(tenant, min(record.price, self.budget(tenant)))
+
     def attained_fraction(self, tenant: str, tenants: Sequence[str]) -> float:
         total = sum(self.tenant_attained.get(t, 0.0) for t in tenants)
         return self.tenant_attained.get(tenant, 0.0) / total if total > 0 else 0.0
@@ -150,17 +178,49 @@ def window_cost(window: Window, cand: Candidate) -> float:
 def canonical(bids: Sequence[Bid]) -> list[Bid]:
     """Bids in a canonical order, one per job. Which duplicate survives depends only on the bids'
     contents (never on arrival order)."""
-    seen: set[str] = set()
+    return canonical_split(bids)[0]
+
+
+def canonical_split(bids: Sequence[Bid]) -> tuple[list[Bid], list[Verdict]]:
+    """``canonical``, and an ``invalid`` verdict for every bid it leaves out (a second bid for a job
+    already bid for, by another agent or the same one)."""
+    kept: dict[str, Bid] = {}
     out: list[Bid] = []
+    invalid: list[Verdict] = []
     for b in sorted(
         bids,
         key=lambda b: (b.proposal.submitted_at, b.proposal.job_id, b.agent_id, _encode(b.proposal)),
     ):
-        if b.proposal.job_id in seen:
+        p = b.proposal
+        first = kept.get(p.job_id)
+        if first is None:
+            kept[p.job_id] = b
+            out.append(b)
             continue
-        seen.add(b.proposal.job_id)
-        out.append(b)
-    return out
+        invalid.append(
+            Verdict(
+                job_id=p.job_id,
+                tenant=p.tenant,
+                agent_id=b.agent_id,
+                won=False,
+                reason=f"invalid: a second bid for job {p.job_id} (the bid from {first.agent_id} stands)",
+                size=p.candidates[0].size,
+            )
+        )
+    return out, invalid
+
+
+NO_BID = "no bid: the reply proposed no job for this window"
+
+
+def no_bid_verdicts(replied: Iterable[str], bids: Sequence[Bid]) -> list[Verdict]:
+    """A verdict (with an empty ``job_id``) for each agent in ``replied`` without a bid in ``bids``:
+    it answered, with nothing for this window."""
+    bidders = {b.agent_id for b in bids}
+    return [
+        Verdict(job_id="", tenant="", agent_id=a, won=False, reason=NO_BID)
+        for a in sorted(set(replied) - bidders)
+    ]
 
 
 def split_by_capacity(bids: Sequence[Bid], ledger: Ledger, now: float) -> tuple[list[Bid], list[Verdict]]:
@@ -346,9 +406,9 @@ def clear_auction(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: Policy
         if b is winner:
             reason = f"won: highest bid {cand.bid:.4f}, pays second price {price:.4f}"
         elif cand.bid > budget + 1e-12:
-            reason = f"bid {cand.bid:.4f} exceeds tenant {p.tenant}'s budget {budget:.4f}"
+            reason = f"lost: bid {cand.bid:.4f} exceeds tenant {p.tenant}'s budget {budget:.4f}"
         elif cand.bid < cfg.reserve_price:
-            reason = f"bid {cand.bid:.4f} below the reserve {cfg.reserve_price:.4f}"
+            reason = f"lost: bid {cand.bid:.4f} below the reserve {cfg.reserve_price:.4f}"
         else:
             top = wcand.bid if wcand is not None else 0.0
             reason = f"lost: bid {cand.bid:.4f} < {top:.4f}"
@@ -452,17 +512,20 @@ def clear(
     ledger: Ledger,
     horizon_s: float = 30.0,
     config: PolicyConfig | None = None,
+    replied: Iterable[str] = (),
 ) -> Decision:
     """Clear one round under the named policy: canonical order, one bid per job, jobs at capacity
-    excluded, then the policy. Every bid gets exactly one verdict."""
+    excluded, then the policy. Every bid gets exactly one verdict, and so does every agent in
+    ``replied`` that sent none."""
     fn = policy(name)
     cfg = config if config is not None else PolicyConfig(horizon_s=horizon_s)
-    ordered = canonical(bids)
+    ordered, invalid = canonical_split(bids)
     eligible, excluded = split_by_capacity(ordered, ledger, offer.reply_by)
     d = fn(offer, eligible, ledger, cfg)
-    if not excluded:
+    rest = (*excluded, *invalid, *no_bid_verdicts(replied, bids))
+    if not rest:
         return d
-    return Decision(d.policy, d.winner, d.candidate, d.verdicts + tuple(excluded), d.price)
+    return Decision(d.policy, d.winner, d.candidate, d.verdicts + rest, d.price)
 
 
 # --- shortlists: the bids an agent sends -----------------------------------------------------------
@@ -641,48 +704,68 @@ def clear_batch(
     bids_for: Callable[[Offer], Sequence[Bid]],
     ledger: Ledger,
     config: PolicyConfig | None = None,
+    replied: Iterable[str] = (),
 ) -> list[tuple[Offer, Decision]]:
     """Clear a batch of offers under the named policy: exactly what ``clear`` gives for each offer
     in turn, in canonical order (window start, slice), when every winner is charged to the ledger
     before the next offer is cleared. The ledger itself is not changed: the caller charges the
     grants it actually makes.
 
-    Every winner gets its verdict on the offer it won; every other bid gets one verdict per group
-    of like offers (same bids, same shape), on the group's last offer, instead of one per offer:
-    a batch of W windows and J bids costs O(W log J + J) for ``efficiency``, ``fair`` and ``sla``
-    and O(W x J) for the other policies.
+    Only the first offer for a slice (in that order) is cleared: any other offer for the same slice
+    in the batch has no winner and its bids are ``invalid``, so a slice never has two winners.
+
+    Every bid gets a verdict on every offer it bid on, and every agent in ``replied`` one on every
+    offer it sent no bid for, without a verdict object per offer and bid: an offer's ``verdicts``
+    hold its winner's, and its ``shared`` tuple, one for a whole group of like offers (same bids,
+    same shape), gives every bid of the group the batch's reason (``Decision.all_verdicts``). A
+    batch of W windows and J bids costs O(W log J + J) for ``efficiency``, ``fair`` and ``sla`` and
+    O(W x J) for the other policies.
     """
     cfg = config if config is not None else PolicyConfig()
     fn = policy(name)
     scratch = _scratch(ledger)
+    agents = sorted(set(replied))
     order = sorted(offers, key=lambda o: (o.window.start_s, o.window.slice_id, o.offer_id))
     groups: dict[tuple[object, ...], list[Offer]] = {}
     bid_lists: dict[int, Sequence[Bid]] = {}
+    first_of_slice: dict[str, str] = {}
     for o in order:
         bids = bids_for(o)
         bid_lists[id(bids)] = bids
-        groups.setdefault((id(bids), *_shape(o, cfg.horizon_s)), []).append(o)
-    last_of = {g[-1].offer_id: key for key, g in groups.items()}
+        first = first_of_slice.setdefault(o.window.slice_id, o.offer_id)
+        if first != o.offer_id:
+            groups.setdefault((id(bids), "duplicate of", first), []).append(o)
+        else:
+            groups.setdefault((id(bids), *_shape(o, cfg.horizon_s)), []).append(o)
     group_of = {o.offer_id: key for key, g in groups.items() for o in g}
     state: dict[tuple[object, ...], _Group] = {}
-    out: list[tuple[Offer, Decision]] = []
+    cleared: list[tuple[Offer, Decision, _Group]] = []
     for o in order:
         gkey = group_of[o.offer_id]
         g = state.get(gkey)
         if g is None:
-            g = state[gkey] = _Group(canonical(bid_lists[gkey[0]]), o)  # type: ignore[index]
-        now = o.reply_by
+            every = bid_lists[gkey[0]]  # type: ignore[index]
+            ordered, invalid = canonical_split(every)
+            duplicate_of = str(gkey[2]) if gkey[1] == "duplicate of" else ""
+            g = state[gkey] = _Group(ordered, o, every=every, invalid=invalid, duplicate_of=duplicate_of)
+        now = g.now = o.reply_by
+        if g.duplicate_of:
+            cleared.append((o, Decision(name, None, None, ()), g))
+            continue
         if name in _MONOTONE_KEYS:
             d = _clear_lazy(name, o, g, scratch, cfg, now)
         else:
             d = _clear_full(fn, o, g, scratch, cfg, now)
         if d.winner is not None:
             _charge_scratch(scratch, o, d)
-            g.won.add(d.winner.proposal.job_id)
-        verdicts = d.verdicts
-        if o.offer_id in last_of:
-            verdicts = verdicts + g.loser_verdicts(name, scratch, cfg, now)
-        out.append((o, Decision(d.policy, d.winner, d.candidate, verdicts, d.price)))
+            g.won.setdefault(d.winner.proposal.job_id, []).append(o.offer_id)
+        cleared.append((o, d, g))
+    for g in state.values():
+        g.shared = g.shared_verdicts(name, scratch, cfg, agents)
+    out: list[tuple[Offer, Decision]] = []
+    for o, d, g in cleared:
+        skip = g.entry_of[d.winner.proposal.job_id] if d.winner is not None else -1
+        out.append((o, Decision(d.policy, d.winner, d.candidate, d.verdicts, d.price, g.shared, skip)))
     return out
 
 
@@ -691,10 +774,20 @@ class _Group:
     """The bids of a group of like offers while a batch is cleared."""
 
     bids: list[Bid]
+    """The group's bids in canonical order, one per job."""
     offer: Offer
     """The group's first offer (every offer of a group ranks the bids alike)."""
+    every: Sequence[Bid] = ()
+    """Every bid as received (duplicates included)."""
+    invalid: list[Verdict] = field(default_factory=list)
+    """Verdicts of the bids ``canonical`` left out."""
+    duplicate_of: str = ""
+    """The offer this group's offers repeat the slice of (they are not cleared); empty: none."""
+    now: float = 0.0
+    """The reply deadline of the group's latest offer."""
     heaps: dict[str, list[tuple[tuple[float, ...], int, Candidate]]] | None = None
-    won: set[str] = field(default_factory=set)
+    won: dict[str, list[str]] = field(default_factory=dict)
+    """Job -> the offers of the group it won."""
     lost_reason: dict[int, str] = field(default_factory=dict)
     """Bid index -> the policy's reason at its last ranking (the other policies)."""
     excluded: dict[int, int] = field(default_factory=dict)
@@ -703,17 +796,45 @@ class _Group:
     repush: int | None = None
     """A winner's index: back in the heap with its new key before the next offer (it may win again
     while it has capacity)."""
+    shared: tuple[Verdict, ...] = ()
+    entry_of: dict[str, int] = field(default_factory=dict)
+    """Job -> the index of its verdict in ``shared`` (jobs that won an offer of the group)."""
 
-    def loser_verdicts(
-        self, name: str, scratch: Ledger, cfg: PolicyConfig, now: float
+    def shared_verdicts(
+        self, name: str, scratch: Ledger, cfg: PolicyConfig, agents: Sequence[str]
     ) -> tuple[Verdict, ...]:
-        out = []
+        """The verdicts every offer of the group shares: each bid's reason for the batch (a job that
+        won some of them: the offers it took), then the invalid bids, then the agents without a bid."""
+        no_bid = no_bid_verdicts(agents, self.every)
+        if self.duplicate_of:
+            reason = (
+                f"invalid: slice {self.offer.window.slice_id} is offered twice in this batch"
+                f" (cleared on {self.duplicate_of})"
+            )
+            dup = [
+                Verdict(
+                    job_id=b.proposal.job_id, tenant=b.proposal.tenant, agent_id=b.agent_id, won=False,
+                    reason=reason, size=b.proposal.candidates[0].size,
+                )
+                for b in self.every
+            ]  # fmt: skip
+            return (*dup, *no_bid)
+        out: list[Verdict] = []
         whys: dict[str, str] = {}
         for i, b in enumerate(self.bids):
             p = b.proposal
-            if p.job_id in self.won:
+            took = self.won.get(p.job_id)
+            if took is not None:
+                self.entry_of[p.job_id] = len(out)
+                reason = f"lost: took {', '.join(took)} in this batch"
+                out.append(
+                    Verdict(
+                        job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=False,
+                        reason=reason, size=p.candidates[0].size,
+                    )
+                )  # fmt: skip
                 continue
-            pending = self.excluded.get(i, scratch.unseen_grants(p.job_id, p.grants_seen, now))
+            pending = self.excluded.get(i, scratch.unseen_grants(p.job_id, p.grants_seen, self.now))
             if pending >= p.capacity:
                 out.append(_excluded(b, pending))
                 continue
@@ -738,7 +859,7 @@ class _Group:
                     reason=reason, size=p.candidates[0].size,
                 )
             )  # fmt: skip
-        return tuple(out)
+        return (*out, *self.invalid, *no_bid)
 
 
 def _efficiency_rank(
@@ -860,6 +981,7 @@ def _clear_full(
         if not v.won:
             g.lost_reason[index[id(b)]] = v.reason
     if d.winner is None:
-        return d
+        # every bid's reason is in ``lost_reason``: the group's shared verdicts carry it
+        return Decision(d.policy, None, None, ())
     won = tuple(v for v in d.verdicts if v.won)
     return Decision(d.policy, d.winner, d.candidate, won, d.price)

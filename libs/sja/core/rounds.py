@@ -1,8 +1,29 @@
-"""When a negotiation round may close: at its deadline, or as soon as every live agent answered."""
+"""Rounds: which offers open one, when it may close (at its deadline, or as soon as every live agent
+answered), and its records: the verdicts of a batch's offers written once per group of like offers
+(``RoundBatch.shared``) and read back whole."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
+
+import msgspec
+
+from sja.protocol.messages import Offer, RoundBatch, RoundRecord, Verdict
+
+
+def fresh_offers(offers: Iterable[Offer], open_slices: Container[str]) -> list[Offer]:
+    """The offers that may open a round: none for a slice already in an open round (it waits for
+    that round: two rounds for one slice clear it twice for at most one grant), and one per slice
+    (the first) in ``offers``."""
+    seen: set[str] = set()
+    out: list[Offer] = []
+    for o in offers:
+        slice_id = o.window.slice_id
+        if slice_id in open_slices or slice_id in seen:
+            continue
+        seen.add(slice_id)
+        out.append(o)
+    return out
 
 
 def live_agents(last_seen: Mapping[str, float], now: float, liveness_s: float) -> set[str]:
@@ -36,3 +57,78 @@ def close_by(
     if issued_at is not None and received_at is not None:
         deadline = max(deadline, received_at + (reply_by - issued_at))
     return deadline + (grace_s if live else 0.0)
+
+
+Shared = tuple[tuple[Verdict, ...], int]
+"""An offer's shared verdicts and the entry its own verdicts replace (``Decision.shared``, ``.skip``)."""
+
+
+def whole(verdicts: Sequence[Verdict], shared: Sequence[Verdict], skip: int) -> list[Verdict]:
+    """An offer's own verdicts and its shared ones but the ``skip``-th: every verdict of the offer."""
+    if skip < 0:
+        return [*verdicts, *shared]
+    return [*verdicts, *shared[:skip], *shared[skip + 1 :]]
+
+
+def whole_record(record: RoundRecord, shared: Shared) -> RoundRecord:
+    """The record with every verdict of its offer in ``verdicts`` (a lone offer's record)."""
+    if not shared[0]:
+        return record
+    return msgspec.structs.replace(record, verdicts=whole(record.verdicts, *shared))
+
+
+def pack_records(
+    batch_id: str, records: Sequence[RoundRecord], shared: Sequence[Shared], per_message: int
+) -> list[RoundBatch]:
+    """The records of a batch in messages of ``per_message`` records, each message carrying once the
+    shared verdicts its records refer to (``shared[i]`` is ``records[i]``'s)."""
+    out: list[RoundBatch] = []
+    for start in range(0, len(records), per_message):
+        lists: list[list[Verdict]] = []
+        index: dict[int, int] = {}
+        part: list[RoundRecord] = []
+        for rec, (verdicts, skip) in zip(
+            records[start : start + per_message], shared[start : start + per_message], strict=True
+        ):
+            if not verdicts:
+                part.append(rec)
+                continue
+            i = index.get(id(verdicts))
+            if i is None:
+                i = index[id(verdicts)] = len(lists)
+                lists.append(list(verdicts))
+            part.append(msgspec.structs.replace(rec, shared=i, shared_skip=skip))
+        out.append(RoundBatch(batch_id=batch_id, records=part, shared=lists))
+    return out
+
+
+def unpack_records(batch: RoundBatch) -> list[RoundRecord]:
+    """The records of a ``RoundBatch``, each with every verdict of its offer in ``verdicts``. A
+    record that names no (or no such) shared list is taken as it is."""
+    lists = batch.shared
+    out: list[RoundRecord] = []
+    for rec in batch.records:
+        if 0 <= rec.shared < len(lists):
+            verdicts = whole(rec.verdicts, lists[rec.shared], rec.shared_skip)
+            rec = msgspec.structs.replace(rec, verdicts=verdicts, shared=-1, shared_skip=-1)
+        out.append(rec)
+    return out
+
+
+def outcome_verdicts(own: Iterable[Sequence[Verdict]], shared: Iterable[Shared]) -> dict[str, list[Verdict]]:
+    """Agent -> the verdicts to send it for a batch: its own verdicts on every offer (a win, or
+    why a win was not granted), and every other shared verdict of its bids once per group, not once
+    per offer: the reason stands for every offer of the group. (A winner's shared entry only says
+    which offers it took: its wins say that.)"""
+    by_agent: dict[str, list[Verdict]] = {}
+    for verdicts in own:
+        for v in verdicts:
+            by_agent.setdefault(v.agent_id, []).append(v)
+    groups: dict[int, tuple[tuple[Verdict, ...], set[int]]] = {}
+    for verdicts, skip in shared:
+        groups.setdefault(id(verdicts), (verdicts, set()))[1].add(skip)
+    for verdicts, skips in groups.values():
+        for i, v in enumerate(verdicts):
+            if i not in skips:
+                by_agent.setdefault(v.agent_id, []).append(v)
+    return by_agent

@@ -272,11 +272,16 @@ class RoundRecord(Message, tag="sja.round_record.v1", frozen=True, kw_only=True)
     opened_at: float = 0.0
     cleared_at: float = 0.0
     batch_id: str = ""
-    """The offer batch the round was cleared in (empty: an offer of its own). Bids that won
-    nothing in a batch have their verdict in the record of the last offer they bid on."""
+    """The offer batch the round was cleared in (empty: an offer of its own)."""
     bids: NonNegInt = 0
-    """Bids for this offer (its verdicts list the winner, and the batch's losers on the last
-    offer of their group)."""
+    """Bids for this offer."""
+    shared: int = -1
+    """In a ``RoundBatch``: the index in its ``shared`` of the verdicts this offer shares with the
+    other offers of its group (like offers with the same bids); ``verdicts`` then holds only the
+    offer's own (its winner's). -1: ``verdicts`` holds them all. Readers see whole records
+    (``sja.bus.rounds.decode_rounds``)."""
+    shared_skip: int = -1
+    """The entry of the shared verdicts that ``verdicts`` replaces (the winner's), -1: none."""
 
 
 class RoundBatch(Message, tag="sja.round_batch.v1", frozen=True, kw_only=True):
@@ -285,6 +290,9 @@ class RoundBatch(Message, tag="sja.round_batch.v1", frozen=True, kw_only=True):
 
     batch_id: Id
     records: Annotated[list[RoundRecord], msgspec.Meta(min_length=1, max_length=MAX_BATCH_OFFERS)]
+    shared: Annotated[list[list[Verdict]], msgspec.Meta(max_length=MAX_BATCH_OFFERS)] = []
+    """Verdicts shared by the records of a group of like offers (``RoundRecord.shared``): one list
+    per group instead of one verdict per offer and bid."""
 
 
 # --- jobs and subjobs -------------------------------------------------------------------------------
