@@ -58,8 +58,9 @@ tracer = trace.get_tracer("sja.clearer")
 MAX_EARLY_REPLIES = 4096
 """Replies that overtook their offer are kept (one per round and agent) until the reply window
 has passed; bounded so a flood cannot grow memory."""
-RECORDS_PER_MESSAGE = 128
-"""Round records per ``SJA_ROUNDS`` message (a batch's records, split so a message stays small)."""
+ROUND_ITEMS_PER_MESSAGE = 2048
+"""Round records (weighing two) and shared verdicts (one) per ``SJA_ROUNDS`` message: a batch's
+records, split so a message stays small (well under 1 MB)."""
 MAX_CLOSED_REMEMBERED = 20_000
 """Rounds recently closed: a reply that arrives after its round closed is dropped, not taken for
 one that overtook its offer."""
@@ -598,17 +599,17 @@ class ClearerService(Service):
     async def _publish_records(
         self, rnd: OpenRound, records: list[RoundRecord], shared: list[Shared]
     ) -> None:
-        """The batch's round records, in one ``SJA_ROUNDS`` message per ``RECORDS_PER_MESSAGE``
-        (a lone offer's record on its own, whole), de-duplicated by batch (or offer) id. A
-        message carries each group's shared verdicts once (``RoundBatch.shared``)."""
+        """The batch's round records in ``SJA_ROUNDS`` messages of ``ROUND_ITEMS_PER_MESSAGE`` (a
+        lone offer's record on its own, whole), de-duplicated by batch (or offer) id. A message
+        carries each group's shared verdicts once (``RoundBatch.shared``)."""
         pool = rnd.offers[0].window.pool
         if len(rnd.offers) == 1 and rnd.key == rnd.offers[0].offer_id:
             parts: list[tuple[str, RoundRecord | RoundBatch]] = [
                 (rnd.key, whole_record(records[0], shared[0]))
             ]
         else:
-            batches = pack_records(rnd.key, records, shared, RECORDS_PER_MESSAGE)
-            parts = [(f"{rnd.key}:{i * RECORDS_PER_MESSAGE}", b) for i, b in enumerate(batches)]
+            batches = pack_records(rnd.key, records, shared, ROUND_ITEMS_PER_MESSAGE)
+            parts = [(f"{rnd.key}:{first}", b) for first, b in batches]
         for msg_id, payload in parts:
             await self.jetstream.publish(
                 subjects.round_cleared(pool), encode(payload), headers=inject({"Nats-Msg-Id": msg_id})

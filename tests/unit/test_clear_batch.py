@@ -6,6 +6,7 @@ in a batch never has two winners; and the round records carry it all."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
@@ -27,7 +28,7 @@ from sja.core.policies import (
     clear_batch,
     grant_cost,
 )
-from sja.core.rounds import fresh_offers, outcome_verdicts, pack_records, whole_record
+from sja.core.rounds import RECORD_ITEMS, fresh_offers, outcome_verdicts, pack_records, whole_record
 from sja.protocol.messages import Candidate, Offer, Proposal, RoundRecord, Verdict, Window
 
 NOW = 5_000.0
@@ -240,13 +241,13 @@ def record_of(o: Offer, d: Decision) -> RoundRecord:
     name=st.sampled_from(["fair", "auction", "efficiency"]),
     shapes=st.lists(st.integers(0, len(SHAPES) - 1), min_size=1, max_size=9),
     groups=st.lists(st.lists(bid_st, max_size=8), min_size=1, max_size=2),
-    per_message=st.integers(1, 4),
+    max_items=st.integers(1, 40),
 )
 def test_round_records_read_back_with_every_verdict(
     name: str,
     shapes: list[int],
     groups: list[list[tuple[int, str, float, float, float, int, int]]],
-    per_message: int,
+    max_items: int,
 ) -> None:
     offers = [offer(i, s) for i, s in enumerate(shapes)]
     bid_lists = [[Bid(agent_id=f"ag{j % 2}", proposal=proposal(*b)) for j, b in enumerate(g)] for g in groups]
@@ -256,8 +257,15 @@ def test_round_records_read_back_with_every_verdict(
     )
     records = [record_of(o, d) for o, d in batch]
     shared = [(d.shared, d.skip) for _, d in batch]
-    messages = [encode(b) for b in pack_records("b", records, shared, per_message)]
-    assert len(messages) == -(-len(records) // per_message)
+    packed = pack_records("b", records, shared, max_items)
+    assert [first for first, _ in packed] == [
+        0,
+        *itertools.accumulate(len(b.records) for _, b in packed[:-1]),
+    ]
+    for _, b in packed:  # within the budget, unless one record alone exceeds it
+        weight = RECORD_ITEMS * len(b.records) + sum(map(len, b.shared))
+        assert weight <= max_items or len(b.records) == 1
+    messages = [encode(b) for _, b in packed]
     read = [rec for m in messages for rec in decode_rounds(m)]
     assert [r.offer_id for r in read] == [o.offer_id for o, _ in batch]
     for rec, (_o, d) in zip(read, batch, strict=True):
@@ -265,8 +273,8 @@ def test_round_records_read_back_with_every_verdict(
         assert rec.shared == -1
     # Written: each message carries a group's shared verdicts once, not once per record.
     for m in messages:
-        packed = msgspec.msgpack.decode(m)
-        assert len(packed["shared"]) <= len({id(d.shared) for _, d in batch if d.shared})
+        raw = msgspec.msgpack.decode(m)
+        assert len(raw["shared"]) <= len({id(d.shared) for _, d in batch if d.shared})
     # A reader that wants only the winners reads the records as written.
     own = [rec for m in messages for rec in decode_rounds(m, whole=False)]
     assert [r.verdicts for r in own] == [list(d.verdicts) for _, d in batch]

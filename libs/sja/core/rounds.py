@@ -77,28 +77,40 @@ def whole_record(record: RoundRecord, shared: Shared) -> RoundRecord:
     return msgspec.structs.replace(record, verdicts=whole(record.verdicts, *shared))
 
 
+RECORD_ITEMS = 2
+"""What a record weighs against a shared verdict when a batch's records are cut into messages (a
+record, with its window and its winner's verdict, is about twice a verdict's size)."""
+
+
 def pack_records(
-    batch_id: str, records: Sequence[RoundRecord], shared: Sequence[Shared], per_message: int
-) -> list[RoundBatch]:
-    """The records of a batch in messages of ``per_message`` records, each message carrying once the
-    shared verdicts its records refer to (``shared[i]`` is ``records[i]``'s)."""
-    out: list[RoundBatch] = []
-    for start in range(0, len(records), per_message):
-        lists: list[list[Verdict]] = []
-        index: dict[int, int] = {}
-        part: list[RoundRecord] = []
-        for rec, (verdicts, skip) in zip(
-            records[start : start + per_message], shared[start : start + per_message], strict=True
-        ):
-            if not verdicts:
-                part.append(rec)
-                continue
-            i = index.get(id(verdicts))
-            if i is None:
-                i = index[id(verdicts)] = len(lists)
-                lists.append(list(verdicts))
-            part.append(msgspec.structs.replace(rec, shared=i, shared_skip=skip))
-        out.append(RoundBatch(batch_id=batch_id, records=part, shared=lists))
+    batch_id: str, records: Sequence[RoundRecord], shared: Sequence[Shared], max_items: int
+) -> list[tuple[int, RoundBatch]]:
+    """The records of a batch in messages of at most ``max_items`` (a record weighs
+    ``RECORD_ITEMS``, a shared verdict 1; a message has at least one record), each message
+    carrying once the shared verdicts its records refer to (``shared[i]`` is ``records[i]``'s).
+    Returns each message with the index of its first record."""
+    out: list[tuple[int, RoundBatch]] = []
+    lists: list[list[Verdict]] = []
+    index: dict[int, int] = {}
+    part: list[RoundRecord] = []
+    first = items = 0
+    for n, (rec, (verdicts, skip)) in enumerate(zip(records, shared, strict=True)):
+        cost = RECORD_ITEMS + (len(verdicts) if verdicts and id(verdicts) not in index else 0)
+        if part and items + cost > max_items:
+            out.append((first, RoundBatch(batch_id=batch_id, records=part, shared=lists)))
+            lists, index, part, first, items = [], {}, [], n, 0
+            cost = RECORD_ITEMS + len(verdicts)
+        items += cost
+        if not verdicts:
+            part.append(rec)
+            continue
+        i = index.get(id(verdicts))
+        if i is None:
+            i = index[id(verdicts)] = len(lists)
+            lists.append(list(verdicts))
+        part.append(msgspec.structs.replace(rec, shared=i, shared_skip=skip))
+    if part:
+        out.append((first, RoundBatch(batch_id=batch_id, records=part, shared=lists)))
     return out
 
 
