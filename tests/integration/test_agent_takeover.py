@@ -1,0 +1,104 @@
+"""Takeover between agent processes' services against a real nats-server: an agent that is slow but
+heartbeating keeps its jobs; one that falls silent loses them to a live agent (compare-and-set on the
+owner), and when it speaks again it finds the job taken and disowns it instead of writing it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+from nats.aio.client import Client
+from nats.js.errors import NotFoundError
+
+from services.agent.service import AgentService, AgentSettings
+from sja.bus.connection import ensure_jetstream, stores
+from sja.core import jobs as J
+from sja.protocol.messages import JobSpec, JobState
+
+LIVENESS_S = 1.0
+
+
+def settings(nats_url: str, tmp_path: Path, name: str, **kw: object) -> AgentSettings:
+    fields: dict[str, object] = {"takeover_after_s": LIVENESS_S, "takeover_scan_s": 1.0, **kw}
+    return AgentSettings(nats_url=nats_url, out_dir=str(tmp_path / "out"), instance=name, **fields)  # type: ignore[arg-type]
+
+
+def owned_job(job_id: str, owner: str) -> JobState:
+    spec = JobSpec(name=job_id, tenant="t", workload="montecarlo", params={"units": 8})
+    state = J.claim(J.new_job(job_id, spec, time.time()), owner, time.time())
+    assert state is not None
+    return state
+
+
+async def owner_of(agent: AgentService, job_id: str) -> str:
+    assert agent.jobs is not None
+    got = await agent.jobs.get(job_id)
+    assert got is not None
+    return got[0].owner_agent
+
+
+async def test_a_silent_agents_job_moves_and_a_heartbeating_ones_stays(
+    nats_url: str, tmp_path: Path, nc: Client
+) -> None:
+    # The slow agent heartbeats every 0.2 s but does no work (no offers come: no advertiser); the
+    # silent one heartbeats once, at its start, and never again. Only the taker takes jobs over.
+    slow = AgentService(settings(nats_url, tmp_path, "agent-slow", heartbeat_s=0.2, takeover_after_s=0))
+    silent = AgentService(
+        settings(nats_url, tmp_path, "agent-silent", heartbeat_s=1_000.0, takeover_after_s=0)
+    )
+    taker = AgentService(settings(nats_url, tmp_path, "agent-taker", heartbeat_s=0.2))
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    _, jobs = await stores(js)
+    await jobs.create("job-slow", owned_job("job-slow", "agent-slow"))
+    await jobs.create("job-silent", owned_job("job-silent", "agent-silent"))
+    async with contextlib.AsyncExitStack() as stack:
+        # Each takes its job back at start (an agent restarted under the same id).
+        await stack.enter_async_context(slow)
+        await stack.enter_async_context(silent)
+        assert "job-slow" in slow.owned and "job-silent" in silent.owned
+        await stack.enter_async_context(taker)
+
+        deadline = time.monotonic() + 20
+        while await owner_of(taker, "job-silent") != "agent-taker":
+            assert time.monotonic() < deadline, "the silent agent's job was never taken over"
+            await asyncio.sleep(0.1)
+        assert "job-silent" in taker.owned
+        # Well past the bound (and several scans later) the slow agent still has its job.
+        await asyncio.sleep(4 * LIVENESS_S)
+        assert await owner_of(taker, "job-slow") == "agent-slow"
+        assert "job-slow" in slow.owned and "job-slow" not in taker.owned
+
+        # The silent agent wakes up and writes its job: the compare-and-set fails, the store names
+        # another owner, so it lets the job go and writes nothing.
+        assert "job-silent" in silent.owned, "it has not noticed yet"
+        written = await silent.save("job-silent", lambda s: J.request_cancel(s, time.time()))
+        assert written is None
+        assert "job-silent" not in silent.owned
+        assert silent.jobs is not None
+        got = await silent.jobs.get("job-silent")
+        assert got is not None and got[0].owner_agent == "agent-taker" and not got[0].cancel_requested
+
+
+async def test_a_gone_agents_completion_consumer_is_deleted_by_the_server(
+    nats_url: str, tmp_path: Path, nc: Client
+) -> None:
+    """A recreated agent never comes back under its old id: the server drops its consumer."""
+    agent = AgentService(settings(nats_url, tmp_path, "agent-gone", completions_inactive_s=1.0))
+    js = nc.jetstream()
+    async with agent:
+        info = await js.consumer_info("SJA_COMPLETIONS", "agent-agent-gone")
+        assert info.config.inactive_threshold == 1.0
+        await asyncio.sleep(2.0)
+        # Pulled from all along: alive.
+        assert (await js.consumer_info("SJA_COMPLETIONS", "agent-agent-gone")).name == "agent-agent-gone"
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            await js.consumer_info("SJA_COMPLETIONS", "agent-agent-gone")
+        except NotFoundError:
+            break
+        assert time.monotonic() < deadline, "the consumer of an agent gone for good outlived its threshold"
+        await asyncio.sleep(0.2)
