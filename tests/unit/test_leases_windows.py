@@ -66,12 +66,39 @@ def test_grant_on_a_slice_that_is_not_free_is_refused(status: str) -> None:
         leases.grant(s, offered_fence=0, job_id="j1", grant_id="g-1", now=NOW, lease_s=5.0)
 
 
-def test_a_slice_is_never_granted_twice() -> None:
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), clearers=st.integers(2, 4), steps=st.integers(1, 40))
+def test_a_slice_is_never_granted_twice(data: st.DataObject, clearers: int, steps: int) -> None:
+    """Clearers take offers of the slice (its fence when offered) and try to grant them later, while
+    holders release and leases lapse: each offer is granted at most once, a grant from an offer the
+    slice has moved past (a stale fence) is refused, and there is never more than one holder."""
     s = slice_state()
-    first = leases.grant(s, offered_fence=0, job_id="j1", grant_id="g-1", now=NOW, lease_s=5.0)
-    # a second clearer working from the same offer (same fence) loses
-    with pytest.raises(LeaseConflict):
-        leases.grant(first, offered_fence=0, job_id="j2", grant_id="g-2", now=NOW, lease_s=5.0)
+    now = NOW
+    offered: dict[int, int] = {}  # clearer -> the fence of the offer it holds
+    granted_from: list[int] = []
+    for n in range(steps):
+        now += 1.0
+        op = data.draw(st.sampled_from(["offer", "grant", "release", "expire"]))
+        if op == "offer":
+            offered[data.draw(st.integers(0, clearers - 1))] = s.fence
+        elif op == "grant" and offered:
+            fence = offered.pop(data.draw(st.sampled_from(sorted(offered))))
+            ok = s.status == "free" and fence == s.fence
+            try:
+                s = leases.grant(
+                    s, offered_fence=fence, job_id=f"j{n}", grant_id=f"g{n}", now=now, lease_s=3.0
+                )
+            except LeaseConflict:
+                assert not ok
+            else:
+                assert ok, f"granted from offer fence {fence} on a slice at fence {s.fence - 1} ({s.status})"
+                granted_from.append(fence)
+        elif op == "release" and s.status != "free":
+            s = leases.release(s, grant_id=s.grant_id, fence=s.fence, now=now)
+        elif op == "expire":
+            s = leases.expire(s, now + data.draw(st.sampled_from([0.0, 5.0]))) or s
+        assert len(granted_from) == len(set(granted_from)), f"an offer was granted twice: {granted_from}"
+        assert s.fence == len(granted_from)
 
 
 def test_start_makes_the_slice_busy_with_a_lease_covering_the_time_cap() -> None:
@@ -164,45 +191,89 @@ def test_offline_clears_the_holder_and_keeps_the_fence() -> None:
     assert o.status == "offline" and o.fence == 1 and o.holder_job == "" and o.grant_id == ""
 
 
-@settings(max_examples=100, deadline=None)
-@given(ops=st.lists(st.sampled_from(["grant", "start", "release", "expire", "stale"]), max_size=25))
-def test_fence_never_goes_down_and_at_most_one_holder(ops: list[str]) -> None:
+OPS = ["grant", "extend", "release", "expire", "busy", "complete"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), ops=st.lists(st.sampled_from(OPS), max_size=40))
+def test_fence_never_goes_down_and_at_most_one_holder(data: st.DataObject, ops: list[str]) -> None:
+    """Interleavings of grant / extend / release / expire / busy (start) / complete (release of a
+    busy slice), each quoting a fence drawn from the current value and stale (or forged) ones and a
+    grant id from every grant issued so far: a transition succeeds exactly when it quotes the
+    current fence (and, after the grant, the current grant id), the fence never goes down, and at
+    any time at most one grant ever issued holds the slice."""
     s = slice_state()
     now = NOW
-    n = 0
-    for op in ops:
+    issued: list[tuple[str, int]] = []  # (grant id, fence) of every grant made
+    for n, op in enumerate(ops):
         now += 1.0
         before = s
+        # Fences from the current value, from the past, and one never reached yet.
+        fence = data.draw(
+            st.sampled_from(sorted({s.fence, s.fence + 1, *range(max(0, s.fence - 3), s.fence)}))
+        )
+        if op != "grant" and issued and data.draw(st.booleans()):
+            grant_id, fence = data.draw(st.sampled_from(issued))  # a real grant, maybe an old one
+        else:
+            grant_id = s.grant_id or "g-none"  # the current grant id with the drawn fence
+        # Whether it quotes the current lease, from the slice's own fields (not from ``holds``).
+        current = s.status in ("leased", "busy") and (grant_id, fence) == (s.grant_id, s.fence)
         try:
             if op == "grant":
-                n += 1
+                expected = s.status == "free" and fence == s.fence
                 s = leases.grant(
-                    s, offered_fence=s.fence, job_id=f"j{n}", grant_id=f"g{n}", now=now, lease_s=3.0
+                    s, offered_fence=fence, job_id=f"j{n}", grant_id=f"g{n}", now=now, lease_s=3.0
                 )
-            elif op == "start":
+                issued.append((s.grant_id, s.fence))
+            elif op == "extend":
+                expected = current
+                s = leases.extend(s, grant_id=grant_id, fence=fence, now=now, lease_s=3.0)
+            elif op == "busy":
+                expected = current and s.status == "leased"
                 s = leases.start(
-                    s,
-                    grant_id=s.grant_id,
-                    fence=s.fence,
-                    now=now,
-                    time_cap_s=2.0,
-                    expected_s=1.0,
-                    grace_s=0.5,
+                    s, grant_id=grant_id, fence=fence, now=now, time_cap_s=2.0, expected_s=1.0, grace_s=0.5
                 )
-            elif op == "release":
-                s = leases.release(s, grant_id=s.grant_id, fence=s.fence, now=now)
-            elif op == "expire":
-                s = leases.expire(s, now + 10.0) or s
-            else:
-                leases.release(s, grant_id="g-stale", fence=s.fence, now=now)
+            elif op in ("release", "complete"):
+                expected = current and (op == "release" or s.status == "busy")
+                if op == "complete" and s.status != "busy":
+                    raise LeaseConflict("nothing running to complete")
+                s = leases.release(s, grant_id=grant_id, fence=fence, now=now)
+            else:  # the inventory's sweep: frees a lapsed lease, leaves any other slice as it is
+                lapsed = s.status in ("leased", "busy") and s.lease_until < now + 2.0
+                freed = leases.expire(s, now + 2.0)
+                assert (freed is not None) == lapsed
+                s, expected = freed or s, True
         except LeaseConflict:
+            assert not expected, f"{op} with the current fence {fence} and grant {grant_id} was refused"
             assert s == before
-        assert s.fence >= before.fence
-        assert s.fence <= before.fence + 1
-        if s.status == "free":
-            assert s.grant_id == "" and s.holder_job == ""
         else:
-            assert s.grant_id and s.holder_job
+            assert expected, (
+                f"{op} with a stale fence {fence} (slice at {before.fence}) or grant was accepted"
+            )
+        assert before.fence <= s.fence <= before.fence + 1
+        if op != "grant" or s == before:
+            assert s.fence == before.fence, "only a grant moves the fence"
+        holders = [g for g, f in issued if leases.holds(s, g, f)]
+        if s.status == "free":
+            assert holders == [] and s.grant_id == "" and s.holder_job == ""
+        else:
+            assert holders == [issued[-1][0]], holders
+            assert s.fence == issued[-1][1]
+        if s.status == "leased" and before.status == "leased" and s.grant_id == before.grant_id:
+            assert s.lease_until >= before.lease_until, "a lease is never shortened"
+
+
+def test_extend_keeps_a_lease_only_for_its_holder() -> None:
+    g = granted()  # fence 1, lease until NOW + 5
+    longer = leases.extend(g, grant_id="g-1", fence=1, now=NOW + 4.0, lease_s=5.0)
+    assert longer.lease_until == NOW + 9.0 and longer.fence == 1 and longer.grant_id == "g-1"
+    assert leases.extend(longer, grant_id="g-1", fence=1, now=NOW, lease_s=1.0).lease_until == NOW + 9.0
+    with pytest.raises(LeaseConflict):
+        leases.extend(g, grant_id="g-1", fence=0, now=NOW, lease_s=5.0)
+    with pytest.raises(LeaseConflict):
+        leases.extend(
+            leases.release(g, grant_id="g-1", fence=1, now=NOW), grant_id="g-1", fence=1, now=NOW, lease_s=5.0
+        )
 
 
 # --- restart reconciliation ----------------------------------------------------------------------

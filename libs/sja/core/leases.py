@@ -1,4 +1,4 @@
-"""Slice lease transitions: grant, start, finish, release, expire. Pure; callers CAS the result.
+"""Slice lease transitions: grant, start, extend, release, expire. Pure; callers CAS the result.
 
 A slice's ``fence`` is bumped by every grant and never goes down; each transition after the grant
 checks the holder's ``grant_id`` and ``fence``, so a stale holder cannot touch a slice it lost.
@@ -77,6 +77,13 @@ def start(
         expected_end=now + expected_s,
         updated_at=now,
     )
+
+
+def extend(s: SliceState, *, grant_id: str, fence: int, now: float, lease_s: float) -> SliceState:
+    """The holder keeps its lease until at least ``now + lease_s`` (a lease is never shortened)."""
+    if not holds(s, grant_id, fence):
+        raise LeaseConflict(f"slice {s.slice_id} not held by grant {grant_id} (fence {fence})")
+    return msgspec.structs.replace(s, lease_until=max(s.lease_until, now + lease_s), updated_at=now)
 
 
 def release(s: SliceState, *, grant_id: str, fence: int, now: float) -> SliceState:
