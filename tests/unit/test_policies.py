@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ from sja.core.policies import (
     policy,
     split_by_capacity,
 )
-from sja.protocol.messages import Candidate, Offer, Proposal, Window
+from sja.protocol.messages import Candidate, Offer, Proposal, RoundRecord, Verdict, Window
 
 NOW = 1000.0
 
@@ -469,3 +470,32 @@ def test_decision_is_well_formed_and_independent_of_bid_order(
     else:
         eligible, _ = split_by_capacity(bids, ledger, offer.reply_by)
         assert eligible == []
+
+
+# --- rebuilding the ledger -------------------------------------------------------------------------
+
+
+def won_record(job_id: str, tenant: str, price: float, charged: float, cleared_at: float) -> RoundRecord:
+    offer = make_offer()
+    won = Verdict(job_id=job_id, tenant=tenant, agent_id="agent-1", won=True, reason="won: highest bid")
+    return RoundRecord(
+        offer_id=f"o-{job_id}", round=1, window=offer.window, policy="auction", replies_from=["agent-1"],
+        verdicts=[won], winner_job=job_id, charged_gpu_s=charged, price=price, cleared_at=cleared_at,
+    )  # fmt: skip
+
+
+def test_replaying_rounds_rebuilds_service_grants_and_budgets_clamped_at_zero() -> None:
+    ledger = Ledger(tenant_budgets={"a": 5.0})
+    ledger.replay_round(won_record("a-1", "a", price=3.0, charged=10.0, cleared_at=NOW), lease_s=5.0)
+    assert ledger.tenant_budgets["a"] == pytest.approx(2.0)
+    # Budgets configured lower since the payment was made: the rebuilt budget stops at zero.
+    ledger.replay_round(won_record("a-2", "a", price=4.0, charged=6.0, cleared_at=NOW + 1), lease_s=5.0)
+    assert ledger.tenant_budgets["a"] == 0.0
+    ledger.replay_round(won_record("b-1", "b", price=7.0, charged=2.0, cleared_at=NOW + 2), lease_s=5.0)
+    assert "b" not in ledger.tenant_budgets, "an unlisted tenant's budget stays unlimited"
+    assert ledger.tenant_attained == {"a": 16.0, "b": 2.0}
+    assert ledger.job_grants == {"a-1": [NOW + 5.0], "a-2": [NOW + 6.0], "b-1": [NOW + 7.0]}
+    # A round without a winner changes nothing.
+    empty = msgspec.structs.replace(won_record("c-1", "c", 1.0, 1.0, NOW), winner_job="", verdicts=[])
+    ledger.replay_round(empty, lease_s=5.0)
+    assert ledger.tenant_attained == {"a": 16.0, "b": 2.0}
