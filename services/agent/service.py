@@ -377,6 +377,7 @@ class AgentService(Service):
                 len(new.in_flight),
             )
             self._remember(new, new_rev)
+            self._job_taken(new.job_id, recovered=True)  # its rounds before were another agent's
             if J.can_take_more(new):
                 self.ready(new.spec.max_parallel - len(new.in_flight))
             taken += 1
