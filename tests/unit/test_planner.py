@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -63,23 +64,29 @@ class Case:
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> Case:
+def cases_for(
+    draw: st.DrawFn,
+    base: float | None = None,
+    per_unit: float | None = None,
+    warmup: float | None = None,
+    per_unit_s: float | None = None,
+) -> Case:
     window = make_window(
         mem_mib=draw(st.integers(1000, 80_000)),
         length_s=draw(st.floats(1.0, 60.0)),
         share7=draw(st.integers(1, 7)),
     )
     profile = make_profile(
-        base=draw(st.floats(0.0, 5000.0)),
-        per_unit=draw(st.floats(0.0, 500.0)),
+        base=draw(st.floats(0.0, 5000.0)) if base is None else base,
+        per_unit=draw(st.floats(0.0, 500.0)) if per_unit is None else per_unit,
         mem_sd=draw(st.floats(0.0, 1.0)),
-        warmup=draw(st.floats(0.0, 5.0)),
-        per_unit_s=draw(st.floats(1e-4, 2.0)),
+        warmup=draw(st.floats(0.0, 5.0)) if warmup is None else warmup,
+        per_unit_s=draw(st.floats(1e-4, 2.0)) if per_unit_s is None else per_unit_s,
         time_sd=draw(st.floats(0.0, 1.0)),
         typical=draw(st.integers(1, 500)),
     )
     max_units = draw(st.integers(1, 2000))
-    min_units = draw(st.integers(1, max_units))
+    min_units = draw(st.one_of(st.just(1), st.integers(1, max_units)))
     req = PlanRequest(
         window=window,
         now=NOW,
@@ -92,22 +99,123 @@ def cases(draw: st.DrawFn) -> Case:
     return Case(profile, req)
 
 
+def cases() -> st.SearchStrategy[Case]:
+    return cases_for()
+
+
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+LEARNED = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+PROFILE_NAMES = ("1g", "2g", "3g", "4g", "5g", "6g", "7g")
+
+
+@st.composite
+def learned_cases(draw: st.DrawFn) -> Case:
+    """A case whose profile has first learned from completions, OOMs and timeouts of a job whose
+    real memory and speed are its declaration's times a drawn factor (or, for some, arbitrary)."""
+    base = draw(st.floats(0.0, 5000.0))
+    per_unit = draw(st.floats(0.0, 500.0))
+    warmup = draw(st.floats(0.0, 5.0))
+    per_unit_s = draw(st.floats(1e-4, 2.0))
+    case = draw(cases_for(base, per_unit, warmup, per_unit_s))
+    profile = case.profile
+    mem_factor, time_factor = draw(st.floats(0.3, 3.0)), draw(st.floats(0.3, 3.0))
+    arbitrary = draw(st.booleans())
+    for kind, k, below, share7, noise in draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["ok", "ok", "oom", "timeout"]),
+                st.integers(1, 2000),
+                st.floats(0.2, 1.0),
+                st.integers(1, 7),
+                st.floats(-0.1, 0.1),
+            ),
+            min_size=1,
+            max_size=10,
+        )
+    ):
+        name, share = PROFILE_NAMES[share7 - 1], share7 / 7
+        if arbitrary:
+            peak, seconds = draw(st.floats(1.0, 80_000.0)), draw(st.floats(0.01, 600.0))
+        else:
+            peak = mem_factor * (base + per_unit * k) * (1.0 + noise) + 1.0
+            seconds = time_factor * (warmup + per_unit_s * k) / share * (1.0 + noise) + 0.01
+        if kind == "ok":
+            profile.observe(k, peak, seconds, name, share)
+        elif kind == "oom":
+            profile.observe_oom(k, peak * below, draw(st.sampled_from([0.0, peak])))
+        else:
+            profile.observe_timeout(k, seconds * below, name, share)
+    return case
+
+
+def assert_candidates_fit(case: Case, mode: str) -> None:
+    req = case.req
+    mem_cap = usable_memory(req.window, LIMITS)
+    length = usable_time(req.window, NOW, LIMITS)
+    for c in plan_candidates(case.profile, req, LIMITS, mode):
+        assert req.min_units <= c.size <= req.max_units
+        # P(peak > slice memory - reserve) <= eps_mem and P(duration > window) <= eps_time
+        assert c.p_fit_mem >= 1.0 - req.eps_mem, c
+        assert c.p_fit_time >= 1.0 - req.eps_time, c
+        assert c.mem_q_mib <= mem_cap, c
+        assert c.duration_q_s <= length, c
+        assert is_safe(case.profile, c.size, req, LIMITS), c
 
 
 @PROPERTY
 @given(case=cases(), mode=st.sampled_from(["sja", "jasda"]))
 def test_every_candidate_fits_its_window(case: Case, mode: str) -> None:
-    cands = plan_candidates(case.profile, case.req, LIMITS, mode)
-    mem_cap = case.req.window.mem_mib - LIMITS.mem_reserve_mib
-    length = usable_time(case.req.window, NOW, LIMITS)
-    for c in cands:
-        assert case.req.min_units <= c.size <= case.req.max_units
-        assert c.mem_q_mib <= mem_cap, c
-        assert c.duration_q_s <= length, c
-        assert 0.0 <= c.p_fit_mem <= 1.0 and 0.0 <= c.p_fit_time <= 1.0
-        # the planner's own safety check agrees with the numbers it reports
-        assert is_safe(case.profile, c.size, case.req, LIMITS), c
+    assert_candidates_fit(case, mode)
+
+
+@LEARNED
+@given(case=learned_cases(), mode=st.sampled_from(["sja", "jasda"]))
+def test_every_candidate_fits_its_window_after_learning(case: Case, mode: str) -> None:
+    assert_candidates_fit(case, mode)
+
+
+def _shrunk(req: PlanRequest, window: Window) -> PlanRequest:
+    return PlanRequest(
+        window=window,
+        now=req.now,
+        eps_mem=req.eps_mem,
+        eps_time=req.eps_time,
+        max_units=req.max_units,
+        min_units=req.min_units,
+        remaining_units=req.remaining_units,
+    )
+
+
+@LEARNED
+@given(case=learned_cases(), smaller_mem=st.floats(0.0, 1.0), shorter=st.floats(0.0, 1.0))
+def test_no_size_that_failed_is_planned_again_into_the_same_or_a_smaller_window(
+    case: Case, smaller_mem: float, shorter: float
+) -> None:
+    profile, req = case.profile, case.req
+    k = largest_safe_size(profile, req, LIMITS)
+    if k is None:
+        return
+    w = req.window
+    length = usable_time(w, NOW, LIMITS)
+    # the subjob ran out of memory: no size >= k on this slice or on one with less memory
+    after_oom = profile.copy()
+    after_oom.observe_oom(k, usable_memory(w, LIMITS))
+    less_mem = make_window(
+        int(w.mem_mib - smaller_mem * (w.mem_mib - 1000)), length, round(w.compute_share * 7)
+    )
+    for window in (w, msgspec.structs.replace(less_mem, end_s=w.end_s)):
+        again = largest_safe_size(after_oom, _shrunk(req, window), LIMITS)
+        assert again is None or again < k, (k, again, window)
+    # the subjob overran its time cap (what is materialized: the window plus the start overhead)
+    after_timeout = profile.copy()
+    after_timeout.observe_timeout(k, length + LIMITS.start_overhead_s, w.profile, w.compute_share)
+    assert w.end_s is not None
+    shorter_window = msgspec.structs.replace(w, end_s=w.start_s + (w.end_s - w.start_s) * (1.0 - shorter))
+    for window in (w, shorter_window):
+        again = largest_safe_size(after_timeout, _shrunk(req, window), LIMITS)
+        assert again is None or again < k, (k, again, window)
 
 
 @PROPERTY
