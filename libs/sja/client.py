@@ -39,6 +39,11 @@ T = TypeVar("T")
 
 NO_RESPONDER_RETRIES = 10
 
+CONNECT_TIMEOUT_S = 2.0
+FIRST_CONNECT_RETRIES = 2
+"""A client gives up after three tries per server (``NatsUnreachableError``): a command run with no
+server at its URL fails within seconds instead of waiting for one forever, as a service does."""
+
 
 class ApiError(Exception):
     def __init__(self, err: ErrorReply) -> None:
@@ -98,11 +103,19 @@ class SjaClient:
         auth: NatsAuth | None = None,
     ) -> SjaClient:
         """Connect to the gateway's NATS; ``tenant`` scopes every request to that tenant (required with a
-        tenant's credentials), ``auth`` gives the credentials (none: an open server)."""
+        tenant's credentials), ``auth`` gives the credentials (none: an open server). With no server
+        at ``url`` this fails within seconds with ``NatsUnreachableError``."""
         if tenant:
             subjects.tenant_token(tenant)  # a bad name fails here, before any connection
         denials = Denials()
-        nc = await connect(url, "sja-cli", auth=auth, on_permission_violation=denials.report)
+        nc = await connect(
+            url,
+            "sja-cli",
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+            first_connect_retries=FIRST_CONNECT_RETRIES,
+            auth=auth,
+            on_permission_violation=denials.report,
+        )
         return cls(nc, timeout_s, tenant=tenant, denials=denials)
 
     async def close(self) -> None:

@@ -10,6 +10,10 @@ The server reports a publish or subscribe it refuses (``Permissions Violation``)
 connection; ``connect`` logs each one at ERROR with the subject and hands it to the caller's
 ``on_permission_violation`` so services can count them. A refused login fails ``connect`` at once
 with ``NatsAuthError`` instead of retrying forever.
+
+A service waits for its server as long as it takes (the default). A client (the CLI, ``SjaClient``)
+passes ``first_connect_retries``: with no server at the URL, ``connect`` then fails within seconds
+with ``NatsUnreachableError`` instead of retrying forever.
 """
 
 from __future__ import annotations
@@ -51,6 +55,14 @@ _UNSAFE_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 class NatsAuthError(ConnectionError):
     """The server refused this connection's credentials (user/password, creds, NKey or TLS)."""
+
+
+class NatsUnreachableError(ConnectionError):
+    """No NATS server answered at the URL within the retries of a bounded first connection."""
+
+    def __init__(self, url: str, last_error: str) -> None:
+        super().__init__(f"no NATS server answers at {url}" + (f" ({last_error})" if last_error else ""))
+        self.url = url
 
 
 class NatsConfigError(ValueError):
@@ -222,6 +234,7 @@ async def connect(
     name: str,
     *,
     connect_timeout_s: float = 5.0,
+    first_connect_retries: int | None = None,
     auth: NatsAuth | None = None,
     on_permission_violation: Callable[[PermissionViolation], None] | None = None,
 ) -> Client:
@@ -230,10 +243,20 @@ async def connect(
     Credentials come from ``auth`` (none: an open server, as the dev stack runs). A server that
     refuses the credentials at the first connection fails this call with ``NatsAuthError``; bad
     options (a missing file, a password without user) fail with ``NatsConfigError`` before any I/O.
+
+    Args:
+        first_connect_retries: ``None`` retries the first connection forever (a service started
+            before its server). A number ``n >= 1`` tries each server of ``url`` ``n + 1`` times,
+            then fails with ``NatsUnreachableError`` (a client: the CLI must not hang). Once
+            connected, reconnects are unbounded either way.
     """
+    if first_connect_retries is not None and first_connect_retries < 1:
+        raise ValueError("first_connect_retries must be at least 1 (None: retry forever)")
+    bounded = first_connect_retries is not None
     auth = auth or NatsAuth()
     options = auth.connect_options()
     connecting = True
+    last_error = ""
 
     async def on_error(e: Exception) -> None:
         violation = parse_permission_violation(e)
@@ -254,6 +277,12 @@ async def connect(
                 raise NatsAuthError(f"NATS at {url} refused the credentials of {name} ({auth.describe()})")
             log.error("nats refused the credentials of %s (%s) on reconnect", name, auth.describe())
             return
+        if connecting and bounded:
+            # A bounded first connection reports its failure once, as NatsUnreachableError.
+            nonlocal last_error
+            last_error = str(e) or type(e).__name__
+            log.debug("nats error in %s while connecting: %s", name, e)
+            return
         log.warning("nats error in %s: %s", name, e)
 
     async def on_disconnect() -> None:
@@ -264,7 +293,7 @@ async def connect(
 
     options.update(
         connect_timeout=connect_timeout_s,
-        max_reconnect_attempts=-1,
+        max_reconnect_attempts=first_connect_retries if bounded else -1,
         reconnect_time_wait=0.25,
         allow_reconnect=True,
         error_cb=on_error,
@@ -276,12 +305,19 @@ async def connect(
     nc = Client()
     try:
         await nc.connect(servers=url.split(","), name=name, **options)
+    except nats.errors.NoServersError:
+        if not nc.is_closed:
+            await asyncio.shield(_close_quietly(nc))
+        raise NatsUnreachableError(url, last_error) from None
     except BaseException:
         if not nc.is_closed:
             await asyncio.shield(_close_quietly(nc))
         raise
     finally:
         connecting = False
+    # The bound was for the first connection only: a server lost later is waited for, as a
+    # service does (the client's own request timeouts bound each call).
+    nc.options["max_reconnect_attempts"] = -1
     return nc
 
 

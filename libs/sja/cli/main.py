@@ -57,7 +57,10 @@ async def _connect_client(nats: str, user: str, password: str, tenant: str) -> A
 
 
 def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}")
+    """One line on stderr (never wrapped, brackets shown as written), then exit with ``code``."""
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -92,16 +95,26 @@ def service(
 
 @app.command()
 def up(
-    out: Annotated[Path, typer.Option(help="Directory for logs, traces and the NATS store.")] = Path(
-        "out/stack"
-    ),
+    out: Annotated[Path, typer.Option(help="Directory for logs and traces.")] = Path("out/stack"),
     inventory: Annotated[str, typer.Option(help="Declared inventory file (default: built-in).")] = "",
     policy: Annotated[str, typer.Option(help="Clearing policy.")] = "fair",
     agents: Annotated[int, typer.Option(help="Agent processes.")] = 1,
     port: Annotated[int, typer.Option(help="NATS port (0: 4222 if free, else any).")] = 0,
+    keep_store: Annotated[
+        Path | None,
+        typer.Option(
+            "--keep-store",
+            help="Keep the NATS store (jobs, leases, rounds) in DIR across runs; default: a temporary "
+            "store removed at exit, so every `sja up` starts empty.",
+            metavar="DIR",
+        ),
+    ] = None,
 ) -> None:
     """Start the whole stack on this machine: embedded nats-server, local Ray, every service."""
-    from sja.bus.natsd import free_port
+    import signal
+    import socket
+
+    from sja.bus.natsd import EmbeddedNats, free_port
     from sja.stack import LocalStack
 
     stack = LocalStack(
@@ -109,21 +122,32 @@ def up(
         env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
         replicas={"agent": agents},
     )
-    import socket
-
     if not port:
         with socket.socket() as s:
             port = 4222 if s.connect_ex(("127.0.0.1", 4222)) != 0 else free_port()
-    from sja.bus.natsd import EmbeddedNats
-
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    stack.nats = EmbeddedNats(port=port, store_dir=str(out / "nats"), log_file=str(out / "logs" / "nats.log"))
+    if keep_store is not None:
+        keep_store.mkdir(parents=True, exist_ok=True)
+    # No store_dir: EmbeddedNats makes a temporary one and removes it when stopped.
+    stack.nats = EmbeddedNats(
+        port=port,
+        store_dir=str(keep_store) if keep_store is not None else "",
+        log_file=str(out / "logs" / "nats.log"),
+    )
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # stop like Ctrl-C: services first, then NATS and its store
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     stack.nats.start()
     stack.nats_url = stack.nats.url
     try:
         stack.start()
         run_async(stack.wait_ready())
-        console.print(f"[green]SJA is up[/] — NATS at [bold]{stack.nats_url}[/], logs in {out}/logs")
+        store = f"store in {keep_store}" if keep_store is not None else "temporary store"
+        console.print(
+            f"[green]SJA is up[/] — NATS at [bold]{stack.nats_url}[/] ({store}), logs in {out}/logs"
+        )
         console.print(f"  export SJA_NATS_URL={stack.nats_url}; sja submit examples/jobs/matmul.yaml")
         console.print("  Ctrl-C stops the stack.")
         while all(p.proc.poll() is None for p in stack.procs):
@@ -133,6 +157,7 @@ def up(
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
         console.print("stopping…")
         stack.stop()
 
@@ -169,13 +194,14 @@ def submit(
         finally:
             await c.close()
 
-    _with_connection_errors(go)
+    _with_connection_errors(go, nats)
 
 
-def _with_connection_errors(fn: Any) -> None:
+def _with_connection_errors(fn: Any, url: str) -> None:
+    """Run a client command; an unreachable server or gateway is one line on stderr and exit 2."""
     import nats.errors
 
-    from sja.bus.connection import NatsAuthError, NatsConfigError
+    from sja.bus.connection import NatsAuthError, NatsConfigError, NatsUnreachableError
     from sja.bus.settings import SettingsError
     from sja.client import ApiError
 
@@ -187,8 +213,12 @@ def _with_connection_errors(fn: Any) -> None:
         fail(f"{e}: check --user/--password (SJA_NATS_USER, SJA_NATS_PASSWORD) or SJA_NATS_CREDS")
     except (NatsConfigError, SettingsError, ValueError) as e:
         fail(str(e))
-    except (nats.errors.NoServersError, OSError, nats.errors.TimeoutError, TimeoutError) as e:
-        fail(f"cannot reach the SJA gateway ({type(e).__name__}): is the stack up? ({e})")
+    except (NatsUnreachableError, nats.errors.NoServersError) as e:
+        fail(f"{e} — is the stack running? `sja up` (or give --nats / SJA_NATS_URL)")
+    except nats.errors.NoRespondersError:
+        fail(f"no SJA gateway answers at {url} — is the stack running? `sja up`")
+    except (OSError, nats.errors.TimeoutError, TimeoutError) as e:
+        fail(f"cannot reach the SJA gateway at {url} ({type(e).__name__}): is the stack up? ({e})")
 
 
 @app.command()
@@ -252,7 +282,7 @@ def status(
             )
         console.print(t)
 
-    _with_connection_errors(go)
+    _with_connection_errors(go, nats)
 
 
 @app.command("jobs")
@@ -287,7 +317,7 @@ def list_jobs(
             )
         console.print(t)
 
-    _with_connection_errors(go)
+    _with_connection_errors(go, nats)
 
 
 @app.command()
@@ -312,7 +342,7 @@ def cancel(
             await c.close()
         console.print(f"{s.job_id}: {'cancelled' if s.status == 'cancelled' else 'cancelling'}")
 
-    _with_connection_errors(go)
+    _with_connection_errors(go, nats)
 
 
 @app.command("trace")
@@ -325,20 +355,27 @@ def trace_cmd(
     tenant: TenantOpt = "",
 ) -> None:
     """The rounds a job took part in: who replied, who won, and why."""
-    from sja.cli.render import render_rounds
+    from sja.cli.render import render_no_rounds, render_rounds
+    from sja.client import ApiError
 
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
         try:
             rounds = await c.rounds(job_id)
+            # No round: a job not offered anything yet, or no such job at all.
+            state = None if rounds else await c.status(job_id)
+        except ApiError as e:
+            if e.error.code == "not_found":
+                fail(f"no job {job_id} (`sja jobs` lists the jobs)")
+            raise
         finally:
             await c.close()
-        if not rounds:
-            console.print(f"job {job_id} took part in no round (yet)")
+        if state is not None:
+            console.print(render_no_rounds(state))
             return
         console.print(render_rounds(job_id, rounds[-limit:]))
 
-    _with_connection_errors(go)
+    _with_connection_errors(go, nats)
 
 
 @app.command()

@@ -6,7 +6,15 @@ import time
 
 from rich.tree import Tree
 
-from sja.protocol.messages import RoundRecord
+from sja.protocol.messages import JobState, RoundRecord
+
+
+def render_no_rounds(state: JobState) -> str:
+    """What `sja trace` says of a known job that has taken part in no round yet."""
+    return (
+        f"job {state.job_id} ({state.status}, {state.units_done}/{state.total_units} units) "
+        "has taken part in no round yet"
+    )
 
 
 def render_rounds(job_id: str, rounds: list[RoundRecord]) -> Tree:

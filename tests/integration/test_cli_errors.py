@@ -1,0 +1,118 @@
+"""The real CLI, as a subprocess, when something it needs is missing: no NATS server at the URL, no
+gateway on a running server, a job id that does not exist. Each is one line on stderr and a non-zero
+exit, never a hang or a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.gateway.service import GatewayService, GatewaySettings
+from sja.bus.connection import NatsUnreachableError, connect
+from sja.bus.natsd import free_port
+from sja.client import SjaClient
+from sja.protocol.messages import JobSpec
+
+# A guard against a hang only: these commands fail within seconds, a hang fails the test.
+HANG_GUARD_S = 60
+
+
+def cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SJA_", "OTEL_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def sja(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sja.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=HANG_GUARD_S,
+    )
+
+
+async def sja_async(*args: str) -> tuple[int, str, str]:
+    """The CLI without blocking the event loop (a gateway in this process must keep answering)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sja.cli.main",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=cli_env(),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=HANG_GUARD_S)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["jobs"], ["status", "job-1"], ["trace", "job-1"], ["submit", "examples/jobs/matmul.yaml"]],
+    ids=lambda a: a[0],
+)
+def test_no_nats_server_is_one_line_and_exit_2(args: list[str]) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    done = sja(*args, "--nats", url)
+    assert done.returncode == 2, done
+    line = one_error_line(done.stderr)
+    assert f"no NATS server answers at {url}" in line
+    assert "sja up" in line
+
+
+async def test_a_client_gives_up_on_a_missing_server_but_a_service_would_wait() -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    with pytest.raises(NatsUnreachableError, match=url):
+        await SjaClient.connect(url)
+    # Without a bound (what services use) the first connection keeps trying.
+    waiting = asyncio.ensure_future(connect(url, "waiting-service", connect_timeout_s=0.5))
+    done, _ = await asyncio.wait({waiting}, timeout=2)
+    assert not done, "an unbounded first connection must keep waiting for its server"
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
+@pytest.mark.parametrize("args", [["jobs"], ["status", "job-1"], ["trace", "job-1"], ["cancel", "job-1"]])
+def test_no_gateway_is_one_line_and_exit_2(nats_url: str, args: list[str]) -> None:
+    done = sja(*args, "--nats", nats_url)
+    assert done.returncode == 2, done
+    line = one_error_line(done.stderr)
+    assert f"no SJA gateway answers at {nats_url}" in line
+    assert "sja up" in line
+    assert "Traceback" not in done.stderr
+
+
+async def test_trace_tells_an_unknown_job_from_one_with_no_round_yet(nats_url: str, tmp_path: Path) -> None:
+    gw = GatewayService(GatewaySettings(nats_url=nats_url, out_dir=str(tmp_path / "out"), instance="gw-0"))
+    async with gw:
+        client = await SjaClient.connect(nats_url)
+        try:
+            ack = await client.submit(
+                JobSpec(name="mc", tenant="t", workload="montecarlo", params={"units": 3})
+            )
+        finally:
+            await client.close()
+
+        code, out, err = await sja_async("trace", "no-such-job", "--nats", nats_url)
+        assert code == 2, (out, err)
+        assert "no job no-such-job" in one_error_line(err)
+
+        code, out, err = await sja_async("trace", ack.job_id, "--nats", nats_url)
+        assert code == 0, (out, err)
+        assert f"job {ack.job_id} (pending, 0/3 units) has taken part in no round yet" in out
