@@ -26,7 +26,7 @@ def test_demo_runs_every_job_correctly_and_writes_its_report(tmp_path: Path) -> 
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["jobs"]) >= 6
     assert {j["tenant"] for j in summary["jobs"]} == {"research", "prod"}
-    assert {j["workload"] for j in summary["jobs"]} == {"matmul", "montecarlo"}
+    assert {j["workload"] for j in summary["jobs"]} == {"matmul", "montecarlo", "jacobi"}
     for j in summary["jobs"]:
         assert {"job_id", "tenant", "state", "subjobs", "wait_s", "jct_s"} <= set(j)
         assert j["state"] == "done" and j["correct"] and j["subjobs"] >= 1

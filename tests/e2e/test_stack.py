@@ -21,6 +21,7 @@ from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, JobState
 from sja.stack import LocalStack
 from sja.telemetry.setup import read_spans
+from sja.workloads import checkpoint as ckpt
 from sja.workloads import run_in_one_piece
 
 pytestmark = pytest.mark.slow
@@ -85,6 +86,13 @@ JOBS = [
         max_parallel=2,
         params={"units": 200, "samples_per_unit": 100_000, "seed": 14},
     ),
+    JobSpec(
+        # sequential: each subjob continues from the last one's checkpoint (the object store)
+        name="jac-b",
+        tenant="beta",
+        workload="jacobi",
+        params={"grid": 256, "sweeps": 3000, "seed": 15},
+    ),
 ]
 
 
@@ -108,6 +116,8 @@ def test_jobs_complete_correctly_through_separate_processes(stack: LocalStack) -
             assert h.peak_mem_mib <= h.mem_cap_mib
             assert h.duration_s <= h.time_cap_s + 1.0
     assert sum(len(s.history) for s in states) > len(states), "work was cut into subjobs"
+    jac = next(s for s in states if s.spec.workload == "jacobi")
+    assert ckpt.where(jac.accumulator).startswith(f"{ckpt.BUCKET}/{jac.job_id}/"), "kept in the store"
     names = {p.name for p in stack.procs}
     assert names == {"inventory", "advertiser", "clearer", "agent", "executor", "gateway"}
     assert all(p.proc.poll() is None for p in stack.procs), "no service died"

@@ -29,7 +29,8 @@ if not console.is_terminal:  # logs and CI: wide enough for the tables
 
 
 def demo_jobs(quick: bool = False) -> list[JobSpec]:
-    """Eight jobs of two kinds and several sizes from two tenants."""
+    """Nine jobs of three kinds and several sizes from two tenants; one (``jacobi``) is sequential,
+    its state passed from subjob to subjob through the checkpoint store."""
     s = 0.25 if quick else 1.0
 
     def n(x: int) -> int:
@@ -89,6 +90,12 @@ def demo_jobs(quick: bool = False) -> list[JobSpec]:
             workload="montecarlo",
             max_parallel=2,
             params={"units": n(400), "samples_per_unit": 100_000, "seed": 8},
+        ),
+        JobSpec(
+            name="heat-solve",
+            tenant="prod",
+            workload="jacobi",
+            params={"grid": 512, "sweeps": n(8000), "seed": 9},
         ),
     ]
 
