@@ -2,7 +2,9 @@
 nats-server: a negotiation round shows up in the clearer's, agent's, advertiser's, gateway's and
 inventory's metric families; a malformed offer is counted as rejected and does not stop anything; the
 endpoint (shared by the services of one process) closes with the last of them; metrics also leave a
-process over OTLP/HTTP when a collector is configured."""
+process over OTLP/HTTP when a collector is configured. A service process serves its endpoint on a
+fixed ``SJA_METRICS_PORT``; the executor counts each slice's busy seconds and the agent an OOM
+subjob."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.advertiser.service import AdvertiserService, AdvertiserSettings
 from services.agent.service import JOBS_CONSUMER, AgentService, AgentSettings
 from services.clearer.service import ClearerService, ClearerSettings
+from services.executor.service import ExecutorService, ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from sja.bus.natsd import free_port
@@ -35,8 +39,9 @@ from sja.bus.settings import BaseSettings, SettingsError
 from sja.client import SjaClient
 from sja.core.policies import POLICIES
 from sja.protocol import subjects
-from sja.protocol.messages import JobSpec
+from sja.protocol.messages import JobSpec, MemoryDecl, TimeDecl
 from sja.telemetry.metrics import serve_metrics
+from sja.workloads import run_in_one_piece
 
 Samples = list[tuple[str, dict[str, str], float]]
 
@@ -311,3 +316,122 @@ def test_metrics_are_pushed_over_otlp_http_when_a_collector_is_set(collector: st
     r = subprocess.run([sys.executable, "-c", EMIT], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert MetricsCollector.received == []
+
+
+def test_a_service_process_serves_metrics_on_its_fixed_port(nats_url: str, tmp_path: Path) -> None:
+    """``sja service gateway`` with ``SJA_METRICS_PORT`` set serves ``/metrics`` there once it is
+    serving, with its own series, and frees the port when it stops."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SJA_", "OTEL_"))}
+    env.update(
+        SJA_NATS_URL=nats_url,
+        SJA_OUT_DIR=str(tmp_path / "out"),
+        SJA_INSTANCE="gateway-port",
+        SJA_METRICS_PORT=str(port),
+        OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+    )
+    log = tmp_path / "gateway.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sja.cli.main", "service", "gateway"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            try:
+                text = _get(f"http://127.0.0.1:{port}/metrics")
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, "the endpoint never came up"
+                time.sleep(0.2)
+        samples = [
+            (s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples
+        ]
+        assert series(samples, "sja_permission_violations_total", service="gateway")
+        assert total(samples, "sja_permission_violations_total", service="gateway") == 0
+        info = series(samples, "target_info")
+        assert info and info[0]["service_name"] == "sja-gateway", info
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, log.read_text(errors="replace")[-3000:]
+    with pytest.raises(urllib.error.URLError):
+        _get(f"http://127.0.0.1:{port}/metrics")
+
+
+async def test_executor_busy_seconds_and_an_oom_in_the_agents_subjob_counts(
+    nats_url: str, tmp_path: Path, nc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose declared memory profile is far below its real use, on memory-capped soft slices
+    (a GPU without MIG, emulated): its first subjob goes past the slice's memory and is reported
+    ``oom``, which the agent counts in ``sja_subjobs_total{status="oom"}``; the job re-plans smaller
+    subjobs and completes with the right result; the executor adds each slice's running time to
+    ``sja_slice_busy_seconds_total``."""
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1")
+    port = free_port()
+    c = lambda name: common(nats_url, tmp_path, name, port)  # noqa: E731
+    inventory = InventoryService(
+        InventorySettings(
+            **c("inventory-oom"), inventory_source="fake-nvml:h100-nomig", node="local", soft_slices="96,96"
+        )
+    )
+    agent = AgentService(AgentSettings(**c("agent-oom"), horizon_s=4.0, mem_reserve_mib=0.0))
+    executor = ExecutorService(ExecutorSettings(**c("executor-oom"), node="local", ray_num_cpus=2))
+    services = [
+        inventory,
+        GatewayService(GatewaySettings(**c("gateway-oom"))),
+        ClearerService(ClearerSettings(**c("clearer-oom"))),
+        agent,
+        executor,
+        AdvertiserService(AdvertiserSettings(**c("advertiser-oom"), horizon_s=4.0)),
+    ]
+    params = {"rows": 12_000, "inner": 512, "cols": 256, "seed": 8}
+    spec = JobSpec(
+        name="underdeclared",
+        tenant="toom",
+        workload="matmul",
+        params=params,
+        # Tens of MiB per 1000 rows in truth; declared as if it took almost nothing. The time is
+        # declared small too: a soft slice's compute share is its share of the GPU's memory, tiny here.
+        memory=MemoryDecl(base_mib=1.0, per_unit_mib=0.0001, rel_sd=0.0),
+        time=TimeDecl(warmup_s=0.0, per_unit_s=1e-9, rel_sd=0.0),
+    )
+    async with running(*services):
+        slices = {s.slice_id: s for s, _ in await inventory.slices.all()}  # type: ignore[union-attr]
+        assert {s.source for s in slices.values()} == {"soft"} and len(slices) == 2
+        before = await scrape(port)
+        oom_before = total(before, "sja_subjobs_total", service="agent", status="oom")
+        client = SjaClient(nc)
+        job = await client.submit(spec)
+        deadline = time.monotonic() + 150
+        while (state := await client.status(job.job_id)).status not in ("done", "failed", "cancelled"):
+            assert time.monotonic() < deadline, (state.status, state.units_done, state.total_units)
+            await asyncio.sleep(0.3)
+        s = await eventually(
+            port,
+            lambda s: total(s, "sja_subjobs_total", service="agent", status="ok") > 0,
+            "the completions counted",
+        )
+
+    assert state.status == "done", (state.status, state.error)
+    assert state.result == run_in_one_piece("matmul", params)
+    ooms = [h for h in state.history if h.status == "oom"]
+    assert ooms, [(h.status, h.units, h.peak_mem_mib) for h in state.history]
+    # The OOM was observed by the agent, and counted once per OOM subjob.
+    assert total(s, "sja_subjobs_total", service="agent", status="oom") - oom_before == len(ooms)
+    # Busy seconds: one series per slice that ran a subjob, labelled with its profile and node,
+    # adding up to at least the running time of this job's subjobs.
+    ran = {h.slice_id for h in state.history}
+    busy = {lb["slice"]: lb for lb in series(s, "sja_slice_busy_seconds_total", service="executor")}
+    assert ran <= set(busy), (ran, busy)
+    for sid in ran:
+        assert busy[sid]["node"] == "local" and busy[sid]["profile"] == slices[sid].profile
+        assert total(s, "sja_slice_busy_seconds_total", service="executor", slice=sid) > 0
+    # The executor's time per subjob includes the run the subjob measured itself.
+    ran_s = sum(h.duration_s for h in state.history)
+    assert total(s, "sja_slice_busy_seconds_total", service="executor") >= 0.99 * ran_s > 0
