@@ -220,7 +220,8 @@ def summarize(
         "jobs": jobs,
         "slices": slice_rows,
         "rounds": len(in_run),
-        "rounds_with_bids": sum(1 for r in in_run if r.verdicts),
+        # an agent that replied without a bid has a verdict with no job: not a bid
+        "rounds_with_bids": sum(1 for r in in_run if any(v.job_id for v in r.verdicts)),
         "grants": sum(1 for r in in_run if r.grant_id),
         "makespan_s": round(span, 3),
         "all_correct": all(j["correct"] for j in jobs),
