@@ -10,7 +10,10 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from rich.console import Console
 
 from services.clearer.service import ClearerService, ClearerSettings
@@ -30,6 +33,7 @@ from sja.protocol.messages import (
     Outcome,
     Proposal,
     ReplyGroup,
+    RoundRecord,
     SliceState,
     Window,
 )
@@ -62,8 +66,8 @@ def proposal(job: str, tenant: str, submitted_at: float) -> Proposal:
     )  # fmt: skip
 
 
-async def test_every_bid_of_every_offer_has_a_verdict(nats_url: str, tmp_path: Path, nc) -> None:
-    common = {"nats_url": nats_url, "out_dir": str(tmp_path / "out")}
+async def test_every_bid_of_every_offer_has_a_verdict(nats_url: str, tmp_path: Path, nc: NATS) -> None:
+    common: dict[str, Any] = {"nats_url": nats_url, "out_dir": str(tmp_path / "out")}
     clearer = ClearerService(
         ClearerSettings(**common, instance="clearer-v", policy="fair", agent_liveness_s=60.0)
     )
@@ -71,7 +75,7 @@ async def test_every_bid_of_every_offer_has_a_verdict(nats_url: str, tmp_path: P
     outcomes: dict[str, list[Outcome]] = {}
     heard = asyncio.Event()
 
-    async def on_outcome(msg) -> None:
+    async def on_outcome(msg: Msg) -> None:
         got = decode(msg.data, Outcome)
         agent = msg.subject.rsplit(".", 1)[-1]
         outcomes.setdefault(agent, []).append(got)
@@ -129,7 +133,7 @@ async def test_every_bid_of_every_offer_has_a_verdict(nats_url: str, tmp_path: P
         await asyncio.wait_for(heard.wait(), 10.0)
 
         client = SjaClient(nc)
-        rounds: list = []
+        rounds: list[RoundRecord] = []
         for _ in range(50):
             rounds = await client.rounds("j6")
             if len(rounds) == 4:
