@@ -187,7 +187,8 @@ class ClearerService(Service):
             "sja_rounds",
             "Rounds cleared, by outcome: granted, no_bids (no proposal at all), no_winner (proposals, "
             "none eligible), lost_cas (a winner, but the slice changed before the compare-and-set), "
-            "duplicate (an offer for a slice already in an open round, not opened).",
+            "duplicate (an offer for a slice already in an open round, or offered twice in one batch: "
+            "not opened).",
             unit="{round}",
         )
         self.m_grants = self.metrics.counter(
