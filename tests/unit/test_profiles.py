@@ -486,3 +486,25 @@ def test_quantiles_are_student_t() -> None:
     assert post.quantile(8, 0.99) > m + z_of(0.99) * sd * math.sqrt(2.0)
     post.update(8, 1080.0)
     assert post.dof == 5.0
+
+
+def test_memory_that_stops_growing_is_followed_near_the_latest_size() -> None:
+    # peak memory grows 10 MiB per unit up to 100 units, then stays flat at 1100 MiB
+    def plateau(k: int) -> float:
+        return 100.0 + 10.0 * min(k, 100)
+
+    p = overestimating_profile()
+    line = overestimating_profile()
+    line.mem.locality = 0.0
+    for k in [*range(10, 101, 10), *range(150, 231, 10)]:
+        p.observe_memory(k, plateau(k))
+        line.observe_memory(k, plateau(k))
+    # one line through every point keeps the steep part's slope and asks for far more at 260; the
+    # fit weighted near the latest sizes is at least twice as close to the plateau
+    assert line.mem.mean(260) > 1500.0
+    assert abs(p.mem.mean(260) - plateau(260)) < 0.5 * abs(line.mem.mean(260) - plateau(260))
+    assert p.mem.mu1 < 0.6 * line.mem.mu1
+    assert p.mem_quantile(260, Q) < 0.8 * line.mem_quantile(260, Q)
+    assert p.mem_quantile(260, Q) >= plateau(260)
+    # a far-away size is still predicted, by the prior and the down-weighted points
+    assert p.mem.locality > 0.0 and JobProfile.from_state(p.to_state()) == p

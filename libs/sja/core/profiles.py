@@ -75,6 +75,14 @@ MEMORY_NOISE_PRIOR = 0.05
 TIME_NOISE_PRIOR = 0.25
 """Expected run-to-run spread of duration at a given size (shared machines are noisy)."""
 
+MEMORY_LOCALITY = 0.7
+"""Width (natural log of size) of the weight a memory observation gets by its distance from the
+latest measured size: ``exp(-0.5 * (ln(x / x_latest) / width)^2)``, 0.6 at half or twice the size.
+Measured memory is often not linear over the whole range (it flattens once activations stop
+dominating, or jumps at an allocator's block size), and the planner works near the size it last ran:
+a line fitted there, with far-away points down-weighted, follows the local shape (``bench/
+calibration.py``: the embedding model whose memory stops growing at batch 256)."""
+
 MAX_OBSERVATIONS = 64
 """Observations kept per regression (the oldest are dropped; the prior always stays, and so do the
 lower bounds that censored observations set)."""
@@ -159,6 +167,8 @@ class LinearPosterior:
     held: list[tuple[float, ...]] = field(default_factory=list)
     """(x, *fit): the fitted posterior from before each censored observation since the last exact
     one, a floor on ``upper`` at sizes ``>= x``."""
+    locality: float = 0.0
+    """``MEMORY_LOCALITY``'s width for this regression (0: every observation weighs 1)."""
     s0: float = 1.0
     s1: float = 0.0
     mu0: float = 0.0
@@ -178,6 +188,7 @@ class LinearPosterior:
         typical_x: float,
         noise_rel_sd: float | None = None,
         weight_rel_sd: float | None = None,
+        locality: float = 0.0,
     ) -> LinearPosterior:
         """A weak prior centred on a declaration.
 
@@ -205,6 +216,7 @@ class LinearPosterior:
             floor=0.02 * typical_y,
             s0=max(intercept, 0.02 * typical_y),
             s1=max(slope, 0.0),
+            locality=locality,
         )
         post._fit()
         return post
@@ -226,11 +238,12 @@ class LinearPosterior:
         2x off would then look like 2x noise for a long time."""
         mu0, mu1, p00, p01, p11, a, b = self.prior
         r0, r1 = p00 * mu0 + p01 * mu1, p01 * mu0 + p11 * mu1
-        for x, y, _ in self.obs:
+        weights = self._weights()
+        for (x, y, _), w in zip(self.obs, weights, strict=True):
             s = self.scale(x)
             f0, f1, t = 1.0 / s, x / s, y / s
-            p00, p01, p11 = p00 + f0 * f0, p01 + f0 * f1, p11 + f1 * f1
-            r0, r1 = r0 + f0 * t, r1 + f1 * t
+            p00, p01, p11 = p00 + w * f0 * f0, p01 + w * f0 * f1, p11 + w * f1 * f1
+            r0, r1 = r0 + w * f0 * t, r1 + w * f1 * t
         det = p00 * p11 - p01 * p01
         mu0, mu1 = (p11 * r0 - p01 * r1) / det, (-p01 * r0 + p00 * r1) / det
         # Memory and time neither start below zero nor shrink with size: project the posterior
@@ -239,13 +252,21 @@ class LinearPosterior:
             mu0, mu1 = 0.0, mu1 + (p01 / p11) * mu0
         if mu1 < 0.0:
             mu0, mu1 = max(mu0 + (p01 / p00) * mu1, 0.0), 0.0
-        for x, y, bound in self.obs:
+        for (x, y, bound), w in zip(self.obs, weights, strict=True):
             if bound > 0.0:  # a lower bound moves the line up; it says nothing about the spread
                 continue
             resid = (y - (mu0 + mu1 * x)) / self.scale(x)
-            b += 0.5 * resid * resid
-            a += 0.5
+            b += 0.5 * w * resid * resid
+            a += 0.5 * w
         self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b = mu0, mu1, p00, p01, p11, a, b
+
+    def _weights(self) -> list[float]:
+        """Each kept observation's weight: 1, or by its distance from the latest measured size."""
+        anchor = next((x for x, _, bound in reversed(self.obs) if bound <= 0.0), None)
+        if self.locality <= 0.0 or anchor is None:
+            return [1.0] * len(self.obs)
+        ln_anchor, width = math.log(max(anchor, 1e-9)), self.locality
+        return [math.exp(-0.5 * ((math.log(max(x, 1e-9)) - ln_anchor) / width) ** 2) for x, _, _ in self.obs]
 
     def _refit(self) -> None:
         del self.obs[:-MAX_OBSERVATIONS]
@@ -346,7 +367,13 @@ class LinearPosterior:
 
     def to_list(self) -> list[float]:
         head = [*self.prior, self.floor, self.s0, self.s1]
-        counts = [_FORMAT_V2, float(len(self.obs)), float(len(self.lower)), float(len(self.held))]
+        counts = [
+            _FORMAT_V2,
+            float(len(self.obs)),
+            float(len(self.lower)),
+            float(len(self.held)),
+            self.locality,
+        ]
         flat_obs = [v for o in self.obs for v in o]
         flat_lower = [v for lo in self.lower for v in lo]
         flat_held = [v for h in self.held for v in h]
@@ -357,9 +384,10 @@ class LinearPosterior:
         obs: list[tuple[float, float, float]] = []
         lower: list[tuple[float, float]] = []
         held: list[tuple[float, ...]] = []
+        locality = 0.0
         if len(v) > 10 and v[10] == _FORMAT_V2:
-            n_obs, n_lower, n_held = int(v[11]), int(v[12]), int(v[13])
-            i = 14
+            n_obs, n_lower, n_held, locality = int(v[11]), int(v[12]), int(v[13]), v[14]
+            i = 15
             obs = [(v[j], v[j + 1], v[j + 2]) for j in range(i, i + 3 * n_obs, 3)]
             i += 3 * n_obs
             lower = [(v[j], v[j + 1]) for j in range(i, i + 2 * n_lower, 2)]
@@ -372,7 +400,7 @@ class LinearPosterior:
                 obs.append((x, y, bound))
                 if censored:
                     lower.append((x, bound))
-        post = cls(prior=tuple(v[:7]), floor=v[7], s0=v[8], s1=v[9], obs=obs, held=held)  # type: ignore[arg-type]
+        post = cls(prior=tuple(v[:7]), floor=v[7], s0=v[8], s1=v[9], obs=obs, held=held, locality=locality)  # type: ignore[arg-type]
         for x, bound in lower:
             post._add_lower(x, bound)
         post._fit()
@@ -435,6 +463,7 @@ class JobProfile:
                 typical_units,
                 MEMORY_NOISE_PRIOR,
                 weight_rel_sd=mem.rel_sd,
+                locality=MEMORY_LOCALITY,
             ),
             time=LinearPosterior.prior_from(
                 time.warmup_s, time.per_unit_s, time.rel_sd, typical_units, min(time.rel_sd, TIME_NOISE_PRIOR)
