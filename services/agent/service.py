@@ -647,6 +647,8 @@ class AgentService(Service):
             otel_context.detach(token)
         # Each offer is a round with a trace of its own: a sampled one gets its own sja.reply
         # span (spanning the whole batch's answer), an unsampled one nothing.
+        if not batch.trace_contexts and not is_sampled(ctx):
+            return  # no offer of the batch is traced
         contexts = item_contexts(batch.trace_contexts, len(offers), ctx)
         sampled = {o.offer_id: c for o, c in zip(offers, contexts, strict=True) if is_sampled(c)}
         if not sampled:
