@@ -10,7 +10,9 @@ A job starts from a declared profile that overestimates memory 2x (twice the lea
 through the table). Every round the planner picks the largest batch size whose ``1 - eps_mem``
 memory quantile fits the MIG slice (time is not binding here); an observed peak above the slice's
 usable memory is an OOM (a censored observation). When the planner finds no safe size, nothing runs
-and nothing is learned: the run ends there, unconverged.
+and nothing is learned: the run ends there, unconverged. With ``--fallback`` such a round runs on the
+smallest larger slice of the same GPU where the planner finds a safe size (as a cluster offering the
+job other windows would), and counts as a completion.
 
 A run converges after ``n`` subjobs when the planned size enters the band ``[0.9 k*, k*]`` (``k*``
 the true safe maximum) at the ``n``-th plan and stays in it to the end of the run; a run that does
@@ -19,6 +21,7 @@ or not; overshoots (plans above ``k*``) are counted apart, with the realized OOM
 ``eps_mem``.
 
     python bench/calibration.py --json        # last line: a JSON object
+    python bench/calibration.py --json --fallback          # a larger slice when nothing fits
     python bench/calibration.py --json --mem-prior wide   # the memory weights' former 50 % floor
 """
 
@@ -36,7 +39,7 @@ from statistics import NormalDist
 import msgspec
 
 from sja.core.mig import gpu_model
-from sja.core.planner import PlanLimits, PlanRequest, largest_safe_size
+from sja.core.planner import PlanLimits, PlanRequest, largest_safe_size, usable_memory
 from sja.core.profiles import MEMORY_NOISE_PRIOR, WEIGHT_PRIOR_REL_SD, JobProfile, LinearPosterior
 from sja.protocol.messages import MemoryDecl, TimeDecl, Window
 
@@ -125,7 +128,7 @@ def run_case(
     noise: float,
     limits: PlanLimits,
     mem_prior: str = "declared",
-    fallback_mem_mib: int | None = None,
+    fallback_mem_mib: tuple[int, ...] = (),
 ) -> dict[str, object]:
     rng = random.Random(seed)
     base, slope = truth.least_squares()
@@ -159,15 +162,16 @@ def run_case(
         end_s=3600.0,
     )
     req = PlanRequest(window=window, now=0.0, eps_mem=eps, eps_time=0.05, max_units=truth.max_batch)
-    larger = None
-    if fallback_mem_mib is not None:
-        larger = PlanRequest(
-            window=msgspec.structs.replace(window, mem_mib=fallback_mem_mib),
+    larger = [
+        PlanRequest(
+            window=msgspec.structs.replace(window, mem_mib=m),
             now=0.0,
             eps_mem=eps,
             eps_time=0.05,
             max_units=truth.max_batch,
         )
+        for m in sorted(fallback_mem_mib)
+    ]
     planned: list[int | None] = []
     ooms = runs = elsewhere = 0
     no_plan = False
@@ -175,11 +179,13 @@ def run_case(
         k = largest_safe_size(profile, req, limits)
         planned.append(k)
         run_cap = cap
-        if k is None and larger is not None:
-            # nothing fits this slice: the job takes the next larger slice it is offered instead
-            k = largest_safe_size(profile, larger, limits)
-            run_cap = fallback_mem_mib - limits.mem_reserve_mib  # type: ignore[operator]
-            elsewhere += k is not None
+        for other in larger if k is None else []:
+            # nothing fits this slice: the job takes the smallest larger slice it can use instead
+            k = largest_safe_size(profile, other, limits)
+            if k is not None:
+                run_cap = usable_memory(other.window, limits)
+                elsewhere += 1
+                break
         if k is None:  # no plan is no plan: the job does not bid, runs nothing and learns nothing
             no_plan = True
             break
@@ -241,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--fallback",
         action="store_true",
-        help="when nothing fits the slice, run that round on the GPU's next larger slice",
+        help="when nothing fits the slice, run that round on the smallest larger slice of the GPU that fits",
     )
     args = ap.parse_args(argv)
 
@@ -254,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     for model, gpu, profile_name in CASES:
         truth = TrueMemory(table[model])
         mem = gpu_model(gpu).profile(profile_name).mem_mib
-        fallback = min((p.mem_mib for p in gpu_model(gpu).profiles if p.mem_mib > mem), default=None)
+        fallback = tuple(sorted({p.mem_mib for p in gpu_model(gpu).profiles if p.mem_mib > mem}))
         case: list[int | None] = []
         ooms = runs = overshoots = plans = no_plan = 0
         finals: list[int] = []
@@ -273,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.noise,
                 limits,
                 args.mem_prior,
-                fallback if args.fallback else None,
+                fallback if args.fallback else (),
             )
             k_star = int(r["k_star"])  # type: ignore[call-overload]
             ooms += int(r["ooms"])  # type: ignore[call-overload]
@@ -319,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "completions_to_within_10pct_p90": censored_quantile(every, args.completions, 0.9),
         "runs": len(every),
         "runs_converged": sum(1 for c in every if c is not None),
+        "runs_without_plan": sum(int(row["runs_without_plan"]) for row in rows),  # type: ignore[call-overload]
         "overshoot_rate": round(total_overshoots / total_plans, 4) if total_plans else 0.0,
         "oom_rate": round(total_ooms / total_runs, 4) if total_runs else 0.0,
         "oom_rate_within_eps": total_ooms <= args.eps_mem * total_runs,
