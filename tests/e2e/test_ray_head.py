@@ -120,6 +120,16 @@ def ray_head(grpc_available: None) -> Iterator[tuple[str, dict[str, str], Path]]
                 break
             assert time.monotonic() < deadline, f"head never healthy: {r.stderr[-2000:]}"
             time.sleep(1.0)
+        # Token authentication is on: the same check with another token is refused.
+        wrong = {**env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        r = subprocess.run(
+            ["ray", "status", "--address", f"127.0.0.1:{gcs_port}"],
+            env=wrong,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode != 0 and "InvalidAuthToken" in r.stderr + r.stdout, r.stderr[-2000:]
         executor_env = compose_env("executor", {"RAY_AUTH_TOKEN": token})
         address = executor_env["SJA_RAY_ADDRESS"]
         assert address == "ray://ray-head:10001", "the compose address form"
