@@ -143,8 +143,8 @@ class AgentService(Service):
         self._last_seen: dict[str, float] = {}
         """agent id -> when its last heartbeat arrived here (this host's clock)."""
         self._heard_since = time.time()
-        """When this agent started listening to heartbeats (an agent never heard from was alive
-        then, as far as it knows)."""
+        """When this agent started listening to heartbeats (its first scan for jobs of silent
+        agents is a bound later)."""
         self._job_traces: dict[str, JobTrace] = {}
         """job id -> what its ``sja.job`` span will hold (from when this process took the job)."""
         self.m_subjobs = self.metrics.counter(
@@ -361,7 +361,14 @@ class AgentService(Service):
             if len(self.owned) >= self.cfg.max_jobs:
                 still_owning.add(owner)
                 continue
-            seen = self._last_seen.get(owner, self._heard_since)
+            seen = self._last_seen.get(owner)
+            if seen is None:
+                # Never heard from: gone before this agent started, or just started with its first
+                # heartbeat on its way. Counted as heard now, so taken over a full bound from now.
+                if len(self._last_seen) < MAX_AGENTS_SEEN:
+                    self._last_seen[owner] = now
+                still_owning.add(owner)
+                continue
             new = J.takeover(state, self.agent_id, seen, now, liveness_s, live_agents=live)
             if new is None:
                 still_owning.add(owner)

@@ -110,10 +110,11 @@ def takeover(
     not a state this code could have written).
 
     ``owner_last_seen`` is when the owner was last known alive: its last heartbeat, or, for an owner
-    never heard of, when the caller started listening (an agent that just started must wait a full
-    ``liveness_s`` before calling anyone dead). ``live_agents`` (the agents heard from lately, the
-    caller included) spreads a dead owner's jobs: only the job's ``heir`` among them takes it at
-    once, any of them after twice ``liveness_s`` (the heir may be dead too).
+    never heard of, when the caller first found it owning a job (it may have just started, its
+    first heartbeat still on its way: it gets a full ``liveness_s`` too). ``live_agents`` (the
+    agents heard from lately, the caller included) spreads a dead owner's jobs: only the job's
+    ``heir`` among them takes it at once, any of them after twice ``liveness_s`` (the heir may be
+    dead too).
 
     The caller writes the result by compare-and-set on the job's revision, so two agents never
     both take one job. Subjobs in flight stay in flight: their completions reach the new owner, or
