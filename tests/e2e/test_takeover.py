@@ -55,7 +55,8 @@ def three_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStac
 
 def submit_until_claimed(stack: LocalStack, n: int, agents: set[str]) -> list[str]:
     """Submit ``n`` jobs and wait until each has an owner; every agent must own some."""
-    specs = mixed_specs(n, Mix(mc_units=60, mc_samples_per_unit=50_000, mm_rows=1500, mm_inner=512))
+    # Large enough that no agent's jobs are all over before it is killed, on a fast machine too.
+    specs = mixed_specs(n, Mix(mc_units=1500, mc_samples_per_unit=50_000, mm_rows=16_000, mm_inner=512))
     ids = [asyncio.run(call(stack.nats_url, "submit", s)).job_id for s in specs]
     deadline = time.monotonic() + 60
     while True:
