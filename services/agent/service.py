@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
@@ -55,6 +56,7 @@ from sja.protocol.messages import (
     Reply,
     ReplyGroup,
     Subjob,
+    Window,
 )
 from sja.telemetry.metrics import RATIO_BUCKETS, watch_consumers
 
@@ -128,6 +130,8 @@ class AgentService(Service):
         self.books: dict[str, BidBook] = {}
         """policy -> this agent's jobs ranked by the policy's bid order (static orders only)."""
         self.locks: dict[str, asyncio.Lock] = {}
+        self._best_window: Window | None = None
+        """The largest window offered since start (see ``J.hopeless``)."""
         self._granted: dict[str, int] = {}
         """job id -> grants received and still being materialized (the job bids no more meanwhile)."""
         self._ready_new = 0
@@ -302,7 +306,29 @@ class AgentService(Service):
                     self._record_completion(c, f, workload)
                     reaped += 1
                 self.ready(len(made))
+        await self._give_up_hopeless(now)
         return reaped
+
+    async def _give_up_hopeless(self, now: float) -> None:
+        """Fail the jobs that can never run again (``J.hopeless``) instead of leaving them pending."""
+        best = self._best_window
+        if best is None:
+            return
+        for job_id, (state, _) in list(self.owned.items()):
+            if J.hopeless(state, best, now, self.limits) is None:
+                continue
+            async with self.lock(job_id):
+                why: list[str] = []
+
+                def transition(state: JobState, why: list[str] = why) -> JobState | None:
+                    reason = J.hopeless(state, best, now, self.limits)
+                    if reason is None:
+                        return None
+                    why[:] = [reason]
+                    return J.give_up(state, reason, now)
+
+                if await self.save(job_id, transition, force=True) is not None and why:
+                    log.warning("job %s failed: %s", job_id, why[0])
 
     async def _heartbeat_forever(self) -> None:
         while True:
@@ -617,6 +643,7 @@ class AgentService(Service):
             return
         now = time.time()
         self._expire_bidding(now)
+        self._saw_window(offers)
         ctx = extract(msg)
         if batch is None:
             with child_span(
@@ -682,6 +709,15 @@ class AgentService(Service):
                     attributes={"sja.offer_id": offer_id, **attributes},
                 )
                 span.end()
+
+    def _saw_window(self, offers: list[Offer]) -> None:
+        """Keep the largest window offered (the most memory, then compute share), open-ended."""
+        best = self._best_window
+        for o in offers:
+            w = o.window
+            if best is None or (w.mem_mib, w.compute_share) > (best.mem_mib, best.compute_share):
+                best = msgspec.structs.replace(w, end_s=None)
+        self._best_window = best
 
     def _bid(self, key: str, now: float, sent: list[tuple[Offer, int, list[Proposal]]]) -> None:
         """Remember the jobs likely to win in the batch just answered (``policies.likely_winners``)

@@ -11,6 +11,8 @@ from sja.core.jobs import (
     MAX_CONSECUTIVE_FAILURES,
     apply_completion,
     can_take_more,
+    give_up,
+    hopeless,
     lost_completion,
     materialize,
     new_job,
@@ -484,3 +486,40 @@ def test_a_subjob_with_no_completion_whose_slice_moved_on_is_given_up() -> None:
     assert not applied_late and after == lost
     done, _ = run_to_completion(lost, late + 3)
     assert_covers_exactly(done)
+
+
+def test_a_job_whose_smallest_subjob_failed_and_fits_no_window_offered_fails_with_the_reason() -> None:
+    tiny = dict(mem_mib=800, profile="1g.5gb", slice_id="local-g0-1g.5gb-3")  # room for one unit
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0, window(T0, **tiny))  # type: ignore[arg-type]
+    assert sj.units == 1
+    never_failed = settle(state, T0)
+    assert hopeless(never_failed, window(T0, mem_mib=300, length_s=30.0), T0, LIMITS) is None, (
+        "a job that has not failed yet waits for a window it fits, however long"
+    )
+    state, applied = apply_completion(state, execute(sj, T0, status="oom", peak=2_000.0), T0 + 1.0)
+    assert applied and state.status not in ("failed", "done") and not state.in_flight
+    small = msgspec.structs.replace(window(T0 + 2, **tiny), end_s=None)  # type: ignore[arg-type]
+    reason = hopeless(state, small, T0 + 2, LIMITS)
+    assert reason is not None and "ran out of memory" in reason and "800 MiB" in reason
+    assert hopeless(state, window(T0 + 2, mem_mib=4864), T0 + 2, LIMITS) is None, (
+        "a larger slice still takes it"
+    )
+    failed = give_up(state, reason, T0 + 2)
+    assert failed.status == "failed" and failed.error == reason and failed.finished_at == T0 + 2
+
+
+def test_a_job_whose_single_unit_timed_out_in_the_longest_window_fails_instead_of_waiting() -> None:
+    slow = spec(time=TimeDecl(warmup_s=0.1, per_unit_s=0.01, rel_sd=0.3), min_units=48)
+    state = new_job("j1", slow, T0)
+    whole = dict(mem_mib=40_192, profile="7g.40gb", share=1.0, slice_id="local-g1-7g")
+    state, sj = win_window(state, T0, window(T0, length_s=5.0, **whole))  # type: ignore[arg-type]
+    assert sj.units == 48
+    state, _ = apply_completion(state, execute(sj, T0, status="timeout"), T0 + 5.0)
+    longest = msgspec.structs.replace(window(T0 + 6, **whole), end_s=None)  # type: ignore[arg-type]
+    short_horizon = PlanLimits(horizon_s=5.0)  # as long as the window it ran out of
+    reason = hopeless(state, longest, T0 + 6, short_horizon)
+    assert reason is not None and "ran out of time" in reason
+    assert hopeless(state, longest, T0 + 6, PlanLimits(horizon_s=600.0)) is None, (
+        "a horizon long enough to try again keeps the job"
+    )

@@ -12,7 +12,14 @@ from typing import Any
 
 import msgspec
 
-from sja.core.planner import PlanLimits, PlanRequest, materialize_size, plan_candidates, usable_time
+from sja.core.planner import (
+    PlanLimits,
+    PlanRequest,
+    largest_safe_size,
+    materialize_size,
+    plan_candidates,
+    usable_time,
+)
 from sja.core.policies import window_cost
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import (
@@ -27,6 +34,7 @@ from sja.protocol.messages import (
     Subjob,
     SubjobSummary,
     UnitRange,
+    Window,
 )
 from sja.workloads import SpecError, workload
 
@@ -445,6 +453,43 @@ def settle(state: JobState, now: float) -> JobState:
         result = finalize(state)
         return msgspec.structs.replace(state, status="done", finished_at=now, result=result)
     return state
+
+
+def hopeless(state: JobState, best: Window, now: float, limits: PlanLimits) -> str | None:
+    """Why the job can never run again, or ``None``.
+
+    A job whose last subjob, already at the smallest size it may be cut to, ran out of memory or
+    time, and which no longer has a safe size even in ``best`` (the largest window offered: its
+    slice open-ended, so as long as a plan may be) would wait for ever: nothing it learns from
+    waiting changes that. Without such a failure a job that fits nowhere yet stays pending, as a
+    pod too large for every node does.
+    """
+    if is_terminal(state) or state.in_flight or state.cancel_requested or not state.history:
+        return None
+    rng = next_range(state)
+    if rng is None:
+        return None
+    last = state.history[-1]
+    req = plan_request(state, best, now, rng[1])
+    if last.status not in ("oom", "timeout") or last.units > req.min_units:
+        return None
+    if largest_safe_size(profile_of(state), req, limits) is not None:
+        return None
+    what = (
+        f"ran out of memory ({last.mem_cap_mib} MiB)"
+        if last.status == "oom"
+        else f"ran out of time ({last.time_cap_s:.1f} s)"
+    )
+    return (
+        f"{last.units} unit(s), the smallest subjob the job allows, {what}, and no size is safe "
+        f"even in the largest window offered ({best.profile}, {best.mem_mib} MiB, "
+        f"{limits.horizon_s:.0f} s planning horizon): cut the work finer (min_units, units) or "
+        f"raise the horizon"
+    )
+
+
+def give_up(state: JobState, reason: str, now: float) -> JobState:
+    return msgspec.structs.replace(state, status="failed", finished_at=now, error=reason)
 
 
 def finalize(state: JobState) -> dict[str, Any]:

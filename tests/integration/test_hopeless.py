@@ -1,0 +1,61 @@
+"""A job that can never run again fails with the reason instead of waiting for ever: its smallest
+subjob (here the whole job: ``min_units`` is all of it) ran out of memory on the largest slice
+there is, so nothing it could wait for would take it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from services.advertiser.service import AdvertiserService, AdvertiserSettings
+from services.agent.service import AgentService, AgentSettings
+from services.clearer.service import ClearerService, ClearerSettings
+from services.executor.service import ExecutorService, ExecutorSettings
+from services.gateway.service import GatewayService, GatewaySettings
+from services.inventory.service import InventoryService, InventorySettings
+from sja.client import SjaClient
+from sja.protocol.messages import JobSpec, MemoryDecl, TimeDecl
+from tests.integration.test_metrics import common, running
+
+
+async def test_a_job_whose_smallest_subjob_fits_no_slice_fails_with_the_reason(
+    nats_url: str, tmp_path: Path, nc
+) -> None:
+    port = 0
+    c = lambda name: common(nats_url, tmp_path, name, port)  # noqa: E731
+    inventory = InventoryService(
+        InventorySettings(
+            **c("inventory-h"), inventory_source="fake-nvml:h100-nomig", node="local", soft_slices="96,96"
+        )
+    )
+    services = [
+        inventory,
+        GatewayService(GatewaySettings(**c("gateway-h"))),
+        ClearerService(ClearerSettings(**c("clearer-h"))),
+        AgentService(AgentSettings(**c("agent-h"), horizon_s=4.0, mem_reserve_mib=0.0, reap_every_s=0.5)),
+        ExecutorService(ExecutorSettings(**c("executor-h"), node="local", ray_num_cpus=2)),
+        AdvertiserService(AdvertiserSettings(**c("advertiser-h"), horizon_s=4.0)),
+    ]
+    rows = 40_000  # ~160 MiB for the left operand alone: more than either 96 MiB slice
+    spec = JobSpec(
+        name="one-piece-too-big",
+        tenant="th",
+        workload="matmul",
+        params={"rows": rows, "inner": 512, "cols": 64, "seed": 3},
+        min_units=rows,
+        # Declared as if it took almost nothing, so the first try is planned and runs out of memory.
+        memory=MemoryDecl(base_mib=1.0, per_unit_mib=0.0001, rel_sd=0.0),
+        time=TimeDecl(warmup_s=0.0, per_unit_s=1e-9, rel_sd=0.0),
+    )
+    async with running(*services):
+        client = SjaClient(nc)
+        job = await client.submit(spec)
+        deadline = time.monotonic() + 120
+        while (state := await client.status(job.job_id)).status not in ("done", "failed", "cancelled"):
+            assert time.monotonic() < deadline, (state.status, [h.status for h in state.history])
+            await asyncio.sleep(0.3)
+    assert state.status == "failed", (state.status, state.error)
+    assert [h.status for h in state.history] == ["oom"], "it is given up after one try, not retried"
+    assert "ran out of memory" in state.error and "smallest subjob" in state.error, state.error
+    assert state.units_done == 0 and not state.in_flight
