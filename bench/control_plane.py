@@ -517,13 +517,16 @@ async def run(
     reasons: dict[str, int] = {}
     for r in all_rounds:
         if not r.grant_id:
-            if r.note or r.verdicts:
-                why = r.note or r.verdicts[0].reason
+            bids_here = [v for v in r.verdicts if v.job_id]
+            if r.note:
+                why = r.note
+            elif not bids_here:
+                why = "no bid"
+            elif all(v.reason.startswith("lost: took ") for v in bids_here):
+                why = "every bid won another window of the batch"
             else:
-                # Losers' verdicts are on the last offer of their group: a bare record had bids
-                # that all won (or lost) elsewhere in the batch, or none.
-                why = "every bid placed elsewhere" if r.bids else "no bids"
-            why = why.split(":")[0] if why.startswith("excluded") else why[:60]
+                why = next(v.reason for v in bids_here if not v.reason.startswith("lost: took "))
+            why = why.split(":")[0] if why.startswith(("excluded", "no bid")) else why[:60]
             reasons[why] = reasons.get(why, 0) + 1
     batch_sizes: dict[str, int] = {}
     for r in all_rounds:
