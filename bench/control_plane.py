@@ -480,7 +480,11 @@ async def run(
         await asyncio.sleep(0.5)
     stop.set()
     await exec_task
-    rounds = await read_rounds(nc)
+    try:
+        rounds = await asyncio.wait_for(read_rounds(nc), timeout=180)
+    except TimeoutError:
+        print("reading the round records timed out: round figures are left out", file=sys.stderr)
+        rounds = []
     await nc.close()
 
     window = end.at - start.at

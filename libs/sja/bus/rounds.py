@@ -40,6 +40,7 @@ async def iter_rounds(
     info = await js.stream_info(subjects.STREAM_ROUNDS.name)
     if not info.state.messages:
         return
+    last_seq = info.state.last_seq
     sub = await js.subscribe(
         f"{subjects.PREFIX}.round.cleared.>",
         ordered_consumer=True,
@@ -62,7 +63,10 @@ async def iter_rounds(
                 records = []
             for rec in records:
                 yield rec
-            if msg.metadata.num_pending == 0:
+            meta = msg.metadata
+            # Up to the last record when reading began: a stack that goes on clearing rounds while
+            # it is read (idle windows re-offered) must not keep the reader going.
+            if meta.num_pending == 0 or meta.sequence.stream >= last_seq:
                 return
     finally:
         await sub.unsubscribe()
