@@ -57,9 +57,7 @@ def held(nats_url: str, tmp_path: Path) -> HeldService:
     return HeldService(BaseSettings(nats_url=nats_url, out_dir=str(tmp_path / "out"), instance="held-0"))
 
 
-async def test_stop_answers_the_request_in_flight_and_no_new_one(
-    nats_url: str, tmp_path: Path, nc
-) -> None:
+async def test_stop_answers_the_request_in_flight_and_no_new_one(nats_url: str, tmp_path: Path, nc) -> None:
     svc = held(nats_url, tmp_path)
     await svc.start()
     first = asyncio.ensure_future(nc.request(ENDPOINT_SUBJECT, b"first", timeout=30))
