@@ -25,6 +25,10 @@ async def test_jetstream_setup_is_idempotent(nc) -> None:
     assert {s.name for s in subjects.STREAMS} <= names
     for bucket in subjects.BUCKETS:
         await js.key_value(bucket)
+    rounds = await js.stream_info(subjects.STREAM_ROUNDS.name)
+    assert rounds.config.max_bytes == 1 << 30, "round records keep the newest GiB, not everything"
+    jobs = await js.stream_info(subjects.STREAM_JOBS.name)
+    assert jobs.config.max_bytes in (None, -1), "submissions are never dropped for size"
 
 
 async def test_kv_compare_and_set_lets_one_writer_win(nc) -> None:

@@ -338,6 +338,7 @@ async def ensure_jetstream(js: JetStreamContext, replicas: int = 1) -> None:
             storage=StorageType.FILE,
             duplicate_window=spec.duplicate_window_s,
             max_age=0 if spec.work_queue else 7 * DAY_S,
+            max_bytes=spec.max_bytes,
             discard=DiscardPolicy.OLD,
             num_replicas=replicas,
         )

@@ -114,12 +114,16 @@ class StreamSpec:
     subjects: tuple[str, ...]
     work_queue: bool = False
     duplicate_window_s: float = 120.0
+    max_bytes: int = -1
+    """Oldest messages go first past this size (-1: kept for the stream's age limit only)."""
 
 
 STREAM_JOBS = StreamSpec("SJA_JOBS", (f"{PREFIX}.job.submitted.>",))
 STREAM_SUBJOBS = StreamSpec("SJA_SUBJOBS", (f"{PREFIX}.subjob.dispatched.>",), work_queue=True)
 STREAM_COMPLETIONS = StreamSpec("SJA_COMPLETIONS", (f"{PREFIX}.subjob.completed.>",))
-STREAM_ROUNDS = StreamSpec("SJA_ROUNDS", (f"{PREFIX}.round.cleared.>",))
+STREAM_ROUNDS = StreamSpec("SJA_ROUNDS", (f"{PREFIX}.round.cleared.>",), max_bytes=1 << 30)
+"""Round records are for audit and explanation (and the fairness ledger's rebuild): a busy cluster
+writes megabytes a second of them, so the stream keeps the newest GiB."""
 STREAMS = (STREAM_JOBS, STREAM_SUBJOBS, STREAM_COMPLETIONS, STREAM_ROUNDS)
 
 BUCKET_SLICES = "sja-slices"
