@@ -324,6 +324,7 @@ _SCORES: dict[str, Callable[[Keyed], float]] = {
     "efficiency": lambda k: -k[0][0],
     "fair": lambda k: k[0][0],
     "sla": lambda k: k[0][0] if math.isfinite(k[0][0]) else -1.0,
+    "token": lambda k: -k[0][1],
 }
 
 
@@ -366,6 +367,11 @@ def _sla_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid],
 
 
 _MONOTONE_KEYS.update(efficiency=_efficiency_key, fair=_fair_key, sla=_sla_key)
+_MONOTONE_KEYS["token"] = lambda offer, ledger, cfg: _token_keyer(
+    offer, ledger, cfg, sorted(ledger.tenant_attained)
+)
+"""(``token`` explains a losing bid among the tenants served so far; its batch clearing ranks the
+tenants among those bidding, as ``clear_token`` does.)"""
 
 
 def clear_efficiency(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
@@ -426,23 +432,40 @@ def clear_auction(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: Policy
     return Decision("auction", winner, wcand, tuple(out), price=price)
 
 
-def clear_token(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
-    """The tenant furthest below its target share (among the bidding and already served tenants)
-    holds the token. Tenants above target by more than ``token_overuse`` have their token revoked."""
-    tenants = sorted({*ledger.tenant_attained, *(b.proposal.tenant for b in bids)})
+def _token_keyer(
+    offer: Offer, ledger: Ledger, cfg: PolicyConfig, tenants: Sequence[str]
+) -> Callable[[Bid], Keyed]:
+    """``token``'s sort key of a bid: the tenant's part (its token revoked, then how far below its
+    target share it is, among ``tenants``), then the bid's (efficiency, then age)."""
 
     def key(b: Bid) -> Keyed:
         p = b.proposal
         cand = _best_candidate(offer, p, cfg.horizon_s)
-        have = ledger.attained_fraction(p.tenant, tenants)
-        want = ledger.target_fraction(p.tenant, tenants)
-        deficit = want - have
-        revoked = have > want * (1.0 + cfg.token_overuse) and have - want > 1e-9
-        why = f"tenant {p.tenant} holds {have:.1%} of service, target {want:.1%}" + (
-            " (token revoked: overuse)" if revoked else ""
-        )
+        part, why = _token_part(p.tenant, ledger, cfg, tenants)
         eff = efficiency_value(offer, cand, cfg.horizon_s)
-        return (1.0 if revoked else 0.0, -deficit, -eff, p.submitted_at), cand, why
+        return (*part, -eff, p.submitted_at), cand, why
+
+    return key
+
+
+def _token_part(
+    tenant: str, ledger: Ledger, cfg: PolicyConfig, tenants: Sequence[str]
+) -> tuple[tuple[float, float], str]:
+    have = ledger.attained_fraction(tenant, tenants)
+    want = ledger.target_fraction(tenant, tenants)
+    deficit = want - have
+    revoked = have > want * (1.0 + cfg.token_overuse) and have - want > 1e-9
+    why = f"tenant {tenant} holds {have:.1%} of service, target {want:.1%}" + (
+        " (token revoked: overuse)" if revoked else ""
+    )
+    return (1.0 if revoked else 0.0, -deficit), why
+
+
+def clear_token(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
+    """The tenant furthest below its target share (among the bidding and already served tenants)
+    holds the token. Tenants above target by more than ``token_overuse`` have their token revoked."""
+    tenants = sorted({*ledger.tenant_attained, *(b.proposal.tenant for b in bids)})
+    key = _token_keyer(offer, ledger, cfg, tenants)
 
     def rank_key(k: Keyed) -> float:
         return -k[0][1]
@@ -718,8 +741,8 @@ def clear_batch(
     offer it sent no bid for, without a verdict object per offer and bid: an offer's ``verdicts``
     hold its winner's, and its ``shared`` tuple, one for a whole group of like offers (same bids,
     same shape), gives every bid of the group the batch's reason (``Decision.all_verdicts``). A
-    batch of W windows and J bids costs O(W log J + J) for ``efficiency``, ``fair`` and ``sla`` and
-    O(W x J) for the other policies.
+    batch of W windows and J bids costs O(W log J + J) for ``efficiency``, ``fair``, ``sla`` and
+    ``token`` (plus the tenants for every window) and O(W x J) for ``auction`` and ``jasda``.
     """
     cfg = config if config is not None else PolicyConfig()
     fn = policy(name)
@@ -884,15 +907,25 @@ def _sla_rank(offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig) -> tuple[
     return (p.deadline_at - offer.issued_at - p.expected_remaining_s, p.submitted_at), cand
 
 
+def _token_rank(
+    offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig
+) -> tuple[tuple[float, ...], Candidate]:
+    p = b.proposal
+    cand = _best_candidate(offer, p, cfg.horizon_s)
+    return (-efficiency_value(offer, cand, cfg.horizon_s), p.submitted_at), cand
+
+
 _PARTITIONED: dict[
     str, tuple[bool, Callable[[Offer, Bid, Ledger, PolicyConfig], tuple[tuple[float, ...], Candidate]]]
 ] = {
     "efficiency": (False, _efficiency_rank),
     "fair": (True, _fair_rank),
     "sla": (False, _sla_rank),
+    "token": (True, _token_rank),
 }
 """Policies whose key is ``(tenant part, bid part)``: the tenant part (``fair``: the tenant's
-normalized attained service) changes only for the winner's tenant and the bid part only for the
+normalized attained service; ``token``: the tenant's token and deficit, among the tenants bidding)
+is worked out afresh for every window from the ledger, and the bid part changes only for the
 winner, so a heap per tenant and a scan over tenants find the minimum exactly."""
 
 
@@ -916,8 +949,7 @@ def _clear_lazy(
         k, cand = rank(offer, b, scratch, cfg)
         heapq.heappush(g.heaps[b.proposal.tenant if by_tenant else ""], (k, g.repush, cand))
         g.repush = None
-    best: tuple[tuple[float, ...], tuple[float, ...], int] | None = None
-    best_part = ""
+    live: list[str] = []
     for part, h in g.heaps.items():
         while h:
             stored, i, _c = h[0]
@@ -935,9 +967,19 @@ def _clear_lazy(
             if k == stored:
                 break
             heapq.heapreplace(h, (k, i, cand))
-        if not h:
-            continue
-        prio = (scratch.normalized(part),) if by_tenant else ()
+        if h:
+            live.append(part)
+    tenants = sorted({*scratch.tenant_attained, *live}) if name == "token" else []
+    best: tuple[tuple[float, ...], tuple[float, ...], int] | None = None
+    best_part = ""
+    for part in live:
+        h = g.heaps[part]
+        if name == "token":
+            prio: tuple[float, ...] = _token_part(part, scratch, cfg, tenants)[0]
+        elif by_tenant:
+            prio = (scratch.normalized(part),)
+        else:
+            prio = ()
         cand_key = (prio, h[0][0], h[0][1])
         if best is None or cand_key < best:
             best, best_part = cand_key, part
@@ -947,7 +989,10 @@ def _clear_lazy(
     g.repush = i
     b = g.bids[i]
     p = b.proposal
-    keyed = _MONOTONE_KEYS[name](offer, scratch, cfg)(b)
+    if name == "token":
+        keyed = _token_keyer(offer, scratch, cfg, tenants)(b)
+    else:
+        keyed = _MONOTONE_KEYS[name](offer, scratch, cfg)(b)
     g.last_win_why = keyed[2]
     v = Verdict(
         job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True, reason=f"won: {keyed[2]}",
