@@ -325,6 +325,7 @@ _SCORES: dict[str, Callable[[Keyed], float]] = {
     "fair": lambda k: k[0][0],
     "sla": lambda k: k[0][0] if math.isfinite(k[0][0]) else -1.0,
     "token": lambda k: -k[0][1],
+    "auction": lambda k: -k[0][0],
 }
 
 
@@ -367,6 +368,7 @@ def _sla_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid],
 
 
 _MONOTONE_KEYS.update(efficiency=_efficiency_key, fair=_fair_key, sla=_sla_key)
+_MONOTONE_KEYS["auction"] = lambda offer, ledger, cfg: _auction_key(offer, ledger, cfg)
 _MONOTONE_KEYS["token"] = lambda offer, ledger, cfg: _token_keyer(
     offer, ledger, cfg, sorted(ledger.tenant_attained)
 )
@@ -742,7 +744,8 @@ def clear_batch(
     hold its winner's, and its ``shared`` tuple, one for a whole group of like offers (same bids,
     same shape), gives every bid of the group the batch's reason (``Decision.all_verdicts``). A
     batch of W windows and J bids costs O(W log J + J) for ``efficiency``, ``fair``, ``sla`` and
-    ``token`` (plus the tenants for every window) and O(W x J) for ``auction`` and ``jasda``.
+    ``token`` (plus the tenants for every window), O(W log J + J) for ``auction`` and O(W x J) for
+    ``jasda``.
     """
     cfg = config if config is not None else PolicyConfig()
     fn = policy(name)
@@ -915,6 +918,25 @@ def _token_rank(
     return (-efficiency_value(offer, cand, cfg.horizon_s), p.submitted_at), cand
 
 
+def _auction_rank(
+    offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig
+) -> tuple[tuple[float, ...], Candidate]:
+    cand = _auction_candidate(offer, b.proposal, cfg)
+    return (-cand.bid,), cand
+
+
+def _auction_candidate(offer: Offer, p: Proposal, cfg: PolicyConfig) -> Candidate:
+    return max(p.candidates, key=lambda c: (c.bid, efficiency_value(offer, c, cfg.horizon_s), c.size))
+
+
+def _auction_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
+    def key(b: Bid) -> Keyed:
+        cand = _auction_candidate(offer, b.proposal, cfg)
+        return (-cand.bid,), cand, f"bid {cand.bid:.4f}"
+
+    return key
+
+
 _PARTITIONED: dict[
     str, tuple[bool, Callable[[Offer, Bid, Ledger, PolicyConfig], tuple[tuple[float, ...], Candidate]]]
 ] = {
@@ -922,6 +944,7 @@ _PARTITIONED: dict[
     "fair": (True, _fair_rank),
     "sla": (False, _sla_rank),
     "token": (True, _token_rank),
+    "auction": (False, _auction_rank),
 }
 """Policies whose key is ``(tenant part, bid part)``: the tenant part (``fair``: the tenant's
 normalized attained service; ``token``: the tenant's token and deficit, among the tenants bidding)
@@ -949,10 +972,14 @@ def _clear_lazy(
         k, cand = rank(offer, b, scratch, cfg)
         heapq.heappush(g.heaps[b.proposal.tenant if by_tenant else ""], (k, g.repush, cand))
         g.repush = None
-    live: list[str] = []
-    for part, h in g.heaps.items():
+    auction = name == "auction"
+
+    def settle(h: list[tuple[tuple[float, ...], int, Candidate]]) -> None:
+        """Drop the heap's head while it cannot win: its job at capacity (``auction``: or its bid
+        beyond its tenant's budget or below the reserve, which stays so for the batch: budgets only
+        go down); a head whose key grew goes back down."""
         while h:
-            stored, i, _c = h[0]
+            stored, i, stored_cand = h[0]
             b = g.bids[i]
             p = b.proposal
             pending = scratch.unseen_grants(p.job_id, p.grants_seen, now)
@@ -961,12 +988,19 @@ def _clear_lazy(
                 if p.job_id not in g.won:
                     g.excluded[i] = pending
                 continue
+            if auction and not (cfg.reserve_price <= stored_cand.bid <= scratch.budget(p.tenant) + 1e-12):
+                heapq.heappop(h)
+                continue
             # A win in another group of the batch may have raised this bid's key (never lowered
             # it): a head whose key is still what it was stored with is the partition's minimum.
             k, cand = rank(offer, b, scratch, cfg)
             if k == stored:
-                break
+                return
             heapq.heapreplace(h, (k, i, cand))
+
+    live: list[str] = []
+    for part, h in g.heaps.items():
+        settle(h)
         if h:
             live.append(part)
     tenants = sorted({*scratch.tenant_attained, *live}) if name == "token" else []
@@ -985,10 +1019,21 @@ def _clear_lazy(
             best, best_part = cand_key, part
     if best is None:
         return Decision(name, None, None, ())
-    _k, i, cand = heapq.heappop(g.heaps[best_part])
+    heap = g.heaps[best_part]
+    _k, i, cand = heapq.heappop(heap)
     g.repush = i
     b = g.bids[i]
     p = b.proposal
+    if auction:
+        # Second price: the best bid left that could have won (one heap: every tenant's bids).
+        settle(heap)
+        price = min(heap[0][2].bid if heap else cfg.reserve_price, cand.bid)
+        g.last_win_why = f"highest bid {cand.bid:.4f}, pays second price {price:.4f}"
+        v = Verdict(
+            job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True,
+            reason=f"won: {g.last_win_why}", score=round(cand.bid, 6), size=cand.size,
+        )  # fmt: skip
+        return Decision(name, b, cand, (v,), price=price)
     if name == "token":
         keyed = _token_keyer(offer, scratch, cfg, tenants)(b)
     else:
