@@ -931,8 +931,15 @@ def _auction_candidate(offer: Offer, p: Proposal, cfg: PolicyConfig) -> Candidat
 
 def _auction_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
     def key(b: Bid) -> Keyed:
-        cand = _auction_candidate(offer, b.proposal, cfg)
-        return (-cand.bid,), cand, f"bid {cand.bid:.4f}"
+        p = b.proposal
+        cand = _auction_candidate(offer, p, cfg)
+        budget = ledger.budget(p.tenant)
+        why = f"bid {cand.bid:.4f}"
+        if cand.bid > budget + 1e-12:
+            why += f" exceeds tenant {p.tenant}'s budget {budget:.4f}"
+        elif cand.bid < cfg.reserve_price:
+            why += f" below the reserve {cfg.reserve_price:.4f}"
+        return (-cand.bid,), cand, why
 
     return key
 
