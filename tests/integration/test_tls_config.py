@@ -23,20 +23,10 @@ from sja.bus.connection import NatsAuth, NatsAuthError, connect
 from sja.bus.natsd import EmbeddedNats
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec
+from tests.integration.test_security import ROLES
 
 ROOT = Path(__file__).resolve().parents[2]
 NATS_DIR = ROOT / "infra" / "nats"
-ROLES = (
-    "INVENTORY",
-    "ADVERTISER",
-    "CLEARER",
-    "AGENT",
-    "EXECUTOR",
-    "GATEWAY",
-    "ADMIN",
-    "TENANT_ALPHA",
-    "TENANT_BETA",
-)
 CONTAINER_TLS_DIR = "/etc/nats/tls/"
 
 
