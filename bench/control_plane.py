@@ -278,6 +278,7 @@ class InstantExecutor:
     grant_ids: set[str] = field(default_factory=set)
     received: list[float] = field(default_factory=list)
     """perf_counter() of every subjob delivered (one per grant the agent materialized)."""
+    started_fences: dict[str, int] = field(default_factory=dict)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -309,7 +310,15 @@ class InstantExecutor:
         self.received.append(time.perf_counter())
         self.grant_ids.add(sj.grant_id)
         now = time.time()
-        admitted = await slicelease.start(self.slices, sj, known=True, grace_s=2.0, now=now)
+        admitted = await slicelease.start(
+            self.slices,
+            sj,
+            known=True,
+            grace_s=2.0,
+            now=now,
+            redelivered=msg.metadata.num_delivered > 1,
+            started=self.started_fences,
+        )
         if admitted.verdict == "moved":
             await msg.nak(delay=0.05)
             return

@@ -71,6 +71,8 @@ class ExecutorService(Service):
         self.actors: dict[str, Any] = {}
         self.slice_info: dict[str, SliceState] = {}
         self.running: set[str] = set()
+        self.started_fences: dict[str, int] = {}
+        """The highest fence a run was admitted at, per slice (``slicelease.start``)."""
         self.ran = 0
         self.pin_node = True
         """Whether actors also take a share of the node's resource (``sja_node:<node>``)."""
@@ -203,7 +205,12 @@ class ExecutorService(Service):
             await msg.in_progress()
             return
         admitted = await slicelease.start(
-            self.slices, sj, known=sj.slice_id in self.actors, grace_s=self.cfg.grace_s
+            self.slices,
+            sj,
+            known=sj.slice_id in self.actors,
+            grace_s=self.cfg.grace_s,
+            redelivered=_delivered(msg) > 1,
+            started=self.started_fences,
         )
         if admitted.verdict == "moved":
             await msg.nak(delay=0.05)  # the slice moved under us; look again
@@ -382,6 +389,14 @@ async def _keep_alive(msg: Msg) -> None:
         await asyncio.sleep(ACK_WAIT_S / 3)
         with contextlib.suppress(Exception):
             await msg.in_progress()
+
+
+def _delivered(msg: Msg) -> int:
+    """How many times JetStream has delivered ``msg`` (1 for a message not from a consumer)."""
+    try:
+        return int(msg.metadata.num_delivered or 1)
+    except Exception:
+        return 1
 
 
 def _lost(now: float, why: str) -> RunResult:

@@ -79,6 +79,14 @@ def start(
     )
 
 
+def covers(s: SliceState, *, now: float, time_cap_s: float, grace_s: float) -> bool:
+    """Whether the slice's granted lease already lasts for a run started at ``now``: through its time
+    cap and the grace past it, as far as ``start`` would extend it. Such a run starts without
+    marking the slice busy (there is nothing to extend), and no one else can be granted the slice
+    before the run is over."""
+    return s.status == "leased" and now + time_cap_s + grace_s <= s.lease_until
+
+
 def extend(s: SliceState, *, grant_id: str, fence: int, now: float, lease_s: float) -> SliceState:
     """The holder keeps its lease until at least ``now + lease_s`` (a lease is never shortened)."""
     if not holds(s, grant_id, fence):
@@ -148,17 +156,25 @@ def offline(s: SliceState, now: float) -> SliceState:
 
 
 Admission = str
-"""``run``: start it; ``stale``: the lease lapsed or moved on (never run it); ``interrupted``: the slice
-is already busy with this very grant, so an earlier delivery started it and its executor died;
-``unknown``: the slice is not this executor's."""
+"""``run``: start it; ``stale``: the lease lapsed or moved on (never run it); ``interrupted``: an
+earlier delivery may have started it and its executor died (the slice is busy with this very grant,
+or the subjob is delivered again while the grant still holds the slice); ``unknown``: the slice is
+not this executor's."""
 
 
-def admit(s: SliceState | None, *, grant_id: str, fence: int, known: bool) -> Admission:
-    """What an executor does with a delivered subjob, given the slice's current state."""
+def admit(
+    s: SliceState | None, *, grant_id: str, fence: int, known: bool, redelivered: bool = False
+) -> Admission:
+    """What an executor does with a delivered subjob, given the slice's current state.
+
+    ``redelivered``: the subjob was delivered before. A run its lease ``covers`` starts without a
+    write, so a lease still held under the grant cannot tell a run that never started from one whose
+    executor died mid-run: a subjob delivered again is never run twice, it is ``interrupted``
+    (reported lost, its units planned again)."""
     if s is None or not known:
         return "unknown"
     if not holds(s, grant_id, fence):
         return "stale"
-    if s.status == "busy":
+    if s.status == "busy" or redelivered:
         return "interrupted"
     return "run"

@@ -1,12 +1,16 @@
-"""An executor's side of a slice's lease: admit a delivered subjob and mark its slice busy, then
-free the slice when the subjob is over, each with one compare-and-set when nothing else touched the
-slice in between.
+"""An executor's side of a slice's lease: admit a delivered subjob (marking its slice busy when the
+grant's lease does not already cover the run), then free the slice when the subjob is over, each
+with at most one compare-and-set when nothing else touched the slice in between.
 
-A subjob carries the slice as its grant leased it (``Subjob.slice_state`` at ``slice_revision``):
-a compare-and-set against that revision succeeds only if the slice is still exactly that lease, so
-the admission is decided without reading the slice first. When the slice changed since (the lease
-lapsed, the subjob is delivered again, an older agent sent no snapshot) the slice is read and
-``leases.admit`` decides as before. Freeing likewise writes over the busy state this executor wrote.
+A subjob carries the slice as its grant leased it (``Subjob.slice_state`` at ``slice_revision``).
+When that lease lasts through the run's time cap and grace (``leases.covers``: a short subjob
+delivered promptly), the run starts with no write at all: nobody can be granted the slice before
+the lease ends, and freeing it is a compare-and-set against the grant's own revision, which fails
+if anything touched the slice meanwhile. Otherwise the slice is marked busy (its lease extended
+for the run) by a compare-and-set against that revision, which succeeds only if the slice is still
+exactly that lease, so the admission is decided without reading the slice first. When the slice
+changed since (the lease lapsed, an older agent sent no snapshot) the slice is read and
+``leases.admit`` decides as before. A subjob delivered again is never run twice (``admit``).
 """
 
 from __future__ import annotations
@@ -36,11 +40,44 @@ class Admitted:
 
 
 async def start(
-    slices: Store[SliceState], sj: Subjob, *, known: bool, grace_s: float, now: float | None = None
+    slices: Store[SliceState],
+    sj: Subjob,
+    *,
+    known: bool,
+    grace_s: float,
+    now: float | None = None,
+    redelivered: bool = False,
+    started: dict[str, int] | None = None,
+    tries: int = 3,
 ) -> Admitted:
-    """Admit ``sj`` on its slice and, if it may run, mark the slice busy with it."""
+    """Admit ``sj`` on its slice and, if it may run, mark the slice busy with it unless the grant's
+    lease covers the run already (``leases.covers``). ``redelivered``: the subjob was delivered
+    before (``leases.admit``). ``started``: the highest fence this executor admitted a run at, per
+    slice (updated here). Only a subjob above it may start without a write: a subjob published
+    again (not a redelivery, so not caught by ``redelivered``) carries its grant's lease too, and is
+    then admitted by compare-and-set, which only one delivery can win. Without ``started`` every run
+    marks its slice busy. A slice that keeps changing under the compare-and-set is looked at again
+    up to ``tries`` times before the verdict is ``moved``."""
+    # A run admitted here before at this very fence (the subjob published again): as redelivered.
+    again = redelivered or (started is not None and started.get(sj.slice_id, 0) >= sj.fence)
+    admitted = await _start(slices, sj, known, grace_s, now, again, started, tries)
+    if admitted.verdict == "run" and started is not None:
+        started[sj.slice_id] = max(started.get(sj.slice_id, 0), sj.fence)
+    return admitted
 
-    def started(s: SliceState, at: float) -> SliceState:
+
+async def _start(
+    slices: Store[SliceState],
+    sj: Subjob,
+    known: bool,
+    grace_s: float,
+    now: float | None,
+    redelivered: bool,
+    started: dict[str, int] | None,
+    tries: int,
+) -> Admitted:
+
+    def busy_at(s: SliceState, at: float) -> SliceState:
         return leases.start(
             s,
             grant_id=sj.grant_id,
@@ -55,25 +92,37 @@ async def start(
     snap = sj.slice_state
     if (
         known
+        and not redelivered
         and snap is not None
         and sj.slice_revision > 0
         and snap.slice_id == sj.slice_id
         and leases.admit(snap, grant_id=sj.grant_id, fence=sj.fence, known=True) == "run"
     ):
-        busy = started(snap, at)
+        if (
+            started is not None
+            and sj.fence > started.get(sj.slice_id, 0)
+            and leases.covers(snap, now=at, time_cap_s=sj.time_cap_s, grace_s=grace_s)
+        ):
+            # Nothing to write: the lease outlasts the run. Should the slice have changed since
+            # the grant (taken offline, say), freeing it fails its compare-and-set and leaves it be.
+            return Admitted("run", Held(snap, sj.slice_revision))
+        busy = busy_at(snap, at)
         rev = await slices.cas(sj.slice_id, busy, sj.slice_revision)
         if rev is not None:
             return Admitted("run", Held(busy, rev))
-    got = await slices.get(sj.slice_id)
-    current, rev0 = got if got is not None else (None, 0)
-    verdict = leases.admit(current, grant_id=sj.grant_id, fence=sj.fence, known=known)
-    if verdict != "run" or current is None:
-        return Admitted(verdict)
-    busy = started(current, at)
-    rev = await slices.cas(sj.slice_id, busy, rev0)
-    if rev is None:
-        return Admitted("moved")
-    return Admitted("run", Held(busy, rev))
+    for _ in range(max(tries, 1)):
+        got = await slices.get(sj.slice_id)
+        current, rev0 = got if got is not None else (None, 0)
+        verdict = leases.admit(
+            current, grant_id=sj.grant_id, fence=sj.fence, known=known, redelivered=redelivered
+        )
+        if verdict != "run" or current is None:
+            return Admitted(verdict)
+        busy = busy_at(current, at)
+        rev = await slices.cas(sj.slice_id, busy, rev0)
+        if rev is not None:
+            return Admitted("run", Held(busy, rev))
+    return Admitted("moved")
 
 
 async def free(slices: Store[SliceState], sj: Subjob, held: Held | None = None, tries: int = 10) -> bool:
