@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import msgspec
@@ -15,7 +16,9 @@ from sja.core.policies import (
     Bid,
     Decision,
     Ledger,
+    PolicyConfig,
     clear,
+    clear_batch,
     efficiency_value,
     grant_cost,
     policy,
@@ -283,6 +286,92 @@ def test_token_goes_to_the_tenant_furthest_below_its_share() -> None:
     assert d.winner is bids[1]
     assert "revoked" in next(v for v in d.verdicts if v.job_id == "a").reason
     check_well_formed(d, bids)
+
+
+def like_offers(n: int) -> list[Offer]:
+    """``n`` offers of one shape, each for a slice of its own."""
+    base = make_offer()
+    return [
+        msgspec.structs.replace(
+            base, offer_id=f"o-{i}", window=msgspec.structs.replace(base.window, slice_id=f"s-{i}")
+        )
+        for i in range(n)
+    ]
+
+
+def clear_one_by_one(name: str, offers: list[Offer], bids: list[Bid], ledger: Ledger) -> list[Decision]:
+    out = []
+    for o in offers:
+        d = clear(name, o, bids, ledger)
+        out.append(d)
+        if d.winner is not None and d.candidate is not None:
+            p = d.winner.proposal
+            ledger.charge(p.tenant, p.job_id, grant_cost(o, d.candidate))
+            ledger.record_grant(p.job_id, float("inf"))
+    return out
+
+
+def test_jasda_batch_breaks_equal_scores_by_submission_then_canonical_order() -> None:
+    """Equal scores, across tenants and within one: the earliest submission wins, then the first
+    in canonical order (job id); a charged tenant's fairness drops, so the next window goes to
+    another tenant, and a tenant back at its share ties again with the others."""
+    bids = [
+        bid("a-1", tenant="a", submitted_at=2.0),
+        bid("b-2", tenant="b", submitted_at=1.0),
+        bid("c-1", tenant="c", submitted_at=1.0),
+        bid("b-1", tenant="b", submitted_at=1.0),
+    ]
+    offers = like_offers(4)
+    batch = clear_batch("jasda", offers, lambda o: bids, Ledger())
+    want = clear_one_by_one("jasda", offers, bids, Ledger())
+    assert [w.winner.proposal.job_id if w.winner else None for w in want] == ["b-1", "c-1", "a-1", "b-2"]
+    for (_o, got), w in zip(batch, want, strict=True):
+        assert got.winner is not None and w.winner is not None
+        assert got.winner.proposal.job_id == w.winner.proposal.job_id
+        assert got.candidate == w.candidate
+        assert [v for v in got.verdicts if v.won] == [v for v in w.verdicts if v.won]
+    scores = {v.score for w in want for v in w.verdicts if v.won}
+    assert len(scores) == 2, "the first and the last window are won at one score, the others at another"
+
+
+def test_jasda_batch_ranks_by_the_score_as_summed_not_its_parts() -> None:
+    """Two bids of one tenant whose utilization and responsiveness terms add up one ulp higher
+    for ``j0``, but whose whole scores, the tenant's term added between the two, come out one ulp
+    higher for ``j1``: the batch picks ``j1``, as clearing the offer alone does."""
+    ledger = Ledger(tenant_attained={"t": 1.0, "u": 2.0})
+    bids = [
+        bid("j0", submitted_at=NOW - 40.0, candidates=[cand(dur=3.0, mem=13_000.0)], capacity=5),
+        bid("j1", submitted_at=NOW - 21.0, candidates=[cand(dur=11.0, mem=9_000.0)], capacity=5),
+    ]
+    offers = like_offers(1)
+    w_u, _w_f, w_r = PolicyConfig().jasda_weights
+    parts = [
+        w_u * efficiency_value(offers[0], b.proposal.candidates[0], 30.0)
+        + w_r * ((NOW - b.proposal.submitted_at) / 60.0)
+        for b in bids
+    ]
+    assert parts[0] > parts[1], "the tenant-free parts rank j0 first"
+    want = clear("jasda", offers[0], bids, ledger)
+    assert want.winner is not None and want.winner.proposal.job_id == "j1"
+    ((_o, got),) = clear_batch("jasda", offers, lambda o: bids, ledger)
+    assert got.winner is not None and got.winner.proposal.job_id == "j1"
+    assert [v for v in got.verdicts if v.won] == [v for v in want.verdicts if v.won]
+
+
+def test_jasda_batch_with_a_score_that_is_not_a_number_clears_like_offer_by_offer() -> None:
+    """A candidate whose odds of fitting are NaN (its score is NaN, which ranks only by where it
+    stands among the bids): the batch gives each window the winner clearing it alone gives."""
+    bids = [
+        bid("j0", tenant="a", submitted_at=0.0, candidates=[cand(p_mem=math.nan)], capacity=2),
+        bid("j1", tenant="a", submitted_at=5.0, candidates=[cand(dur=29.0)], capacity=2),
+        bid("j2", tenant="b", submitted_at=3.0, candidates=[cand(dur=20.0)], capacity=2),
+    ]
+    offers = like_offers(4)
+    batch = clear_batch("jasda", offers, lambda o: bids, Ledger())
+    want = clear_one_by_one("jasda", offers, bids, Ledger())
+    assert [d.winner.proposal.job_id if d.winner else None for _o, d in batch] == [
+        w.winner.proposal.job_id if w.winner else None for w in want
+    ]
 
 
 # --- capacity: no job holds more unstarted grants than it can run ----------------------------------

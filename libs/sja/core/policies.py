@@ -481,36 +481,61 @@ def clear_token(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyCo
 
 def clear_jasda(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
     """Weighted score over every (job, candidate): utilization, fairness, responsiveness."""
-    w_u, w_f, w_r = cfg.jasda_weights
     tenants = sorted({*ledger.tenant_attained, *(b.proposal.tenant for b in bids)})
-    now = offer.issued_at
+    return _rank("jasda", bids, _jasda_keyer(offer, ledger, cfg, tenants), lambda k: -k[0][0])
 
-    def parts(p: Proposal, c: Candidate) -> tuple[float, float, float]:
-        util = efficiency_value(offer, c, cfg.horizon_s)
-        deficit = ledger.target_fraction(p.tenant, tenants) - ledger.attained_fraction(p.tenant, tenants)
-        fairness = 0.5 + 0.5 * max(-1.0, min(1.0, deficit))
-        waited = max(0.0, now - p.submitted_at) / cfg.responsiveness_scale_s
-        urgency = 0.0
-        if p.deadline_at is not None:
-            slack = p.deadline_at - now - p.expected_remaining_s
-            urgency = 1.0 - max(0.0, min(1.0, slack / cfg.responsiveness_scale_s))
-        resp = min(1.0, max(waited, urgency))
-        return util, fairness, resp
+
+def _jasda_keyer(
+    offer: Offer, ledger: Ledger, cfg: PolicyConfig, tenants: Sequence[str]
+) -> Callable[[Bid], Keyed]:
+    """``jasda``'s sort key of a bid: minus its best score (fairness among ``tenants``), then age."""
+    w_u, w_f, w_r = cfg.jasda_weights
+    fairness: dict[str, float] = {}
 
     def key(b: Bid) -> Keyed:
         p = b.proposal
-        best: tuple[float, Candidate, tuple[float, float, float]] | None = None
-        for c in p.candidates:
-            u, f, r = parts(p, c)
-            s = w_u * u + w_f * f + w_r * r
-            if best is None or (s, c.size) > (best[0], best[1].size):
-                best = (s, c, (u, f, r))
-        assert best is not None
-        s, c, (u, f, r) = best
+        f = fairness.get(p.tenant)
+        if f is None:
+            f = fairness[p.tenant] = _jasda_fairness(p.tenant, ledger, tenants)
+        r = _jasda_resp(p, offer.issued_at, cfg)
+        s, c, u = _jasda_best(offer, p, cfg, f, r)
         why = f"score {s:.3f} = {w_u:g}*util {u:.2f} + {w_f:g}*fair {f:.2f} + {w_r:g}*resp {r:.2f}"
         return (-s, p.submitted_at), c, why
 
-    return _rank("jasda", bids, key, lambda k: -k[0][0])
+    return key
+
+
+def _jasda_fairness(tenant: str, ledger: Ledger, tenants: Sequence[str]) -> float:
+    """The tenant's share deficit among ``tenants``, mapped to [0, 1] (0.5: at its target)."""
+    deficit = ledger.target_fraction(tenant, tenants) - ledger.attained_fraction(tenant, tenants)
+    return 0.5 + 0.5 * max(-1.0, min(1.0, deficit))
+
+
+def _jasda_resp(p: Proposal, now: float, cfg: PolicyConfig) -> float:
+    """Responsiveness in [0, 1]: how long the job waited, or how little slack it has left."""
+    waited = max(0.0, now - p.submitted_at) / cfg.responsiveness_scale_s
+    urgency = 0.0
+    if p.deadline_at is not None:
+        slack = p.deadline_at - now - p.expected_remaining_s
+        urgency = 1.0 - max(0.0, min(1.0, slack / cfg.responsiveness_scale_s))
+    return min(1.0, max(waited, urgency))
+
+
+def _jasda_best(
+    offer: Offer, p: Proposal, cfg: PolicyConfig, f: float, r: float
+) -> tuple[float, Candidate, float]:
+    """The job's best candidate by (score, size), the first of equals, with its score and
+    utilization, for fairness ``f`` and responsiveness ``r``. The one place the score is summed:
+    batch clearing ranks by these very floats."""
+    w_u, w_f, w_r = cfg.jasda_weights
+    best: tuple[float, Candidate, float] | None = None
+    for c in p.candidates:
+        u = efficiency_value(offer, c, cfg.horizon_s)
+        s = w_u * u + w_f * f + w_r * r
+        if best is None or (s, c.size) > (best[0], best[1].size):
+            best = (s, c, u)
+    assert best is not None
+    return best
 
 
 POLICIES: dict[str, PolicyFn] = {
@@ -744,8 +769,9 @@ def clear_batch(
     hold its winner's, and its ``shared`` tuple, one for a whole group of like offers (same bids,
     same shape), gives every bid of the group the batch's reason (``Decision.all_verdicts``). A
     batch of W windows and J bids costs O(W log J + J) for ``efficiency``, ``fair``, ``sla`` and
-    ``token`` (plus the tenants for every window), O(W log J + J) for ``auction`` and O(W x J) for
-    ``jasda``.
+    ``token`` (plus the tenants for every window), O(W log J + J) for ``auction`` and for ``jasda``
+    (plus, per window, the tenants squared and the bids whose scores tie with the best to within
+    rounding).
     """
     cfg = config if config is not None else PolicyConfig()
     fn = policy(name)
@@ -780,6 +806,8 @@ def clear_batch(
             continue
         if name in _MONOTONE_KEYS:
             d = _clear_lazy(name, o, g, scratch, cfg, now)
+        elif name == "jasda" and _jasda_heaps(o, g, cfg):
+            d = _clear_jasda_lazy(o, g, scratch, cfg, now)
         else:
             d = _clear_full(fn, o, g, scratch, cfg, now)
         if d.winner is not None:
@@ -822,6 +850,17 @@ class _Group:
     repush: int | None = None
     """A winner's index: back in the heap with its new key before the next offer (it may win again
     while it has capacity)."""
+    jasda_heaps: dict[str, list[tuple[float, int]]] | None = None
+    """``jasda``: per tenant, a heap of (minus the best score without the tenant's part, index in
+    ``jasda_alike``); None until the group's first offer, and for a group cleared offer by offer."""
+    jasda_alike: list[list[int]] = field(default_factory=list)
+    """``jasda``: bids of one tenant whose scores are equal whatever the tenant's part (the same
+    terms, float for float), latest in canonical order first: only the last can win among them."""
+    jasda_tol: float = 0.0
+    """``jasda``: how far a bid's key may lie beyond its heap's head and the bid still rank first
+    once its tenant's part is added (the two sums round differently)."""
+    jasda_full: bool = False
+    """``jasda``: the group clears offer by offer (its scores are not all finite)."""
     shared: tuple[Verdict, ...] = ()
     entry_of: dict[str, int] = field(default_factory=dict)
     """Job -> the index of its verdict in ``shared`` (jobs that won an offer of the group)."""
@@ -871,7 +910,7 @@ class _Group:
                 memo_key = p.tenant if name == "fair" else None
                 why = whys.get(memo_key) if memo_key is not None else None
                 if why is None:
-                    keyed = _MONOTONE_KEYS.get(name)
+                    keyed = _MONOTONE_KEYS.get(name) or _EXPLAINED.get(name)
                     why = keyed(self.offer, scratch, cfg)(b)[2] if keyed else "not ranked"
                     if memo_key is not None:
                         whys[memo_key] = why
@@ -1051,6 +1090,146 @@ def _clear_lazy(
         score=round(_SCORES[name](keyed), 6), size=cand.size,
     )  # fmt: skip
     return Decision(name, b, cand, (v,))
+
+
+def _jasda_explained(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
+    """``jasda``'s key of a losing bid in a batch: fairness among the tenants served so far and
+    the bid's own."""
+
+    def key(b: Bid) -> Keyed:
+        tenants = sorted({*ledger.tenant_attained, b.proposal.tenant})
+        return _jasda_keyer(offer, ledger, cfg, tenants)(b)
+
+    return key
+
+
+_EXPLAINED: dict[str, Callable[[Offer, Ledger, PolicyConfig], Callable[[Bid], Keyed]]] = {
+    "jasda": _jasda_explained
+}
+"""How a batch explains a losing bid, for the lazily cleared policies not in ``_MONOTONE_KEYS``."""
+
+_JASDA_ROUNDING = 2.0**-48
+"""``jasda``: a bound, relative to the magnitude of the terms, on how far a bid's score
+``(u + f) + r`` can lie from its heap key ``u + r`` plus ``f`` (each addition rounds by at most
+2**-53 of its operands' magnitude: three additions, under 4 x 2**-53; two bids compared, under
+8 x 2**-53; 2**-48 is 32 x 2**-53)."""
+
+
+def _jasda_heaps(offer: Offer, g: _Group, cfg: PolicyConfig) -> bool:
+    """Build the group's ``jasda`` heaps at its first offer; False: the group clears offer by offer.
+
+    A bid's score is ``w_u*util + w_f*fairness + w_r*resp``: util depends on the window's shape
+    and resp on the offer's ``issued_at``, both the same for every offer of a group, so only the
+    fairness term moves during the batch, and it is the same for every bid of a tenant. A heap per
+    tenant ordered by ``w_u*util + w_r*resp`` (best candidate) holds the bids; the tenant's term is
+    worked out afresh for each window. Bids of a tenant with the same terms, float for float, share
+    one heap entry (their scores tie for any fairness, and the first in canonical order wins ties).
+    Only a group whose terms are all finite clears this way: with a NaN or an infinity the sums do
+    not order like their parts, and the group is cleared offer by offer (``_clear_full``), which
+    gives the same answer by definition."""
+    if g.jasda_heaps is not None:
+        return True
+    if g.jasda_full:
+        return False
+    w_u, w_f, w_r = cfg.jasda_weights
+    heaps: dict[str, list[tuple[float, int]]] = {}
+    alike: dict[tuple[object, ...], int] = {}
+    magnitude = abs(w_f)
+    finite = all(math.isfinite(w) for w in cfg.jasda_weights)
+    for i, b in enumerate(g.bids):
+        p = b.proposal
+        resp = w_r * _jasda_resp(p, offer.issued_at, cfg)
+        part = -math.inf
+        terms: list[object] = [p.tenant, resp]
+        for c in p.candidates:
+            util = w_u * efficiency_value(offer, c, cfg.horizon_s)
+            part = max(part, util + resp)
+            magnitude = max(magnitude, abs(util) + abs(resp) + abs(w_f))
+            terms += (util, c.size)
+        finite = finite and math.isfinite(part) and math.isfinite(p.submitted_at)
+        k = alike.setdefault(tuple(terms), len(g.jasda_alike))
+        if k == len(g.jasda_alike):
+            g.jasda_alike.append([])
+            heaps.setdefault(p.tenant, []).append((-part, k))
+        g.jasda_alike[k].append(i)
+    if not (finite and math.isfinite(4.0 * magnitude)):
+        g.jasda_full = True
+        return False
+    for h in heaps.values():
+        heapq.heapify(h)
+    for members in g.jasda_alike:
+        members.reverse()
+    g.jasda_heaps = heaps
+    g.jasda_tol = magnitude * _JASDA_ROUNDING
+    return True
+
+
+def _clear_jasda_lazy(offer: Offer, g: _Group, scratch: Ledger, cfg: PolicyConfig, now: float) -> Decision:
+    """``jasda``'s winner among the eligible bids, exactly as ``clear_jasda`` ranks them.
+
+    The exact score adds the tenant's term between the other two, so it need not order a tenant's
+    bids exactly as the heap does where their keys are within rounding of each other: every bid of
+    the tenant whose key lies within ``jasda_tol`` of the head's is scored exactly, the rest cannot
+    rank first (their exact score is lower by more than rounding can make up). Ties then break as
+    ``clear_jasda`` breaks them: submission time, then canonical order."""
+    heaps = g.jasda_heaps
+    assert heaps is not None
+
+    def first_eligible(k: int) -> int | None:
+        """The first bid of ``jasda_alike[k]`` that can still win; bids at capacity leave for good
+        (grants only accumulate in a batch); a winner stays, it may win again."""
+        members = g.jasda_alike[k]
+        while members:
+            i = members[-1]
+            p = g.bids[i].proposal
+            pending = scratch.unseen_grants(p.job_id, p.grants_seen, now)
+            if pending < p.capacity:
+                return i
+            members.pop()
+            if p.job_id not in g.won:
+                g.excluded[i] = pending
+        return None
+
+    live: list[str] = []
+    for tenant, h in heaps.items():
+        while h and first_eligible(h[0][1]) is None:
+            heapq.heappop(h)
+        if h:
+            live.append(tenant)
+    if not live:
+        return Decision("jasda", None, None, ())
+    tenants = sorted({*scratch.tenant_attained, *live})
+    best: tuple[tuple[float, float, int], Candidate] | None = None
+    for tenant in live:
+        h = heaps[tenant]
+        f = _jasda_fairness(tenant, scratch, tenants)
+        limit = h[0][0] + g.jasda_tol
+        # The heap's entries within ``limit`` of its head form a subtree at the root.
+        stack = [0]
+        while stack:
+            j = stack.pop()
+            if j >= len(h) or h[j][0] > limit:
+                continue
+            stack += (2 * j + 1, 2 * j + 2)
+            i = first_eligible(h[j][1])
+            if i is None:
+                continue  # an emptied entry below the head: dropped when it comes to the head
+            p = g.bids[i].proposal
+            s, c, _u = _jasda_best(offer, p, cfg, f, _jasda_resp(p, offer.issued_at, cfg))
+            k = (-s, p.submitted_at, i)
+            if best is None or k < best[0]:
+                best = (k, c)
+    assert best is not None
+    (_s, _at, i), cand = best
+    b = g.bids[i]
+    p = b.proposal
+    key, _cand, why = _jasda_keyer(offer, scratch, cfg, tenants)(b)
+    g.last_win_why = why
+    v = Verdict(
+        job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True, reason=f"won: {why}",
+        score=round(-key[0], 6), size=cand.size,
+    )  # fmt: skip
+    return Decision("jasda", b, cand, (v,))
 
 
 def _clear_full(
