@@ -276,7 +276,10 @@ EMIT = """
 from sja.telemetry.metrics import ServiceMetrics, flush_metrics, setup_metrics
 setup_metrics("sja-test")
 m = ServiceMetrics("clearer")
-m.counter("sja_rounds", "rounds").add(3, pool="p", policy="fair", outcome="granted")
+rounds = m.counter("sja_rounds", "rounds")
+rounds.add(3, pool="p", policy="fair", outcome="granted")
+rounds.add(2, outcome="granted", policy="fair", pool="p")  # the same series, labels in another order
+rounds.add(-1, pool="p", policy="fair", outcome="granted")  # a counter never goes down: dropped
 m.gauge("sja_slices", "slices").set(6, status="free")
 flush_metrics()  # what Service.stop does
 """
@@ -301,11 +304,13 @@ def test_metrics_are_pushed_over_otlp_http_when_a_collector_is_set(collector: st
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
                     data = metric.sum if metric.HasField("sum") else metric.gauge
+                    if metric.name == "sja_rounds":
+                        assert metric.sum.is_monotonic, "exported as a counter"
                     for dp in data.data_points:
                         labels = {a.key: a.value.string_value for a in dp.attributes}
                         points[metric.name] = (dp.as_double or float(dp.as_int), labels)
     assert points["sja_rounds"] == (
-        3.0,
+        5.0,
         {"service": "clearer", "pool": "p", "policy": "fair", "outcome": "granted"},
     )
     assert points["sja_slices"] == (6.0, {"service": "clearer", "status": "free"})

@@ -228,19 +228,51 @@ def _failed(name: str, e: Exception) -> None:
         log.debug("metrics: recording %s failed: %s", name, e)
 
 
+class _CounterStore:
+    """The running totals of one counter, per series, from every owner in the process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.totals: dict[tuple[str, frozenset[tuple[str, Any]]], list[Any]] = {}
+        """(service, labels) -> [total, attributes]"""
+
+    def observe(self, _options: CallbackOptions) -> list[Observation]:
+        with self.lock:
+            return [Observation(total, attrs) for total, attrs in self.totals.values()]
+
+
 class Counter:
-    """A monotonic counter bound to a service: ``add(value, **labels)``."""
+    """A monotonic counter bound to a service: ``add(value, **labels)``.
+
+    The totals are kept here and read by the SDK when metrics are collected (an observable counter,
+    cumulative, exported exactly as a synchronous counter's sum): an ``add`` on a hot path is a
+    dictionary update, where the SDK's synchronous counter cost about 12 microseconds per call
+    (measurement object, attribute cleaning, exemplar filter), several times per grant."""
 
     def __init__(self, name: str, service: str, description: str, unit: str) -> None:
         self.name = name
         self.service = service
-        self._inst = _instrument(
-            "counter", name, lambda: meter().create_counter(name, unit=unit, description=description)
-        )
+
+        def make() -> tuple[Any, _CounterStore]:
+            store = _CounterStore()
+            inst = meter().create_observable_counter(
+                name, callbacks=[store.observe], unit=unit, description=description
+            )
+            return inst, store
+
+        self._inst, self._store = _instrument("counter", name, make)
 
     def add(self, value: float = 1, **labels: str | int | float | bool) -> None:
         try:
-            self._inst.add(value, {"service": self.service, **labels})
+            if not value >= 0:
+                raise ValueError(f"a counter only goes up (add {value!r})")
+            key = (self.service, frozenset(labels.items()))
+            with self._store.lock:
+                got = self._store.totals.get(key)
+                if got is None:
+                    self._store.totals[key] = [value, {"service": self.service, **labels}]
+                else:
+                    got[0] += value
         except Exception as e:
             _failed(self.name, e)
 
