@@ -19,6 +19,7 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.completions import iter_completions
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.tracing import ROOT, child_span, extract, inject, is_sampled, item_contexts, publish
@@ -411,13 +412,54 @@ class AgentService(Service):
             )
             self._remember(new, new_rev)
             self._job_taken(new.job_id, recovered=True)  # its rounds before were another agent's
-            if J.can_take_more(new):
-                self.ready(new.spec.max_parallel - len(new.in_flight))
+            await self.replay_completions(new.job_id)
+            now_state = self.owned.get(new.job_id)
+            if now_state is not None and J.can_take_more(now_state[0]):
+                self.ready(now_state[0].spec.max_parallel - len(now_state[0].in_flight))
             taken += 1
         for agent, t in list(self._last_seen.items()):
             if now - t > liveness_s and agent not in still_owning:
                 del self._last_seen[agent]
         return taken
+
+    async def replay_completions(self, job_id: str) -> int:
+        """Fold in the completions of a job just taken over that reached this agent before the job
+        was its own (acknowledged and dropped then; its old owner never acknowledges them now): read
+        back from ``SJA_COMPLETIONS``, for the subjobs still in flight. Returns how many were
+        applied. Without this they would be given up as overdue and run again."""
+        got = self.owned.get(job_id)
+        if got is None or not got[0].in_flight:
+            return 0
+        try:
+            found = [c async for c in iter_completions(self.jetstream, job_id)]
+        except Exception as e:
+            log.warning(
+                "could not read back the completions of %s (%r): overdue subjobs are given up", job_id, e
+            )
+            return 0
+        async with self.lock(job_id):
+            before = self.owned.get(job_id)
+            if before is None:
+                return 0
+            made: list[Completion] = []
+
+            def transition(state: JobState, made: list[Completion] = made) -> JobState | None:
+                made.clear()
+                new = state
+                for c in found:
+                    new, ok = J.apply_completion(new, c, time.time())
+                    if ok:
+                        made.append(c)
+                return new if made else None
+
+            if await self.save(job_id, transition) is None:
+                made.clear()  # nothing to apply, or the job is gone or another agent's now
+            flights = {f.subjob_id: f for f in before[0].in_flight}
+            for c in made:
+                self._record_completion(c, flights.get(c.subjob_id), before[0].spec.workload)
+            if made:
+                log.info("job %s taken over: %d completions read back", job_id, len(made))
+        return len(made)
 
     def ready(self, windows: int) -> None:
         """Jobs here can take ``windows`` more windows: tell the advertisers (coalesced)."""

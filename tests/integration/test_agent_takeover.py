@@ -9,13 +9,17 @@ import contextlib
 import time
 from pathlib import Path
 
+import msgspec
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from services.agent.service import AgentService, AgentSettings
+from sja.bus.codec import encode
 from sja.bus.connection import ensure_jetstream, stores
 from sja.core import jobs as J
-from sja.protocol.messages import JobSpec, JobState
+from sja.protocol import subjects
+from sja.protocol.messages import Completion, InFlight, JobSpec, JobState
+from sja.workloads import workload
 
 LIVENESS_S = 1.0
 
@@ -102,3 +106,82 @@ async def test_a_gone_agents_completion_consumer_is_deleted_by_the_server(
             break
         assert time.monotonic() < deadline, "the consumer of an agent gone for good outlived its threshold"
         await asyncio.sleep(0.2)
+
+
+async def test_a_completion_dropped_before_the_takeover_is_read_back(
+    nats_url: str, tmp_path: Path, nc: Client
+) -> None:
+    """A subjob of a silent agent's job ends while another agent runs: that agent is not the owner
+    yet, so it acknowledges the completion and drops it. Once it takes the job over it reads the
+    completion back from the stream: the subjob counts, instead of being given up as overdue and
+    run again."""
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    _, jobs = await stores(js)
+    flight = InFlight(
+        subjob_id="job-x.s0",
+        grant_id="g-x",
+        slice_id="s0",
+        unit_start=0,
+        units=1,
+        dispatched_at=time.time(),
+        time_cap_s=600.0,  # never overdue within the test
+        profile="1g.10gb",
+        compute_share=1 / 7,
+        planned_mem_q_mib=100.0,
+        planned_duration_q_s=0.1,
+    )
+    state = msgspec.structs.replace(
+        owned_job("job-x", "agent-gone"), status="running", next_unit=1, next_seq=1, in_flight=[flight]
+    )
+    await jobs.create("job-x", state)
+    w = workload("montecarlo")
+    output = w.run(w.validate(dict(state.spec.params)), 0, 1, b"")
+    now = time.time()
+    done = Completion(
+        subjob_id="job-x.s0",
+        job_id="job-x",
+        grant_id="g-x",
+        fence=1,
+        slice_id="s0",
+        status="ok",
+        unit_start=0,
+        units=1,
+        units_done=1,
+        peak_mem_mib=50.0,
+        duration_s=0.05,
+        mem_cap_mib=1000,
+        time_cap_s=600.0,
+        started_at=now,
+        finished_at=now,
+        output_checkpoint=output,
+    )
+    taker = AgentService(settings(nats_url, tmp_path, "agent-taker", heartbeat_s=0.2))
+    async with taker:
+        await js.publish(
+            subjects.subjob_completed("job-x"), encode(done), headers={"Nats-Msg-Id": "job-x.s0:1"}
+        )
+        consumer = "agent-" + subjects._key("agent-taker")
+        deadline = time.monotonic() + 10
+        while (info := await js.consumer_info("SJA_COMPLETIONS", consumer)).ack_floor.stream_seq < 1:
+            assert time.monotonic() < deadline, "the completion never reached the agent"
+            await asyncio.sleep(0.05)
+        assert info.num_ack_pending == 0 and "job-x" not in taker.owned, "dropped: not its job yet"
+
+        deadline = time.monotonic() + 20
+        while await owner_of(taker, "job-x") != "agent-taker":
+            assert time.monotonic() < deadline, "the job was never taken over"
+            await asyncio.sleep(0.1)
+        deadline = time.monotonic() + 5
+        while True:
+            got = await jobs.get("job-x")
+            assert got is not None
+            if not got[0].in_flight:
+                break
+            assert time.monotonic() < deadline, "the completion was not read back"
+            await asyncio.sleep(0.05)
+        written = got[0]
+        assert written.units_done == 1 and written.owner_agent == "agent-taker"
+        assert [(h.subjob_id, h.status) for h in written.history] == [("job-x.s0", "ok")]
+        # Read back once: taking another look applies nothing more.
+        assert await taker.replay_completions("job-x") == 0

@@ -125,8 +125,9 @@ def takeover(
     dead too).
 
     The caller writes the result by compare-and-set on the job's revision, so two agents never
-    both take one job. Subjobs in flight stay in flight: their completions reach the new owner, or
-    they are given up (``overdue``) and their units planned again."""
+    both take one job. Subjobs in flight stay in flight: their completions reach the new owner (it
+    reads back from the stream those it had dropped as another agent's), or they are given up
+    (``overdue``) and their units planned again."""
     owner = state.owner_agent
     if not owner or owner == new_agent or is_terminal(state) or not is_consistent(state):
         return None
