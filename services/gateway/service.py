@@ -167,14 +167,21 @@ class GatewayService(Service):
 
     async def rounds(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         q = decode(data, RoundsQuery)
-        if tenant is not None:
-            got = await self._job(q.job_id, tenant)
-            if isinstance(got, ErrorReply):
-                return got
+        got = await self._job(q.job_id, tenant)
+        if isinstance(got, ErrorReply) and tenant is not None:
+            return got
+        # The rounds of the job's lifetime only (an operator asking about a job no longer in the
+        # store reads them all): SJA_ROUNDS holds up to a GiB of every job's rounds.
+        since = until = None
+        if not isinstance(got, ErrorReply):
+            state = got[0]
+            since = state.submitted_at - ROUNDS_CLOCK_SKEW_S
+            if state.finished_at is not None:
+                until = state.finished_at + ROUNDS_CLOCK_SKEW_S
         records: list[RoundRecord] = []
         # Whole records: every bid of every offer has its verdict there (a batch writes the
         # verdicts its like offers share once; ``iter_rounds`` reads them back into each record).
-        async for rec in iter_rounds(self.jetstream):
+        async for rec in iter_rounds(self.jetstream, since=since, until=until):
             if any(v.job_id == q.job_id for v in rec.verdicts):
                 records.append(rec)
         records = records[-2000:]
@@ -184,6 +191,10 @@ class GatewayService(Service):
 
 
 OTHER = "(other tenant)"
+
+ROUNDS_CLOCK_SKEW_S = 5.0
+"""A job's rounds are looked for from this long before its submission (stamped by the gateway) to
+this long after its end (stamped by its agent), against the times the server stored the records."""
 
 
 def anonymize_round(record: RoundRecord, tenant: str) -> RoundRecord:

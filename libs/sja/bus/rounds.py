@@ -4,10 +4,12 @@ holds one ``RoundRecord``, for a lone offer, or a ``RoundBatch``) and the grants
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import AsyncIterator
 
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from sja.bus.codec import decode
 from sja.core.rounds import unpack_records
@@ -31,20 +33,40 @@ def decode_grants(data: bytes) -> list[Grant]:
 
 
 async def iter_rounds(
-    js: JetStreamContext, timeout_s: float = 2.0, strict: bool = False, whole: bool = True
+    js: JetStreamContext,
+    timeout_s: float = 2.0,
+    strict: bool = False,
+    whole: bool = True,
+    since: float | None = None,
+    until: float | None = None,
 ) -> AsyncIterator[RoundRecord]:
     """Every round record in ``SJA_ROUNDS``, oldest first, read with an ordered consumer up to the
     stream's last message when reading started. A message that is not a round record is skipped,
     and no message for ``timeout_s`` ends the reading; ``strict``: both raise (``DecodeError``,
-    ``TimeoutError``), for readers that must see every record. ``whole``: as ``decode_rounds``."""
+    ``TimeoutError``), for readers that must see every record. ``whole``: as ``decode_rounds``.
+
+    ``since`` / ``until`` (Unix times): only the messages the stream stored in that span (the
+    server seeks to ``since``; reading stops at the first message stored after ``until``), so a
+    reader interested in one job reads the rounds of its lifetime, not the whole stream."""
     info = await js.stream_info(subjects.STREAM_ROUNDS.name)
     if not info.state.messages:
         return
     last_seq = info.state.last_seq
+    if since is not None:
+        try:
+            last = await js.get_msg(subjects.STREAM_ROUNDS.name, seq=last_seq)
+        except NotFoundError:
+            last = None
+        if last is not None and last.time is not None and last.time.timestamp() < since:
+            return  # nothing stored since: no consumer to wait on
+    config = None
+    if since is not None:
+        config = ConsumerConfig(opt_start_time=datetime.datetime.fromtimestamp(since, tz=datetime.UTC))
     sub = await js.subscribe(
         f"{subjects.PREFIX}.round.cleared.>",
         ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.ALL if since is None else DeliverPolicy.BY_START_TIME,
+        config=config,
         pending_msgs_limit=10_000_000,
     )
     try:
@@ -55,6 +77,9 @@ async def iter_rounds(
                 if strict:
                     raise
                 return
+            meta = msg.metadata
+            if until is not None and meta.timestamp is not None and meta.timestamp.timestamp() > until:
+                return
             try:
                 records = decode_rounds(msg.data, whole)
             except ValueError:
@@ -63,7 +88,6 @@ async def iter_rounds(
                 records = []
             for rec in records:
                 yield rec
-            meta = msg.metadata
             # Up to the last record when reading began: a stack that goes on clearing rounds while
             # it is read (idle windows re-offered) must not keep the reader going.
             if meta.num_pending == 0 or meta.sequence.stream >= last_seq:
