@@ -508,3 +508,50 @@ def test_memory_that_stops_growing_is_followed_near_the_latest_size() -> None:
     assert p.mem_quantile(260, Q) >= plateau(260)
     # a far-away size is still predicted, by the prior and the down-weighted points
     assert p.mem.locality > 0.0 and JobProfile.from_state(p.to_state()) == p
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    runs=st.lists(
+        st.tuples(st.integers(1, 64), st.floats(100.0, 20_000.0), st.floats(0.01, 30.0)), max_size=6
+    ),
+    oom=st.one_of(st.none(), st.tuples(st.integers(1, 64), st.floats(100.0, 20_000.0))),
+    asks=st.lists(
+        st.tuples(st.integers(1, 64), st.floats(0.5, 0.999), st.floats(0.01, 60.0)), min_size=1, max_size=8
+    ),
+)
+def test_a_frozen_profile_answers_as_before_and_cannot_be_updated(
+    runs: list[tuple[int, float, float]], oom: tuple[int, float] | None, asks: list[tuple[int, float, float]]
+) -> None:
+    """A frozen profile remembers its predictions: asked again (and again), it answers exactly what
+    the same profile unfrozen answers; updating it raises, and a copy of it updates normally."""
+    p = overestimating_profile()
+    for k, mem, dur in runs:
+        p.observe(k, mem, dur, "1g.10gb", 1 / 7)
+    if oom is not None:
+        p.observe_oom(oom[0], oom[1])
+    plain = p.copy()
+    frozen = p.copy().freeze()
+
+    def answers(q: JobProfile) -> list[float]:
+        return [
+            v
+            for k, level, length in asks
+            for v in (
+                q.mem_quantile(k, level),
+                q.mem_fit_probability(k, length * 1000.0),
+                q.duration_quantile(k, level, "1g.10gb", 1 / 7),
+                q.time_fit_probability(k, length, "2g.20gb", 2 / 7),
+            )
+        ]
+
+    expected = answers(plain)
+    assert answers(frozen) == expected
+    assert answers(frozen) == expected, "remembered: the same answers again"
+    with pytest.raises(RuntimeError):
+        frozen.observe(1, 100.0, 0.1, "1g.10gb", 1 / 7)
+    with pytest.raises(RuntimeError):
+        frozen.observe_oom(1, 100.0)
+    updated = frozen.copy()
+    updated.observe(1, 100.0, 0.1, "1g.10gb", 1 / 7)
+    assert updated.observations == frozen.observations + 1

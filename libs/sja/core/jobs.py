@@ -199,10 +199,11 @@ def profile_of(state: JobState) -> JobProfile:
 
 
 def _keep_profile(ps: ProfileState, profile: JobProfile) -> None:
-    """Hold ``profile`` as the one of ``ps`` (it must be what ``JobProfile.from_state(ps)`` gives)."""
+    """Hold ``profile`` as the one of ``ps`` (it must be what ``JobProfile.from_state(ps)`` gives):
+    read-only from now on, its predictions remembered (``JobProfile.freeze``)."""
     if len(_PROFILES) >= _PROFILES_LIMIT:
         _PROFILES.clear()
-    _PROFILES[id(ps)] = (ps, profile)
+    _PROFILES[id(ps)] = (ps, profile.freeze())
 
 
 def is_terminal(state: JobState) -> bool:

@@ -87,6 +87,9 @@ MAX_OBSERVATIONS = 64
 """Observations kept per regression (the oldest are dropped; the prior always stays, and so do the
 lower bounds that censored observations set)."""
 
+MEMO_LIMIT = 4096
+"""Predictions a frozen profile remembers (``JobProfile.freeze``); past it they are forgotten."""
+
 _FORMAT_V2 = -2.0
 """Marks the serialized layout with censored bounds and held floors (``LinearPosterior.to_list``)."""
 
@@ -449,6 +452,31 @@ class JobProfile:
     ``>= k`` runs within it (durations are noisy: a stalled host, a slow neighbour can cause one
     timeout). A learned speed does not move the bound: on the very slice it overran, it is a fact."""
     observations: int = 0
+    _memo: dict[tuple[object, ...], float] | None = field(default=None, repr=False, compare=False)
+    """Predictions already made, once ``freeze`` made the profile read-only (None: not remembered)."""
+
+    def freeze(self) -> JobProfile:
+        """Make the profile read-only: from now on its predictions are remembered (a planner asks the
+        same ones for every offer, grant and re-plan until the next calibration), and updating it
+        raises. A ``copy`` is a profile of its own, to update."""
+        if self._memo is None:
+            self._memo = {}
+        return self
+
+    def _updating(self) -> None:
+        if self._memo is not None:
+            raise RuntimeError("a frozen profile is read-only: update a copy")
+
+    def _remembered(self, key: tuple[object, ...], compute: Callable[[], float]) -> float:
+        memo = self._memo
+        if memo is None:
+            return compute()
+        got = memo.get(key)
+        if got is None:
+            if len(memo) >= MEMO_LIMIT:
+                memo.clear()
+            got = memo[key] = compute()
+        return got
 
     @classmethod
     def from_declaration(cls, mem: MemoryDecl, time: TimeDecl, typical_units: int) -> JobProfile:
@@ -474,11 +502,13 @@ class JobProfile:
 
     def mem_quantile(self, k: int, q: float) -> float:
         """The ``q`` quantile of peak memory at ``k``, non-decreasing in ``k`` (``LinearPosterior.upper``)."""
-        return max(self.mem.upper(k, q), 0.0)
+        return self._remembered(("mq", k, q), lambda: max(self.mem.upper(k, q), 0.0))
 
     def mem_fit_probability(self, k: int, cap_mib: float) -> float:
         """P(peak <= cap) consistent with ``mem_quantile``: its q at which the quantile is the cap."""
-        return 0.0 if cap_mib < 0.0 else self.mem.upper_cdf(k, cap_mib)
+        if cap_mib < 0.0:
+            return 0.0
+        return self._remembered(("mp", k, cap_mib), lambda: self.mem.upper_cdf(k, cap_mib))
 
     def slowdown(self, profile: str, share: float) -> tuple[float, float]:
         """(mean, sd) of log(duration on this profile / full-speed duration)."""
@@ -496,9 +526,19 @@ class JobProfile:
     def duration_quantile(self, k: int, q: float, profile: str, share: float) -> float:
         """The ``q`` quantile of the full-speed duration times the ``q`` quantile of the profile's
         slowdown (conservative: both tails at once)."""
-        return self._duration_at(k, q, _z_cached(q), self.slowdown(profile, share), t_ppf)
+        return self._remembered(
+            ("dq", k, q, profile, share),
+            lambda: self._duration_at(k, q, _z_cached(q), self.slowdown(profile, share), t_ppf),
+        )
 
     def time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
+        """P(duration <= length) consistent with ``duration_quantile`` (``_time_fit_probability``)."""
+        return self._remembered(
+            ("tp", k, length_s, profile, share),
+            lambda: self._time_fit_probability(k, length_s, profile, share),
+        )
+
+    def _time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
         """P(duration <= length) consistent with ``duration_quantile``: the quantile is increasing in
         q, so the q at which it equals the length is found on the normal z of q by the Illinois
         method (regula falsi that halves a stale end: a handful of steps instead of 40 halvings),
@@ -553,14 +593,17 @@ class JobProfile:
 
     def observe(self, k: int, peak_mem_mib: float, duration_s: float, profile: str, share: float) -> None:
         """A completed subjob: both measurements are exact observations."""
+        self._updating()
         self.observe_memory(k, peak_mem_mib)
         self.observe_duration(k, duration_s, profile, share)
         self.observations += 1
 
     def observe_memory(self, k: int, peak_mem_mib: float) -> None:
+        self._updating()
         self.mem.update(k, peak_mem_mib)
 
     def observe_duration(self, k: int, duration_s: float, profile: str, share: float) -> None:
+        self._updating()
         predicted_full = max(self.time.mean(k), 1e-6)
         est = self.speed.setdefault(profile, SpeedEstimate())
         log_ratio = math.log(max(duration_s, 1e-6) / predicted_full) + math.log(share)
@@ -573,12 +616,14 @@ class JobProfile:
 
     def observe_oom(self, k: int, cap_mib: float, peak_seen_mib: float = 0.0) -> None:
         """Peak memory at size ``k`` exceeded ``cap_mib`` (censored from below)."""
+        self._updating()
         _add_bound(self.oom_bounds, k, cap_mib)
         self.mem.observe_censored(k, max(cap_mib, peak_seen_mib))
         self.observations += 1
 
     def observe_timeout(self, k: int, cap_s: float, profile: str, share: float) -> None:
         """Duration at size ``k`` exceeded ``cap_s`` on this profile (censored from below)."""
+        self._updating()
         mu, _ = self.slowdown(profile, share)
         _add_bound(self.timeout_bounds, k, cap_s * share)
         self.time.observe_censored(k, cap_s / math.exp(mu))
