@@ -97,3 +97,49 @@ async def test_trace_context_crosses_nats_headers(nc) -> None:
     assert remote.span_id == sent.span_id
     assert decode(msg.data, JobCancel).job_id == "j-1"
     assert encode(decode(msg.data, JobCancel)) == msg.data
+
+
+async def test_store_lists_every_entry_while_the_bucket_is_written(nc) -> None:
+    """``Store.all`` and ``keys`` give the last value and revision of every key (deleted keys left
+    out), an empty bucket gives nothing, and a listing taken while another writer keeps writing
+    never comes back short (nats-py's own ``keys()`` could read a full bucket as empty when the
+    deliveries were still on their way)."""
+    import msgspec
+
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    slices, _ = await stores(js)
+    assert await slices.all() == [] and await slices.keys() == []
+    base = load_declared(None)[0]
+    made = {f"s{i:04d}": msgspec.structs.replace(base, slice_id=f"s{i:04d}") for i in range(600)}
+    await asyncio.gather(*(slices.put(k, v) for k, v in made.items()))
+    await slices.kv.delete("s0007")
+    del made["s0007"]
+    offline = msgspec.structs.replace(made["s0001"], status="offline")
+    await slices.put("s0001", offline)
+    made["s0001"] = offline
+
+    got = await slices.all()
+    assert {s.slice_id: s for s, _ in got} == made
+    for s, rev in got[:50]:
+        assert await slices.get(s.slice_id) == (s, rev)
+    assert sorted(await slices.keys()) == sorted(made)
+
+    stop = asyncio.Event()
+
+    async def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            key = f"s{i % 600:04d}"
+            if key in made:
+                await slices.put(key, made[key])
+            i += 1
+
+    task = asyncio.create_task(writer())
+    try:
+        for _ in range(10):
+            assert len(await slices.all()) == len(made)
+            assert len(await slices.keys()) == len(made)
+    finally:
+        stop.set()
+        await task

@@ -32,7 +32,14 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -397,18 +404,55 @@ class Store(Generic[M]):
         return int(await self.kv.put(key, encode(value)))
 
     async def keys(self) -> list[str]:
-        try:
-            return list(await self.kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+        return [key for key, _, _ in await self._latest(values=False)]
 
     async def all(self) -> list[tuple[M, int]]:
-        out: list[tuple[M, int]] = []
-        for key in await self.keys():
-            got = await self.get(key)
-            if got is not None:
-                out.append(got)
-        return out
+        """Every entry (value and revision) of the bucket as it stands: one ordered consumer over
+        the last message of each key, no read per key."""
+        return [(decode(raw, self.typ), rev) for _, raw, rev in await self._latest(values=True)]
+
+    async def _latest(self, values: bool, timeout_s: float = 10.0) -> list[tuple[str, bytes, int]]:
+        """(key, value, revision) of every key whose last entry is a value (not a delete or purge).
+
+        nats-py's ``KeyValue.keys()`` decides a bucket is empty when the consumer reports nothing
+        pending and its callback has not yet counted a delivery, which also happens when the
+        deliveries are on their way: under load a full bucket read as empty. Here the consumer's
+        own counts say how many messages its snapshot of the bucket holds (nothing delivered and
+        nothing pending: empty), and that many are read; writes made meanwhile may follow them and
+        are folded in (the newest entry of a key wins). A read that stalls raises
+        (``TimeoutError``) rather than return part of the bucket."""
+        prefix = f"$KV.{self.kv._name}."
+        sub = await self.kv._js.subscribe(
+            prefix + ">",
+            stream=self.kv._stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            headers_only=not values,
+            pending_msgs_limit=10_000_000,
+        )
+        latest: dict[str, tuple[bytes, int]] = {}
+        try:
+            info = await sub.consumer_info()
+            delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+            snapshot = (info.num_pending or 0) + (delivered or 0)
+            while snapshot > 0:
+                msg = await sub.next_msg(timeout=timeout_s)
+                meta = msg.metadata
+                key = msg.subject[len(prefix) :]
+                rev = int(meta.sequence.stream)
+                gone = (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
+                if rev >= latest.get(key, (b"", 0))[1]:
+                    if gone or (values and not msg.data):
+                        latest.pop(key, None)
+                    else:
+                        latest[key] = (msg.data, rev)
+                if meta.sequence.consumer >= snapshot or meta.num_pending == 0:
+                    break
+        except nats.errors.TimeoutError as e:
+            raise TimeoutError(f"reading bucket {self.kv._name} stalled after {len(latest)} keys") from e
+        finally:
+            await sub.unsubscribe()
+        return [(key, data, rev) for key, (data, rev) in latest.items()]
 
 
 async def stores(js: JetStreamContext) -> tuple[Store[SliceState], Store[JobState]]:
