@@ -944,7 +944,7 @@ class AgentService(Service):
                 if m is None or m.subjob is None:
                     reason = m.reason if m else "job gone"
                     span.set_attribute("sja.note", reason)
-                    if reason != "grant already materialized":
+                    if reason not in ("grant already materialized", "grant already declined"):
                         await self.release(grant, reason)
                     return
                 sj = m.subjob

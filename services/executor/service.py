@@ -120,6 +120,9 @@ class ExecutorService(Service):
             states = [s for s, _ in await self.slices.all() if s.node == self.cfg.node]
             if states:
                 self.slice_info = {s.slice_id: s for s in states}
+                # Grants made before this process started (a restart) may have had runs it does not
+                # remember: their subjobs are admitted by compare-and-set, never without a write.
+                self.started_fences = {s.slice_id: s.fence for s in states}
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no slices for node {self.cfg.node!r} in the inventory")

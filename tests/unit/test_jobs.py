@@ -263,6 +263,27 @@ def test_materialize_never_exceeds_the_granted_candidate() -> None:
     assert mat.subjob.fence == g.fence and mat.subjob.grant_id == g.grant_id
 
 
+def test_a_declined_grant_delivered_again_never_becomes_a_subjob() -> None:
+    """A job at its ``max_parallel`` declines a second grant (its slice is given back); once the job
+    can take work again, a copy of that grant must not become a subjob: its lease may belong to
+    another job by then."""
+    state, _ = win_window(new_job("j1", spec(), T0), T0)  # max_parallel 1: one subjob in flight
+    offer = offer_for(window(T0, slice_id="local-g0-1g.5gb-3"), T0)
+    other = new_job("j2", spec(), T0)
+    proposal = propose(other, offer, T0, LIMITS)
+    assert proposal is not None
+    g = msgspec.structs.replace(grant_for(state, offer, proposal, T0), job_id="j1")
+    declined = materialize(state, g, T0, LIMITS, "agent-1")
+    assert declined.subjob is None and declined.reason == "job cannot take more work now"
+    assert declined.state.declined_grants == [g.grant_id]
+    (flight,) = declined.state.in_flight
+    freed = msgspec.structs.replace(declined.state, in_flight=[], next_unit=flight.unit_start)
+    again = materialize(freed, g, T0 + 1, LIMITS, "agent-1")
+    assert again.subjob is None and again.reason == "grant already declined" and again.state == freed
+    fresh = msgspec.structs.replace(g, grant_id="g-other")
+    assert materialize(freed, fresh, T0 + 1, LIMITS, "agent-1").subjob is not None, "only that grant"
+
+
 def test_duplicate_completion_is_ignored() -> None:
     state = new_job("j1", spec(), T0)
     state, sj = win_window(state, T0)

@@ -42,6 +42,8 @@ MAX_CONSECUTIVE_FAILURES = 8
 """A job whose subjobs fail this many times in a row (other than OOM/timeout) is failed."""
 
 HISTORY_LIMIT = 500
+DECLINED_KEPT = 16
+"""Grants a job remembers declining (``JobState.declined_grants``)."""
 
 BIDDING_TIMEOUT_S = 1.0
 """How long a job likely to win in a batch sits out later batches when no outcome comes."""
@@ -298,7 +300,14 @@ def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, a
     if any(f.grant_id == grant.grant_id for f in state.in_flight):
         # The same grant delivered again (a replay): its subjob exists already.
         return Materialized(state, None, "grant already materialized")
-    seen = msgspec.structs.replace(state, grants_seen=state.grants_seen + 1)
+    if grant.grant_id in state.declined_grants:
+        # Declined before, its slice given back (and maybe granted again since): never a subjob.
+        return Materialized(state, None, "grant already declined")
+    seen = msgspec.structs.replace(
+        state,
+        grants_seen=state.grants_seen + 1,
+        declined_grants=[*state.declined_grants, grant.grant_id][-DECLINED_KEPT:],
+    )
     if not can_take_more(state):
         return Materialized(seen, None, "job cannot take more work now")
     rng = next_range(state)

@@ -492,6 +492,10 @@ class JobState(Message, tag="sja.job_state.v1", frozen=True, kw_only=True):
     rounds_won: NonNegInt = 0
     attempt_failures: NonNegInt = 0
     grants_seen: NonNegInt = 0
+    declined_grants: list[str] = []
+    """The grants the job declined lately (the newest ``jobs.DECLINED_KEPT``): their slices were given
+    back, so a copy of one delivered later must not become a subjob (it would run on a slice its
+    lease no longer holds)."""
     attained_gpu_s: NonNegFloat = 0.0
     """GPU-seconds granted to the job so far (expected duration times compute share of every grant
     it took): what the clearer's ledger charges, counted by the agent."""
