@@ -154,3 +154,41 @@ def test_stop_flushes_spans_to_the_trace_files(nats_url: str, tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     spans = json.loads(done.stdout.strip().splitlines()[-1])
     assert ["test.handled", {"sja.job_id": "job-7"}] in spans, spans
+
+
+class StubbornService(Service):
+    """A service whose loop loses the first cancellation it gets, as a loop can when a library
+    awaits through ``asyncio.wait_for`` and the awaited result and the cancellation arrive together."""
+
+    name = "stubborn"
+
+    def __init__(self, settings: BaseSettings) -> None:
+        super().__init__(settings)
+        self.lost = 0
+        self.ended = False
+
+    async def on_start(self) -> None:
+        self.loop(self._forever())
+
+    async def _forever(self) -> None:
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(0.01)
+                except asyncio.CancelledError:
+                    if self.lost < 1:
+                        self.lost += 1
+                        continue
+                    raise
+        finally:
+            self.ended = True
+
+
+async def test_stop_ends_a_loop_that_lost_its_cancellation(nats_url: str, tmp_path: Path) -> None:
+    svc = StubbornService(
+        BaseSettings(nats_url=nats_url, out_dir=str(tmp_path / "out"), instance="stubborn-0")
+    )
+    await svc.start()
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(svc.stop(), timeout=30)
+    assert svc.lost == 1 and svc.ended
