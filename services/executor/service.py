@@ -128,13 +128,37 @@ class ExecutorService(Service):
                 raise RuntimeError(f"no slices for node {self.cfg.node!r} in the inventory")
             await asyncio.sleep(0.2)
 
+    def _join_ray(self) -> None:
+        """Join the Ray cluster at ``ray_address``, trying again a connection that failed: a head
+        still starting, or the head's Ray Client server failing to start one for this client (it
+        has a start-up deadline a loaded head can miss). The last failure is raised."""
+        delay = 1.0
+        for attempt in range(1, RAY_JOIN_ATTEMPTS + 1):
+            try:
+                ray.init(address=self.cfg.ray_address, namespace="sja", log_to_driver=False)
+                return
+            except (ConnectionError, RuntimeError) as e:
+                if attempt == RAY_JOIN_ATTEMPTS:
+                    raise
+                log.warning(
+                    "joining Ray at %s failed (attempt %d of %d): %s",
+                    self.cfg.ray_address,
+                    attempt,
+                    RAY_JOIN_ATTEMPTS,
+                    str(e).strip().splitlines()[-1][:200] if str(e).strip() else repr(e),
+                )
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
     def _init_ray(self) -> None:
         resources = node_resources(self.cfg.node, self.slice_info)
         if ray.is_initialized():
             self._check_cluster(resources)
             return
         if self.cfg.ray_address:
-            ray.init(address=self.cfg.ray_address, namespace="sja", log_to_driver=False)
+            self._join_ray()
             self._check_cluster(resources)
         else:
             kwargs: dict[str, Any] = {}
@@ -385,6 +409,9 @@ LOST_BECAUSE = {
 
 
 ACK_WAIT_S = 10.0
+
+RAY_JOIN_ATTEMPTS = 5
+"""Tries to join an existing Ray cluster (``SJA_RAY_ADDRESS``) before the executor gives up."""
 
 
 async def _keep_alive(msg: Msg) -> None:
