@@ -1374,20 +1374,25 @@ async def test_hostile_profile_declaration_is_a_bad_request(
             await st_.enter_async_context(GatewayService(GatewaySettings(**settings_)))
             spec = {"name": "x", "tenant": "t", "workload": "montecarlo", **decl}
             data = msgspec.msgpack.encode({"type": "sja.submit_job.v1", "spec": spec})
-            # Seen once on a loaded CI machine: no responders right after start(); a client
-            # retries that (the gateway may be restarting), this test too.
-            for attempt in range(20):
-                try:
-                    reply = await nc.request(subjects.JOB_SUBMIT, data, timeout=REQUEST_TIMEOUT_S)
-                    break
-                except nats.errors.NoRespondersError:
-                    if attempt == 19:
-                        raise
-                    await asyncio.sleep(0.1)
+            reply = await request_retrying(nc, subjects.JOB_SUBMIT, data)
             err = decode(reply.data, m.ErrorReply)
             assert err.code == "bad_request" and err.field.startswith(("spec.memory", "spec.time")), err
     finally:
         await nc.close()
+
+
+async def request_retrying(nc: Any, subject: str, data: bytes) -> Msg:
+    """A request right after a service's start(), retried on no responders: seen now and then on a
+    loaded CI machine; a client retries that (the service may be restarting), these tests too."""
+    for attempt in range(20):
+        try:
+            reply: Msg = await nc.request(subject, data, timeout=REQUEST_TIMEOUT_S)
+            return reply
+        except nats.errors.NoRespondersError:
+            if attempt == 19:
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.parametrize(
@@ -1400,7 +1405,7 @@ async def test_policy_endpoint_answers_with_a_typed_error(
     try:
         settings_ = {"nats_url": server.url, "out_dir": str(tmp_path / "out"), "instance": "clearer-t"}
         async with ClearerService(ClearerSettings(**settings_)):
-            reply = await nc.request(POLICY_SUBJECT, name, timeout=REQUEST_TIMEOUT_S)
+            reply = await request_retrying(nc, POLICY_SUBJECT, name)
             assert decode(reply.data, m.ErrorReply).code == "bad_request"
     finally:
         await nc.close()
