@@ -127,19 +127,21 @@ async def test_store_lists_every_entry_while_the_bucket_is_written(nc) -> None:
 
     stop = asyncio.Event()
 
-    async def writer() -> None:
-        i = 0
+    async def writer(start: int) -> None:
+        # Several writers rewrite every key many times over: the bucket keeps 5 revisions per
+        # key, so the entry a listing was about to deliver is often pushed out before its turn.
+        i = start
         while not stop.is_set():
             key = f"s{i % 600:04d}"
             if key in made:
                 await slices.put(key, made[key])
-            i += 1
+            i += 7
 
-    task = asyncio.create_task(writer())
+    tasks = [asyncio.create_task(writer(k * 150)) for k in range(4)]
     try:
-        for _ in range(10):
+        for _ in range(20):
             assert len(await slices.all()) == len(made)
             assert len(await slices.keys()) == len(made)
     finally:
         stop.set()
-        await task
+        await asyncio.gather(*tasks)

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import re
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -411,16 +413,26 @@ class Store(Generic[M]):
         the last message of each key, no read per key."""
         return [(decode(raw, self.typ), rev) for _, raw, rev in await self._latest(values=True)]
 
-    async def _latest(self, values: bool, timeout_s: float = 10.0) -> list[tuple[str, bytes, int]]:
+    async def _latest(
+        self, values: bool, timeout_s: float = 10.0, deadline_s: float = 60.0
+    ) -> list[tuple[str, bytes, int]]:
         """(key, value, revision) of every key whose last entry is a value (not a delete or purge).
 
         nats-py's ``KeyValue.keys()`` decides a bucket is empty when the consumer reports nothing
         pending and its callback has not yet counted a delivery, which also happens when the
         deliveries are on their way: under load a full bucket read as empty. Here the consumer's
-        own counts say how many messages its snapshot of the bucket holds (nothing delivered and
-        nothing pending: empty), and that many are read; writes made meanwhile may follow them and
-        are folded in (the newest entry of a key wins). A read that stalls raises
-        (``TimeoutError``) rather than return part of the bucket."""
+        own counts say whether the bucket is empty (nothing delivered and nothing pending), and
+        otherwise messages are read until one arrives with nothing pending behind it.
+
+        That alone can still miss a key written meanwhile. The consumer's list of last entries is
+        fixed when it is created; the bucket keeps a few revisions per key, and an entry pushed
+        out by newer writes before its turn is skipped, while the count of pending messages only
+        covers the list. So the keys the stream holds are listed afterwards (one paged request)
+        and any the read missed is read on its own: rare, and only under heavy rewriting. Every
+        key present when the read began comes back, each with a value it held during the read;
+        writes made meanwhile are folded in (the newest entry of a key wins). A read that stalls,
+        or that cannot catch up with the writers within ``deadline_s``, raises ``TimeoutError``
+        rather than return part of the bucket."""
         prefix = f"$KV.{self.kv._name}."
         sub = await self.kv._js.subscribe(
             prefix + ">",
@@ -431,28 +443,63 @@ class Store(Generic[M]):
             pending_msgs_limit=10_000_000,
         )
         latest: dict[str, tuple[bytes, int]] = {}
+        gone: dict[str, int] = {}
         try:
             info = await sub.consumer_info()
             delivered = info.delivered.consumer_seq if info.delivered is not None else 0
-            snapshot = (info.num_pending or 0) + (delivered or 0)
-            while snapshot > 0:
+            empty = (info.num_pending or 0) + (delivered or 0) == 0
+            give_up = time.monotonic() + deadline_s
+            while not empty:
+                if time.monotonic() > give_up:
+                    raise TimeoutError(
+                        f"reading bucket {self.kv._name}: the writers kept ahead for {deadline_s:.0f} s"
+                    )
                 msg = await sub.next_msg(timeout=timeout_s)
                 meta = msg.metadata
                 key = msg.subject[len(prefix) :]
                 rev = int(meta.sequence.stream)
-                gone = (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
-                if rev >= latest.get(key, (b"", 0))[1]:
-                    if gone or (values and not msg.data):
+                if rev >= max(latest.get(key, (b"", 0))[1], gone.get(key, 0)):
+                    if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE") or (
+                        values and not msg.data
+                    ):
                         latest.pop(key, None)
+                        gone[key] = rev
                     else:
                         latest[key] = (msg.data, rev)
-                if meta.sequence.consumer >= snapshot or meta.num_pending == 0:
+                        gone.pop(key, None)
+                if meta.num_pending == 0:
                     break
         except nats.errors.TimeoutError as e:
             raise TimeoutError(f"reading bucket {self.kv._name} stalled after {len(latest)} keys") from e
         finally:
             await sub.unsubscribe()
+        if not empty:
+            for key in sorted(await self._stream_keys() - latest.keys() - gone.keys()):
+                try:
+                    entry = await self.kv.get(key)
+                except KeyNotFoundError:  # deleted or purged since (KeyDeletedError is one)
+                    continue
+                if entry.value:
+                    latest[key] = (entry.value, int(entry.revision or 0))
         return [(key, data, rev) for key, (data, rev) in latest.items()]
+
+    async def _stream_keys(self) -> set[str]:
+        """Every key with an entry (a value or a delete marker) in the bucket's stream, from the
+        stream's subject listing, page by page (the server sends at most 100,000 a page)."""
+        js = self.kv._js
+        prefix = f"$KV.{self.kv._name}."
+        keys: set[str] = set()
+        while True:
+            req = json.dumps({"subjects_filter": prefix + ">", "offset": len(keys)}).encode()
+            reply = await js._nc.request(f"{js._prefix}.STREAM.INFO.{self.kv._stream}", req, timeout=10)
+            resp = json.loads(reply.data)
+            if resp.get("error"):
+                nats.js.errors.APIError.from_error(resp["error"])  # raises the typed error
+            page = (resp.get("state") or {}).get("subjects") or {}
+            before = len(keys)
+            keys.update(subject[len(prefix) :] for subject in page)
+            if len(keys) == before or len(keys) >= int(resp.get("total") or 0):
+                return keys
 
 
 async def stores(js: JetStreamContext) -> tuple[Store[SliceState], Store[JobState]]:
