@@ -76,7 +76,7 @@ from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 from sja.bus.rounds import decode_grants
-from sja.bus.service import freeze_after_start, tune_gc
+from sja.bus.service import freeze_after_start, run_loop, tune_gc
 from sja.client import SjaClient
 from sja.execution import slicelease
 from sja.protocol import subjects
@@ -674,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     stack: BenchStack | None = None
     try:
-        raw = asyncio.run(raw_nats(server.url))
+        raw = run_loop(raw_nats(server.url))
         asyncio.run(_declare(server.url))
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
@@ -704,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         assert server.proc is not None
         cpu0 = per_service_cpu(stack.procs)
         t0 = time.perf_counter()
-        result = asyncio.run(
+        result = run_loop(
             run(
                 server.url,
                 monitor,

@@ -28,7 +28,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -44,6 +44,7 @@ from sja.telemetry.metrics import MetricsEndpoint, ServiceMetrics, flush_metrics
 from sja.telemetry.setup import flush_tracing, setup_tracing
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Handler = Callable[[Msg], Awaitable[None]]
 
@@ -295,6 +296,28 @@ def freeze_after_start() -> None:
     """What start-up allocated is permanent: leave it out of every later collection."""
     gc.collect()
     gc.freeze()
+
+
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def run_loop(coro: Coroutine[Any, Any, T], loop: str | None = None) -> T:
+    """Run a process's main coroutine on its event loop: uvloop by default (``SJA_EVENT_LOOP``,
+    ``uvloop`` or ``asyncio``). A service spends much of its CPU dispatching messages (callbacks,
+    futures, socket reads); uvloop does that part in C. Where uvloop is not installed (it has no
+    Windows build) the standard loop runs instead, as it does with ``SJA_EVENT_LOOP=asyncio``."""
+    choice = (loop or os.environ.get("SJA_EVENT_LOOP") or "uvloop").strip().lower()
+    if choice not in EVENT_LOOPS:
+        coro.close()
+        raise ValueError(f"SJA_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, not {choice!r}")
+    if choice == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            log.info("uvloop is not installed: the standard asyncio loop runs")
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
 
 
 def configure_logging(level: str) -> None:

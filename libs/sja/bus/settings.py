@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -25,6 +25,8 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True):
     instance: str = ""
     """Replica id; defaults to ``<service>-<host>-<pid>``."""
     log_level: str = "INFO"
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """The process's event loop (``sja.bus.service.run_loop``): uvloop, or the standard one."""
     drain_timeout_s: float = 10.0
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     """Port of the Prometheus ``/metrics`` endpoint (``sja.telemetry.metrics``); 0: no endpoint."""

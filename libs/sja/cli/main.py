@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -65,7 +64,9 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def run_async(coro: Any) -> Any:
-    return asyncio.run(coro)
+    from sja.bus.service import run_loop
+
+    return run_loop(coro)
 
 
 @app.command()
@@ -74,7 +75,7 @@ def service(
 ) -> None:
     """Run one service in the foreground (settings from SJA_* environment variables)."""
     from services.registry import SERVICES, load
-    from sja.bus.service import configure_logging, freeze_after_start, run_service, tune_gc
+    from sja.bus.service import configure_logging, freeze_after_start, run_loop, run_service, tune_gc
     from sja.bus.settings import SettingsError
 
     if name not in SERVICES:
@@ -88,7 +89,7 @@ def service(
     configure_logging(settings.log_level)
     tune_gc()
     try:
-        run_async(run_service(svc_cls(settings), ready=freeze_after_start))
+        run_loop(run_service(svc_cls(settings), ready=freeze_after_start), settings.event_loop)
     except ValueError as e:
         fail(str(e))
 
