@@ -70,6 +70,8 @@ MAX_POOLS = 10_000
 """Pools whose policy an agent remembers (bounded against outcomes naming made-up pools)."""
 MAX_AGENTS_SEEN = 10_000
 """Agents whose last heartbeat an agent remembers (bounded against heartbeats naming made-up agents)."""
+COMPLETIONS_ACK_PENDING = 50_000
+"""Completions an agent may hold unacknowledged (delivered, waiting to be written with their job)."""
 MAX_JOB_LINKS = 128
 """Links to rounds a job's ``sja.job`` span keeps (the rest are counted: ``sja.links_dropped``)."""
 
@@ -192,6 +194,10 @@ class AgentService(Service):
                 ack_wait=30,
                 deliver_policy=DeliverPolicy.NEW,
                 max_deliver=-1,
+                # Completions stay unacknowledged until written with their job (up to
+                # completion_flush_s): at thousands a second the server's default of 1000 would
+                # hold deliveries back.
+                max_ack_pending=COMPLETIONS_ACK_PENDING,
                 inactive_threshold=self.cfg.completions_inactive_s,
             ),
         )
@@ -565,7 +571,12 @@ class AgentService(Service):
             self._own(state, rev)
 
     def _own(self, state: JobState, rev: int) -> None:
+        held = self.owned.get(state.job_id)
         self.owned[state.job_id] = (state, rev)
+        if held is not None and held[0] is state:
+            # The same state written again (completions flushed): only the revision moved, and a
+            # job's proposals depend on its state alone, so its plans and ranking still hold.
+            return
         self._versions += 1
         self._version[state.job_id] = self._versions
         self._changed(state.job_id)
