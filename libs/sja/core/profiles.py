@@ -352,14 +352,27 @@ class LinearPosterior:
         ``x``, each conditioned on the lower bounds, of the quantile at ``x`` and at 1. Quantiles
         of a regression are convex in ``x`` (a line plus the norm of an affine function), so their
         running maximum over ``[1, x]`` is ``max(q(1), q(x))``: a larger subjob never needs less."""
+        return self.upper_curve(x)(q, ppf)
+
+    def upper_curve(self, x: float) -> Callable[[float, TPpf], float]:
+        """``q -> upper(x, q, ppf)``, with what does not depend on ``q`` (the bounds, and each fit's
+        location and scale at ``x`` and at 1) worked out once: a root search over ``q`` at one
+        size asks for many quantiles. The same arithmetic, so the same numbers, as ``upper``."""
         lx, l1 = self.lower_bound(x), self.lower_bound(1.0)
-        best = -math.inf
+        parts = []
         for fit in (self.fitted(), *(h[1:] for h in self.held if x >= h[0])):
             mx, sx, dof = _loc_scale(fit, x)  # type: ignore[arg-type]
             m1, s1, _ = _loc_scale(fit, 1.0)  # type: ignore[arg-type]
-            t_q = ppf(dof, q)
-            best = max(best, _t_quantile(mx, sx, t_q, dof, q, lx), _t_quantile(m1, s1, t_q, dof, q, l1))
-        return best
+            parts.append((mx, sx, m1, s1, dof))
+
+        def at(q: float, ppf: TPpf = t_ppf) -> float:
+            best = -math.inf
+            for mx, sx, m1, s1, dof in parts:
+                t_q = ppf(dof, q)
+                best = max(best, _t_quantile(mx, sx, t_q, dof, q, lx), _t_quantile(m1, s1, t_q, dof, q, l1))
+            return best
+
+        return at
 
     def upper_cdf(self, x: float, y: float) -> float:
         """P(value <= y) consistent with ``upper``: a maximum of quantiles is a minimum of cdfs."""
@@ -545,11 +558,13 @@ class JobProfile:
         keeping the end where the quantile fits."""
         if length_s <= 0:
             return 0.0
-        slow = self.slowdown(profile, share)
+        mu, sd = self.slowdown(profile, share)
+        upper = self.time.upper_curve(k)
 
         def excess(u: float) -> float:
-            # each step asks for a new q: the t quantiles are not cached
-            return self._duration_at(k, float(ndtr(u)), u, slow, _t_ppf_raw) - length_s
+            # ``_duration_at(k, ndtr(u), u, ...)``; each step asks for a new q: the t quantiles
+            # are not cached
+            return max(upper(float(ndtr(u)), _t_ppf_raw), 0.0) * math.exp(mu + u * sd) - length_s
 
         lo, hi = -Z_MAX, Z_MAX
         f_lo, f_hi = excess(lo), excess(hi)
