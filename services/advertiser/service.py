@@ -123,10 +123,14 @@ class AdvertiserService(Service):
         # all of them).
         entries = self.view.entries
         slices = {k: entries[k][0] for k in sorted(self.free) if k in entries}
-        windows = find_windows(
-            slices.values(), WindowRequest(now=now, horizon_s=self.cfg.horizon_s, open_ended=True)
+        # The pacer picks the slices due (in the order of their windows: all start now, so by
+        # slice id); windows are built for those only, not for every free slice on every pass.
+        due_slices = self.pacer.due(
+            [s for s in slices.values() if s.status == "free"], {k: s.fence for k, s in slices.items()}, now
         )
-        due = self.pacer.due(windows, {k: s.fence for k, s in slices.items()}, now)
+        order = {s.slice_id: i for i, s in enumerate(due_slices)}
+        due = find_windows(due_slices, WindowRequest(now=now, horizon_s=self.cfg.horizon_s, open_ended=True))
+        due.sort(key=lambda w: order[w.slice_id])
         by_pool: dict[str, list[Window]] = {}
         for w in due:
             by_pool.setdefault(w.pool, []).append(w)

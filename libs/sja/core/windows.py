@@ -7,8 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from sja.protocol.messages import SliceState, Window
+
+
+class HasSlice(Protocol):
+    @property
+    def slice_id(self) -> str: ...
+
+
+W = TypeVar("W", bound=HasSlice)
 
 
 @dataclass(frozen=True)
@@ -109,8 +118,10 @@ class OfferPacer:
         else:
             self._demand = True
 
-    def due(self, windows: Iterable[Window], fences: Mapping[str, int], now: float) -> list[Window]:
-        """The windows to offer now (recording that they were offered)."""
+    def due(self, windows: Iterable[W], fences: Mapping[str, int], now: float) -> list[W]:
+        """The windows to offer now (recording that they were offered). Only their ``slice_id``
+        is read: a caller may ask with the free slices themselves, in window order, and build
+        windows for the few that are due."""
         uncounted = self._demand
         if self._demand:
             self._demand = False
@@ -123,8 +134,8 @@ class OfferPacer:
             self._ready_at = now
         if holding and self._ready and now - self._ready_at > self.max_s:
             self._ready = 0  # demand that long unmet is stale (its jobs got windows elsewhere)
-        out: list[Window] = []
-        waiting: list[tuple[float, Window]] = []
+        out: list[W] = []
+        waiting: list[tuple[float, W]] = []
         held: dict[str, tuple[int, float]] = {}
         for w in windows:
             fence = fences[w.slice_id]
