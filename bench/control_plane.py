@@ -77,6 +77,7 @@ from sja.bus.connection import connect, ensure_jetstream, stores
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 from sja.bus.rounds import decode_grants
 from sja.bus.service import freeze_after_start, run_loop, tune_gc
+from sja.bus.tasks import cancel_all
 from sja.client import SjaClient
 from sja.execution import slicelease
 from sja.protocol import subjects
@@ -476,9 +477,9 @@ async def run(
     end = sample()
     capped = len(executor.received) < first + target
     replacing = False
-    sub_task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await sub_task
+    # A submission in flight can swallow one cancellation (asyncio.wait_for in Python 3.11): the
+    # submitter would then wait for work for ever, and the run with it.
+    await cancel_all([sub_task], 10.0, "replacement submitter")
     # Let the jobs in flight finish (their results are checked), then stop the executor.
     finish_by = time.perf_counter() + (15 if capped else 60)
     states: list[JobState] = []

@@ -39,6 +39,7 @@ from sja import __version__
 from sja.bus.codec import DecodeError
 from sja.bus.connection import NatsAuth, PermissionViolation, Store, connect, ensure_jetstream, stores
 from sja.bus.settings import BaseSettings
+from sja.bus.tasks import cancel_all
 from sja.protocol.messages import JobState, SliceState
 from sja.telemetry.metrics import MetricsEndpoint, ServiceMetrics, flush_metrics, serve_metrics, setup_metrics
 from sja.telemetry.setup import flush_tracing, setup_tracing
@@ -116,10 +117,10 @@ class Service:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.drain()  # type: ignore[no-untyped-call]
-        await _cancel_all(self._loops, self.settings.drain_timeout_s, self.instance)
+        await cancel_all(self._loops, self.settings.drain_timeout_s, self.instance)
         if self._tasks:
             _done, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.drain_timeout_s)
-            await _cancel_all(list(pending), self.settings.drain_timeout_s, self.instance)
+            await cancel_all(list(pending), self.settings.drain_timeout_s, self.instance)
         with contextlib.suppress(Exception):
             await self.on_stop()
         if self.nc is not None and not self.nc.is_closed:
@@ -326,25 +327,3 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("nats").setLevel(logging.WARNING)
-
-
-async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout_s: float, owner: str) -> None:
-    """Cancel ``tasks`` and wait for them to end, cancelling again those still running: a
-    cancellation can be lost (``asyncio.wait_for`` in Python 3.11 drops one that arrives as the
-    awaited future completes, and client libraries await through it), and a loop that lost it
-    would go on for ever and hold the stop with it. Gives up on those still running after
-    ``timeout_s``."""
-    pending = {t for t in tasks if not t.done()}
-    for t in pending:
-        t.cancel()
-    deadline = asyncio.get_running_loop().time() + max(timeout_s, 0.5)
-    while pending:
-        _done, pending = await asyncio.wait(pending, timeout=0.2)
-        if not pending:
-            break
-        if asyncio.get_running_loop().time() > deadline:
-            log.warning("%s: %d tasks did not stop when cancelled", owner, len(pending))
-            break
-        for t in pending:
-            t.cancel()
-    await asyncio.gather(*(t for t in tasks if t.done()), return_exceptions=True)

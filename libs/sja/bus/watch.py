@@ -11,11 +11,14 @@ from typing import Any, Generic, TypeVar
 from nats.js.kv import KeyValue
 
 from sja.bus.codec import DecodeError, decode
+from sja.bus.tasks import cancel_all
 from sja.protocol.messages import Message
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
+STOP_TIMEOUT_S = 5.0
+"""How long ``KvView.stop`` waits for its loop to end."""
 
 
 class KvView(Generic[M]):
@@ -42,9 +45,9 @@ class KvView(Generic[M]):
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            # The watcher's updates await through asyncio.wait_for, which can drop a
+            # cancellation: cancel until the loop has ended.
+            await cancel_all([self._task], STOP_TIMEOUT_S, f"watch of {self.kv._name}")
         if self._watcher is not None:
             with contextlib.suppress(Exception):
                 await self._watcher.stop()
