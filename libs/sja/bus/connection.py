@@ -427,8 +427,9 @@ class Store(Generic[M]):
         That alone can still miss a key written meanwhile. The consumer's list of last entries is
         fixed when it is created; the bucket keeps a few revisions per key, and an entry pushed
         out by newer writes before its turn is skipped, while the count of pending messages only
-        covers the list. So the keys the stream holds are listed afterwards (one paged request)
-        and any the read missed is read on its own: rare, and only under heavy rewriting. Every
+        covers the list. So when the stream holds anything past what the read saw, the keys it
+        holds are listed afterwards (one paged request) and any the read missed is read on its
+        own: rare, and only under heavy rewriting. Every
         key present when the read began comes back, each with a value it held during the read;
         writes made meanwhile are folded in (the newest entry of a key wins). A read that stalls,
         or that cannot catch up with the writers within ``deadline_s``, raises ``TimeoutError``
@@ -444,6 +445,7 @@ class Store(Generic[M]):
         )
         latest: dict[str, tuple[bytes, int]] = {}
         gone: dict[str, int] = {}
+        seen_seq = 0
         try:
             info = await sub.consumer_info()
             delivered = info.delivered.consumer_seq if info.delivered is not None else 0
@@ -458,6 +460,7 @@ class Store(Generic[M]):
                 meta = msg.metadata
                 key = msg.subject[len(prefix) :]
                 rev = int(meta.sequence.stream)
+                seen_seq = max(seen_seq, rev)
                 if rev >= max(latest.get(key, (b"", 0))[1], gone.get(key, 0)):
                     if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE") or (
                         values and not msg.data
@@ -473,7 +476,9 @@ class Store(Generic[M]):
             raise TimeoutError(f"reading bucket {self.kv._name} stalled after {len(latest)} keys") from e
         finally:
             await sub.unsubscribe()
-        if not empty:
+        # An entry is skipped only when a write made after the consumer was created pushed it out;
+        # with nothing stored past what the read saw, no key can be missing.
+        if not empty and (await self.kv._js.stream_info(self.kv._stream)).state.last_seq > seen_seq:
             for key in sorted(await self._stream_keys() - latest.keys() - gone.keys()):
                 try:
                     entry = await self.kv.get(key)
