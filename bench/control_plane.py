@@ -74,6 +74,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
+from sja.bus.jetstream import JetStream, jetstream
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 from sja.bus.rounds import decode_grants
 from sja.bus.service import freeze_after_start, run_loop, tune_gc
@@ -271,6 +272,7 @@ class InstantExecutor:
     nc: Client
     on_units: Any = None
     """Called with (job_id, units completed ok) after each completion."""
+    js: JetStream | None = None
     freed: list[tuple[str, float]] = field(default_factory=list)
     """(slice, when this executor freed it)."""
     ran: int = 0
@@ -283,7 +285,7 @@ class InstantExecutor:
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     async def run(self, stop: asyncio.Event) -> None:
-        js = self.nc.jetstream()
+        js = self.js = jetstream(self.nc)
         self.slices, _ = await stores(js)
         sub = await js.pull_subscribe(
             f"{subjects.PREFIX}.subjob.dispatched.>",
@@ -368,7 +370,8 @@ class InstantExecutor:
         # The completion continues the subjob's trace, as the executor's does (its run's span).
         headers = {k: v for k, v in (msg.headers or {}).items() if k in ("traceparent", "tracestate")}
         headers["Nats-Msg-Id"] = f"{sj.subjob_id}:{sj.fence}"
-        await self.nc.jetstream().publish(subjects.subjob_completed(sj.job_id), encode(c), headers=headers)
+        assert self.js is not None
+        await self.js.publish(subjects.subjob_completed(sj.job_id), encode(c), headers=headers)
 
 
 # --- the run -------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from nats.js import JetStreamContext
 from sja import __version__
 from sja.bus.codec import DecodeError
 from sja.bus.connection import NatsAuth, PermissionViolation, Store, connect, ensure_jetstream, stores
+from sja.bus.jetstream import jetstream
 from sja.bus.settings import BaseSettings
 from sja.bus.tasks import cancel_all
 from sja.protocol.messages import JobState, SliceState
@@ -92,7 +93,7 @@ class Service:
             auth=NatsAuth.from_settings(self.settings),
             on_permission_violation=self._on_permission_violation,
         )
-        self.js = self.nc.jetstream()
+        self.js = jetstream(self.nc)
         await ensure_jetstream(self.js)
         self.slices, self.jobs = await stores(self.js)
         await self.on_start()
