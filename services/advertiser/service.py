@@ -1,4 +1,5 @@
-"""Advertiser: turns free slices into offers, at once when a slice frees and again while unclaimed.
+"""Advertiser: turns free slices into offers, at once when a slice frees and again while unclaimed,
+and frees the slices whose lease ran out.
 
 The windows due in one pass are published per pool as one ``OfferBatch`` (one message, one reply
 per agent, one clearing), so a burst of freed slices costs one round trip, not one per slice. Each
@@ -20,6 +21,7 @@ from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.tracing import start_roots
 from sja.bus.watch import KvView
+from sja.core import leases
 from sja.core.windows import OfferPacer, WindowRequest, find_windows
 from sja.protocol import subjects
 from sja.protocol.messages import MAX_BATCH_OFFERS, DemandChanged, Offer, OfferBatch, SliceState, Window
@@ -49,6 +51,9 @@ class AdvertiserSettings(BaseSettings, frozen=True, kw_only=True):
     frees becomes one batch (0: advertise at once)."""
     max_batch: int = 512
     """Most offers in one batch (a pool with more due windows publishes several batches)."""
+    sweep_interval_s: float = 0.25
+    """How often leases that ran out are looked for: such a slice is freed (compare-and-set on the
+    revision the watch saw) and offered again."""
 
 
 class AdvertiserService(Service):
@@ -70,6 +75,10 @@ class AdvertiserService(Service):
         self._wake = asyncio.Event()
         self.free: set[str] = set()
         """Slices (of this replica's pools) whose last known state is free."""
+        self.leased: dict[str, float] = {}
+        """Slices (of this replica's pools) under a lease: when it runs out."""
+        self.lapsed = 0
+        """Leases this replica found run out and freed."""
         self.m_offers = self.metrics.counter(
             "sja_offers", "Offers published (each opens one round).", unit="{offer}"
         )
@@ -81,6 +90,7 @@ class AdvertiserService(Service):
         await self.view.start()
         await self.subscribe(subjects.DEMAND_CHANGED, self._demand_changed)
         self.loop(self._advertise_forever())
+        self.loop(self._sweep_forever())
 
     async def on_stop(self) -> None:
         if self.view is not None:
@@ -94,11 +104,16 @@ class AdvertiserService(Service):
         self._wake.set()
 
     async def _changed(self, key: str, value: SliceState | None, revision: int) -> None:
-        if value is not None and value.status == "free" and self._mine(value):
+        mine = value is not None and self._mine(value)
+        if mine and value is not None and value.status == "free":
             self.free.add(key)
             self._wake.set()
         else:
             self.free.discard(key)
+        if mine and value is not None and value.status in leases.LEASED:
+            self.leased[key] = value.lease_until
+        else:
+            self.leased.pop(key, None)
 
     def _mine(self, s: SliceState) -> bool:
         return not self.pools or s.pool in self.pools
@@ -114,6 +129,39 @@ class AdvertiserService(Service):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.tick_s)
                 if self.cfg.coalesce_s > 0:
                     await asyncio.sleep(self.cfg.coalesce_s)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.sweep_interval_s)
+            try:
+                await self.sweep(time.time())
+            except Exception:
+                log.exception("lease sweep failed")
+
+    async def sweep(self, now: float) -> int:
+        """Free every slice (of this replica's pools) whose lease ran out; returns how many.
+
+        The watch already holds every slice's state for advertising, so the lapsed leases are found
+        here rather than by a second watcher of the bucket. Each is freed by compare-and-set on the
+        revision the watch saw: a slice its holder started, extended or freed meanwhile is left as it
+        now is (a grant is never freed under a newer lease), and replicas sweeping the same slices
+        free it once."""
+        assert self.view is not None and self.slices is not None
+        freed = 0
+        for key in [k for k, until in self.leased.items() if until < now]:
+            got = self.view.entries.get(key)
+            if got is None:
+                self.leased.pop(key, None)
+                continue
+            current, rev = got
+            new = leases.expire(current, now)
+            if new is not None and await self.slices.cas(key, new, rev) is not None:
+                log.warning(
+                    "lease of %s (grant %s, %s) expired: slice freed", key, current.grant_id, current.status
+                )
+                freed += 1
+        self.lapsed += freed
+        return freed
 
     async def advertise_due(self, now: float) -> int:
         """Offer every free window that is new (slice just freed: its fence changed) or due again,

@@ -53,7 +53,7 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     ray_num_cpus: int = 0
     """CPUs to give a local Ray (0: Ray's default)."""
     grace_s: float = 2.0
-    """Margin on a busy slice's lease past its time cap before the inventory reclaims it."""
+    """Margin on a busy slice's lease past its time cap before the advertiser reclaims it."""
     kill_margin_s: float = 0.5
     """How far past its time cap a subjob may run before it is stopped and reported ``timeout``."""
     wait_for_slices_s: float = 30.0

@@ -1,6 +1,7 @@
-"""Inventory: publishes the node's slices to the ``sja-slices`` KV bucket, expires leases, and frees
-a slice whose holder gives its grant back (``sja.v1.lease.release``: the only way an agent changes a
-slice, so no agent needs to write the bucket).
+"""Inventory: publishes the node's slices to the ``sja-slices`` KV bucket and frees a slice whose
+holder gives its grant back (``sja.v1.lease.release``: the only way an agent changes a slice, so no
+agent needs to write the bucket). Leases that run out are freed by the advertiser, which watches
+every slice already.
 
 Slices come from a declared file (emulated GPUs) or from NVML (``SJA_INVENTORY_SOURCE=nvml``), which
 is read again every ``poll_interval_s``: slices of a GPU that stopped answering are marked offline,
@@ -19,7 +20,6 @@ from nats.aio.msg import Msg
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
-from sja.bus.watch import KvView
 from sja.core import leases
 from sja.inventory.declared import InventoryError
 from sja.inventory.nvml import NvmlUnavailable, SoftSlices
@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 SLICE_EXPORT_S = 1.0
-"""How often the slice gauges are refreshed from the watched cache."""
+"""How often the slice gauges are refreshed from the bucket (a read of every slice: the inventory
+does not watch the bucket, which would deliver it every change, several per grant)."""
 RELEASE_ATTEMPTS = 5
 """Compare-and-set attempts to free a slice given back (each after reading it again)."""
 
@@ -53,7 +54,6 @@ class InventorySettings(BaseSettings, frozen=True, kw_only=True):
     memory-capped soft slices; ``MIB,MIB,...``: soft slices of these sizes."""
     poll_interval_s: float = 5.0
     """How often NVML is read again (GPUs lost or back)."""
-    sweep_interval_s: float = 0.25
 
 
 class InventoryService(Service):
@@ -71,7 +71,6 @@ class InventoryService(Service):
         self.nvml: object | None = None
         """The NVML module read on every poll (kept: a fake's state lives in it)."""
         self.lost: list[str] = []
-        self.view: KvView[SliceState] | None = None
         self.m_slices = self.metrics.gauge(
             "sja_slices", "Slices of this inventory's nodes, by status.", unit="{slice}"
         )
@@ -79,7 +78,6 @@ class InventoryService(Service):
             "sja_slice_state",
             "1 for each slice of this inventory's nodes in its current status (one series per slice).",
         )
-        self._exported_at = 0.0
 
     async def on_start(self) -> None:
         if is_nvml(self.source):
@@ -88,18 +86,10 @@ class InventoryService(Service):
             self.nvml = nvml_for(self.source)
         self.declared = self.discover()
         await self.publish_inventory()
-        assert self.js is not None
-        # The sweep reads a watched cache: listing the bucket would create a consumer per sweep.
-        self.view = KvView(await self.js.key_value(subjects.BUCKET_SLICES), SliceState)
-        await self.view.start()
         await self.subscribe(subjects.LEASE_RELEASE, self.on_release, queue="inventory")
-        self.loop(self._sweep_forever())
+        self.loop(self._export_forever())
         if self.nvml is not None:
             self.loop(self._poll_forever())
-
-    async def on_stop(self) -> None:
-        if self.view is not None:
-            await self.view.stop()
 
     def discover(self) -> list[SliceState]:
         """The slices of this replica the source sees now; raises ``InventoryError``."""
@@ -175,25 +165,20 @@ class InventoryService(Service):
                 await self.slices.cas(current.slice_id, leases.offline(current, now), rev)
         log.info("inventory: %d slices on %s", len(self.declared), ",".join(sorted(nodes)))
 
-    async def _sweep_forever(self) -> None:
+    async def _export_forever(self) -> None:
         while True:
             try:
-                await self.sweep()
+                await self.export_slices()
             except Exception:
-                log.exception("lease sweep failed")
-            now = time.monotonic()
-            if now - self._exported_at >= SLICE_EXPORT_S:
-                self._exported_at = now
-                self.export_slices()
-            await asyncio.sleep(self.cfg.sweep_interval_s)
+                log.exception("reading the slices for their gauges failed")
+            await asyncio.sleep(SLICE_EXPORT_S)
 
-    def export_slices(self) -> None:
-        """Set the slice gauges from the watched cache (only this replica's slices, so the sums over
+    async def export_slices(self) -> None:
+        """Set the slice gauges from the bucket (only this replica's slices, so the sums over
         replicas sharding by ``SJA_NODES`` are right)."""
-        if self.view is None:
-            return
+        assert self.slices is not None
         ids = set(self.known) | {s.slice_id for s in self.declared}
-        mine = [s for s, _ in list(self.view.entries.values()) if s.slice_id in ids]
+        mine = [s for s, _ in await self.slices.all() if s.slice_id in ids]
         counts = dict.fromkeys(get_args(SliceStatus), 0)
         for s in mine:
             counts[s.status] = counts.get(s.status, 0) + 1
@@ -244,23 +229,3 @@ class InventoryService(Service):
                 )
                 return LeaseReleased(slice_id=req.slice_id, released=True)
         return LeaseReleased(slice_id=req.slice_id, released=False, reason="conflict")
-
-    async def sweep(self) -> int:
-        """Free every slice of ours whose lease ran out; returns how many."""
-        assert self.slices is not None and self.view is not None
-        ids = {s.slice_id for s in self.declared}
-        freed = 0
-        now = time.time()
-        for current, rev in list(self.view.entries.values()):
-            if current.slice_id not in ids:
-                continue
-            new = leases.expire(current, now)
-            if new is not None and await self.slices.cas(current.slice_id, new, rev) is not None:
-                log.warning(
-                    "lease of %s (grant %s, %s) expired: slice freed",
-                    current.slice_id,
-                    current.grant_id,
-                    current.status,
-                )
-                freed += 1
-        return freed

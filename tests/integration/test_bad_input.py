@@ -248,9 +248,7 @@ async def running(
     stack = Stack(url=server.url, tmp=tmp, nc=nc, client=SjaClient(nc, timeout_s=REQUEST_TIMEOUT_S))
     c = stack.settings
     try:
-        await stack.add(
-            "inventory", InventoryService(InventorySettings(**c("inventory-t"), sweep_interval_s=0.1))
-        )
+        await stack.add("inventory", InventoryService(InventorySettings(**c("inventory-t"))))
         await stack.add("gateway", GatewayService(GatewaySettings(**c("gateway-t"))))
         await stack.add("clearer", ClearerService(ClearerSettings(**c("clearer-t"), lease_s=3.0)))
         await stack.add(
@@ -273,7 +271,10 @@ async def running(
             await stack.add("executor", ex)
         if advertiser:
             await stack.add(
-                "advertiser", AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=3.0))
+                "advertiser",
+                AdvertiserService(
+                    AdvertiserSettings(**c("advertiser-t"), horizon_s=3.0, sweep_interval_s=0.1)
+                ),
             )
         yield stack
     finally:

@@ -186,14 +186,14 @@ async def running(nats_url: str, tmp: Path, shared: Actors) -> AsyncIterator[Sta
     executor = InProcessExecutor(ExecutorSettings(**c("executor-t"), node="local"))
     executor.shared = shared
     services: list[Service] = [
-        InventoryService(InventorySettings(**c("inventory-t"), sweep_interval_s=0.1)),
+        InventoryService(InventorySettings(**c("inventory-t"))),
         GatewayService(GatewaySettings(**c("gateway-t"))),
         ClearerService(ClearerSettings(**c("clearer-t"), lease_s=3.0)),
         AgentService(
             AgentSettings(**c("agent-t"), horizon_s=HORIZON_S, heartbeat_s=0.5, lease_s=3.0, reap_every_s=0.5)
         ),
         executor,
-        AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=HORIZON_S)),
+        AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=HORIZON_S, sweep_interval_s=0.1)),
     ]
     nc = await connect(nats_url, "test-client")
     started: list[Service] = []

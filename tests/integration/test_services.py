@@ -21,7 +21,7 @@ from sja.bus.connection import stores
 from sja.bus.rounds import decode_grants
 from sja.client import ApiError, SjaClient
 from sja.protocol import subjects
-from sja.protocol.messages import ErrorReply, Grant, GrantBatch, JobSpec, SliceState, Subjob
+from sja.protocol.messages import ErrorReply, Grant, GrantBatch, JobSpec, OfferBatch, SliceState, Subjob
 
 
 @contextlib.asynccontextmanager
@@ -161,10 +161,18 @@ async def test_rounds_grant_each_slice_once_and_dispatch_subjobs(nats_url: str, 
 
 
 async def test_unstarted_grant_lease_lapses_and_the_slice_returns(nats_url: str, tmp_path: Path, nc) -> None:
-    """An agent that got a grant and never started the subjob: the inventory frees the slice."""
+    """An agent that got a grant and never started the subjob: the advertiser's sweep frees the
+    slice (once), and offers it again."""
     c = lambda name: common(nats_url, tmp_path, name)  # noqa: E731
-    inventory = InventoryService(InventorySettings(**c("inventory-t"), sweep_interval_s=0.05))
-    async with running(inventory):
+    inventory = InventoryService(InventorySettings(**c("inventory-t")))
+    advertiser = AdvertiserService(AdvertiserSettings(**c("advertiser-t"), sweep_interval_s=0.05))
+    async with running(inventory, advertiser):
+        offered: list[OfferBatch] = []
+
+        async def on_offer(msg: object) -> None:
+            offered.append(decode(msg.data, OfferBatch))  # type: ignore[attr-defined]
+
+        await nc.subscribe(subjects.offer_opened("*"), cb=on_offer)
         slices, _ = await stores(nc.jetstream())
         s, rev = await slices.get("local-g0-1g.5gb-2")  # type: ignore[misc]
         import time
@@ -182,3 +190,11 @@ async def test_unstarted_grant_lease_lapses_and_the_slice_returns(nats_url: str,
             await asyncio.sleep(0.05)
         assert cur.status == "free" and cur.fence == leased.fence, "fence never goes down"
         assert encode(cur)
+        assert advertiser.lapsed == 1
+        for _ in range(100):
+            again = [o for b in offered for o in b.offers if o.window.slice_id == s.slice_id]
+            if any(o.slice_fence == leased.fence for o in again):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the freed slice was never offered again")

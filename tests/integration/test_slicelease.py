@@ -113,7 +113,7 @@ async def test_a_lease_that_moved_on_is_never_freed_by_the_old_holder(nc: object
     slices, sj = await _granted(nc)
     admitted = await slicelease.start(slices, sj, known=True, grace_s=GRACE_S, started={})
     assert admitted.verdict == "run"
-    # The lease lapsed (the inventory's sweep) and the slice went to another job.
+    # The lease lapsed (the advertiser's sweep) and the slice went to another job.
     cur = await slices.get(sj.slice_id)
     assert cur is not None
     lapsed = leases.expire(cur[0], cur[0].lease_until + 1)

@@ -238,7 +238,7 @@ def test_fence_never_goes_down_and_at_most_one_holder(data: st.DataObject, ops: 
                 if op == "complete" and s.status != "busy":
                     raise LeaseConflict("nothing running to complete")
                 s = leases.release(s, grant_id=grant_id, fence=fence, now=now)
-            else:  # the inventory's sweep: frees a lapsed lease, leaves any other slice as it is
+            else:  # the advertiser's sweep: frees a lapsed lease, leaves any other slice as it is
                 lapsed = s.status in ("leased", "busy") and s.lease_until < now + 2.0
                 freed = leases.expire(s, now + 2.0)
                 assert (freed is not None) == lapsed

@@ -101,9 +101,13 @@ def release(s: SliceState, *, grant_id: str, fence: int, now: float) -> SliceSta
     return _freed(s, now)
 
 
+LEASED = frozenset({"leased", "busy"})
+"""The statuses of a slice under a lease (``lease_until`` says until when)."""
+
+
 def expire(s: SliceState, now: float) -> SliceState | None:
     """The freed slice when its lease ran out, else ``None``."""
-    if s.status in ("leased", "busy") and s.lease_until < now:
+    if s.status in LEASED and s.lease_until < now:
         return _freed(s, now)
     return None
 
