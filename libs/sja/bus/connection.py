@@ -46,6 +46,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from sja.bus.codec import decode, encode
+from sja.bus.natsclient import Client as CoalescingClient
 from sja.protocol import subjects
 from sja.protocol.messages import JobState, Message, SliceState
 
@@ -311,7 +312,7 @@ async def connect(
         pending_size=64 * 1024 * 1024,
         drain_timeout=5,
     )
-    nc = Client()
+    nc = CoalescingClient()
     try:
         await nc.connect(servers=url.split(","), name=name, **options)
     except nats.errors.NoServersError:

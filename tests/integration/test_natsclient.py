@@ -1,0 +1,97 @@
+"""``sja.bus.natsclient.Client`` against a real nats-server: the messages of work that becomes due
+while a write is being prepared share that write, and nothing is lost or reordered."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats.aio.client
+import nats.errors
+
+from sja.bus.connection import connect
+from sja.bus.natsclient import Client
+
+
+def count_writes(nc: nats.aio.client.Client) -> list[int]:
+    """Count the client's socket writes (each ``writelines`` of the flusher is one)."""
+    writes = [0]
+    transport: Any = nc._transport
+    real = transport.writelines
+
+    def writelines(data: list[bytes]) -> None:
+        writes[0] += 1
+        real(data)
+
+    transport.writelines = writelines
+    return writes
+
+
+async def bursts(nc: nats.aio.client.Client, rounds: int, size: int) -> None:
+    """``rounds`` bursts: one publish, then ``size`` tasks that each publish once, started after
+    it (so they become due after the flusher was woken by the first)."""
+    for r in range(rounds):
+        await nc.publish("burst.x", f"{r}.first".encode())
+        tasks = [
+            asyncio.get_running_loop().create_task(nc.publish("burst.x", f"{r}.{i}".encode()))
+            for i in range(size)
+        ]
+        await asyncio.gather(*tasks)
+        await nc.flush()
+
+
+async def test_work_due_meanwhile_joins_the_write(nats_url: str) -> None:
+    ours = await connect(nats_url, "coalescing")
+    plain = await nats.connect(nats_url)
+    reader = await nats.connect(nats_url)
+    try:
+        assert isinstance(ours, Client)
+        got: list[bytes] = []
+
+        async def on_msg(msg: Any) -> None:
+            got.append(msg.data)
+
+        await reader.subscribe("burst.x", cb=on_msg)
+        await reader.flush()
+        rounds, size = 20, 10
+        ours_writes, plain_writes = count_writes(ours), count_writes(plain)
+        await bursts(plain, rounds, size)
+        await bursts(ours, rounds, size)
+        expected = [f"{r}.{i}".encode() for r in range(rounds) for i in ("first", *range(size))]
+        for _ in range(100):
+            if len(got) == 2 * len(expected):
+                break
+            await asyncio.sleep(0.02)
+        assert got == expected * 2, "every message, in order"
+        # nats-py writes a burst's first message alone, then the rest (and a PING per flush);
+        # here the burst goes out in one write.
+        assert plain_writes[0] >= 3 * rounds, plain_writes
+        assert ours_writes[0] <= 2 * rounds + 2, (ours_writes, plain_writes)
+    finally:
+        for nc in (ours, plain, reader):
+            await nc.close()
+
+
+async def test_request_reply_and_reconnect_still_work(nats_server: Any) -> None:
+    nc = await connect(nats_server.url, "coalescing")
+    try:
+
+        async def echo(msg: Any) -> None:
+            await msg.respond(msg.data)
+
+        await nc.subscribe("echo", cb=echo)
+        assert (await nc.request("echo", b"hi", timeout=2)).data == b"hi"
+        nats_server.stop()
+        nats_server.start()
+        # Reconnected (the subscription replayed): requests are answered again.
+        answer = None
+        for _ in range(40):
+            try:
+                answer = (await nc.request("echo", b"again", timeout=0.5)).data
+                break
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                await asyncio.sleep(0.25)
+        assert answer == b"again"
+        assert isinstance(nc, Client) and nc.stats["reconnects"] >= 1
+    finally:
+        await nc.close()
