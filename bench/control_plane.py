@@ -293,9 +293,10 @@ class InstantExecutor:
             stream=subjects.STREAM_SUBJOBS.name,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1),
         )
+        fetcher = js.fetcher(subjects.STREAM_SUBJOBS.name, "bench-instant-executor")
         while not stop.is_set():
             try:
-                msgs = await sub.fetch(256, timeout=0.2)
+                msgs = await fetcher.fetch(256, timeout=0.2)
             except TimeoutError:
                 continue
             except Exception:
@@ -305,6 +306,8 @@ class InstantExecutor:
                 task = asyncio.get_running_loop().create_task(self.handle(msg))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+        with contextlib.suppress(Exception):
+            await fetcher.stop()
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 

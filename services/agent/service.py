@@ -21,6 +21,7 @@ from opentelemetry.util.types import AttributeValue
 
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.completions import iter_completions
+from sja.bus.jetstream import Fetcher
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.tracing import ROOT, child_span, extract, inject, is_sampled, item_contexts, publish
@@ -207,8 +208,10 @@ class AgentService(Service):
                 inactive_threshold=self.cfg.completions_inactive_s,
             ),
         )
-        self.loop(self._pull_forever(self._jobs_sub, self.on_submitted, batch=16))
-        self.loop(self._pull_forever(self._done_sub, self.on_completed, batch=self.cfg.completion_batch))
+        self._jobs_fetch = js.fetcher(subjects.STREAM_JOBS.name, JOBS_CONSUMER)
+        self._done_fetch = js.fetcher(subjects.STREAM_COMPLETIONS.name, durable)
+        self.loop(self._pull_forever(self._jobs_fetch, self.on_submitted, batch=16))
+        self.loop(self._pull_forever(self._done_fetch, self.on_completed, batch=self.cfg.completion_batch))
         self.loop(self._heartbeat_forever())
         self.loop(self._demand_forever())
         self.loop(self._reap_forever())
@@ -229,6 +232,10 @@ class AgentService(Service):
         with contextlib.suppress(Exception):
             await self.flush_all()
         # See ExecutorService.on_stop: pull subscriptions go before the connection drains.
+        for fetcher in (getattr(self, "_jobs_fetch", None), getattr(self, "_done_fetch", None)):
+            if fetcher is not None:
+                with contextlib.suppress(Exception):
+                    await fetcher.stop()
         for sub in (getattr(self, "_jobs_sub", None), getattr(self, "_done_sub", None)):
             if sub is not None:
                 with contextlib.suppress(Exception):
@@ -245,10 +252,10 @@ class AgentService(Service):
         if self.owned:
             log.info("recovered %d jobs", len(self.owned))
 
-    async def _pull_forever(self, sub: object, handler: Callable[[Msg], object], batch: int) -> None:
+    async def _pull_forever(self, fetcher: Fetcher, handler: Callable[[Msg], object], batch: int) -> None:
         while True:
             try:
-                msgs = await sub.fetch(batch, timeout=1.0)  # type: ignore[attr-defined]
+                msgs = await fetcher.fetch(batch, timeout=1.0)
             except TimeoutError:
                 continue
             except Exception as e:

@@ -102,12 +102,15 @@ class ExecutorService(Service):
             # back after ack_wait and is reported lost (its units are planned again).
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1),
         )
+        self._fetch = self.jetstream.fetcher(subjects.STREAM_SUBJOBS.name, durable)
         self.loop(self._pull_forever())
         self.loop(watch_consumers(self.jetstream, [(subjects.STREAM_SUBJOBS.name, durable)], self.metrics))
 
     async def on_stop(self) -> None:
         # A cancelled fetch leaves a late status message on the pull subscription that would hold
         # the connection's drain for its whole timeout: drop the subscription first.
+        with contextlib.suppress(Exception):
+            await self._fetch.stop()
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
         with contextlib.suppress(Exception):
@@ -199,7 +202,7 @@ class ExecutorService(Service):
     async def _pull_forever(self) -> None:
         while True:
             try:
-                msgs = await self._sub.fetch(len(self.actors) or 1, timeout=1.0)
+                msgs = await self._fetch.fetch(len(self.actors) or 1, timeout=1.0)
             except TimeoutError:
                 continue
             except Exception as e:

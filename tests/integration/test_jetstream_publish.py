@@ -4,6 +4,7 @@ errors as nats-py's own publish, for streams and for KV compare-and-set through 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import nats.errors
 import nats.js.errors
@@ -79,3 +80,116 @@ async def test_many_publishes_in_flight(nc) -> None:
     seqs = sorted(a.seq for a in acks)
     assert seqs == list(range(seqs[0], seqs[0] + 500)), "each publish gets its own acknowledgement"
     assert js._acks == {}
+
+
+async def pull_consumer(js: JetStream, name: str, **config: object) -> object:
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    return await js.pull_subscribe(
+        subjects.subjob_completed("*"),
+        durable=name,
+        stream=subjects.STREAM_COMPLETIONS.name,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, **config),  # type: ignore[arg-type]
+    )
+
+
+async def test_fetcher_returns_what_is_there_at_once(nc) -> None:
+    js = jetstream(nc)
+    await pull_consumer(js, "f1")
+    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f1")
+    subject = subjects.subjob_completed("j-f1")
+    for i in range(10):
+        await js.publish(subject, str(i).encode())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first = await fetcher.fetch(4, timeout=5.0)
+    rest = await fetcher.fetch(32, timeout=5.0)
+    # Fewer than asked are there: returned at once, not when the request would expire.
+    assert loop.time() - started < 2.5
+    assert [m.data for m in first + rest] == [str(i).encode() for i in range(10)]
+    for m in first + rest:
+        await m.ack()
+    with pytest.raises(nats.errors.TimeoutError):
+        await fetcher.fetch(8, timeout=0.3)
+    await fetcher.stop()
+
+
+async def test_fetcher_waits_for_the_first_and_keeps_what_follows(nc) -> None:
+    js = jetstream(nc)
+    await pull_consumer(js, "f2")
+    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f2")
+    subject = subjects.subjob_completed("j-f2")
+
+    async def publish_later() -> None:
+        await asyncio.sleep(0.2)
+        for i in range(5):
+            await js.publish(subject, str(i).encode())
+
+    task = asyncio.get_running_loop().create_task(publish_later())
+    got = await fetcher.fetch(8, timeout=3.0)
+    await task
+    assert got and got[0].data == b"0", "the lingering request returns at its first message"
+    # The request stays open until it expires: the messages it brings meanwhile are kept for the
+    # next fetch (delivered already: nothing waits for a redelivery), in order.
+    seen = list(got)
+    while len(seen) < 5:
+        seen += await fetcher.fetch(8, timeout=3.0)
+    assert [m.data for m in seen] == [str(i).encode() for i in range(5)]
+    for m in seen:
+        await m.ack()
+    await nc.flush()
+    for _ in range(50):
+        info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, "f2")
+        if info.num_ack_pending == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0
+    await fetcher.stop()
+
+
+async def test_fetcher_of_a_consumer_at_its_ack_limit_does_not_spin(nc) -> None:
+    js = jetstream(nc)
+    await pull_consumer(js, "f3", max_ack_pending=2)
+    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f3")
+    subject = subjects.subjob_completed("j-f3")
+    for i in range(4):
+        await js.publish(subject, str(i).encode())
+    held = await fetcher.fetch(4, timeout=1.0)
+    assert len(held) == 2, "no more than the consumer may have unacknowledged"
+    sent = nc.stats["out_msgs"]
+    with pytest.raises(nats.errors.TimeoutError):
+        await fetcher.fetch(4, timeout=0.5)
+    assert nc.stats["out_msgs"] - sent < 20, "refused requests are not repeated in a tight loop"
+    for m in held:
+        await m.ack()
+    more = await fetcher.fetch(4, timeout=2.0)
+    assert [m.data for m in more] == [b"2", b"3"]
+    await fetcher.stop()
+
+
+async def test_fetcher_asks_again_when_its_open_request_expires(nc) -> None:
+    js = jetstream(nc)
+    await pull_consumer(js, "f4")
+    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f4")
+    subject = subjects.subjob_completed("j-f4")
+    await js.publish(subject, b"0")
+    assert [m.data for m in await fetcher.fetch(1, timeout=1.0)] == [b"0"]
+    # A lingering request for 4, which brings one message and stays open until it expires.
+    later = asyncio.get_running_loop().call_later(
+        0.1, lambda: asyncio.ensure_future(js.publish(subject, b"1"))
+    )
+    got = await fetcher.fetch(4, timeout=0.6)
+    assert [m.data for m in got] == [b"1"]
+    later.cancel()
+    # The next fetch waits on that open request; once it expires (0.6 s) the fetch must not sit
+    # out its whole timeout with nothing open: a message published after the expiry comes at once.
+    loop = asyncio.get_running_loop()
+    loop.call_later(1.0, lambda: asyncio.ensure_future(js.publish(subject, b"2")))
+    started = loop.time()
+    got = []
+    while not got:
+        with contextlib.suppress(nats.errors.TimeoutError):
+            got = await fetcher.fetch(4, timeout=5.0)
+    assert [m.data for m in got] == [b"2"]
+    assert loop.time() - started < 2.5, "a fetch was left waiting with no request open"
+    await fetcher.stop()

@@ -1,4 +1,5 @@
-"""A JetStream context whose publishes wait for their acknowledgement at less cost per message.
+"""A JetStream context whose publishes wait for their acknowledgement, and whose pull consumers
+deliver, at less cost per message.
 
 Every durable write of a grant's path is a JetStream publish that waits for the server's
 acknowledgement: the clearer's lease and the agent's job (KV compare-and-sets, which nats-py's
@@ -10,12 +11,16 @@ and a dataclass built from a dict. ``JetStream.publish`` keeps the same contract
 ``nats.errors.TimeoutError``) and sends the acknowledgements to one reply subscription of its own,
 with a counter for the token, one timer per publish and the acknowledgement decoded by msgspec.
 
+``Fetcher.fetch`` does what nats-py's ``PullSubscription.fetch`` does, without an
+``asyncio.wait_for`` per message received (see ``Fetcher``).
+
 Everything else (streams, consumers, ``key_value``) is nats-py's, unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import msgspec
@@ -48,7 +53,8 @@ def _expire(fut: asyncio.Future[Msg]) -> None:
 
 
 class JetStream(JetStreamContext):
-    """``JetStreamContext`` with a leaner ``publish`` (see the module's docstring)."""
+    """``JetStreamContext`` with a leaner ``publish`` (see the module's docstring), and
+    ``fetcher`` for a leaner ``fetch`` from a pull consumer."""
 
     def __init__(self, conn: Client, **opts: Any) -> None:
         super().__init__(conn, **opts)
@@ -112,7 +118,163 @@ class JetStream(JetStreamContext):
             raise nats.js.errors.APIError.from_error(ack.error)
         return api.PubAck(stream=ack.stream, seq=ack.seq, domain=ack.domain, duplicate=ack.duplicate)
 
+    def fetcher(self, stream: str, durable: str) -> Fetcher:
+        """Batches from the durable pull consumer ``durable`` of ``stream`` (which must exist: made
+        by ``pull_subscribe``, for one)."""
+        return Fetcher(self, stream, durable)
+
 
 def jetstream(nc: Client, **opts: Any) -> JetStream:
     """The JetStream context SJA uses on ``nc`` (``nc.jetstream()`` with the leaner ``publish``)."""
     return JetStream(nc, **opts)
+
+
+STATUS_NO_MESSAGES = "404"
+STATUS_REQUEST_TIMEOUT = "408"
+STATUS_CONFLICT = "409"
+STATUS_HEARTBEAT = "100"
+
+
+class _Waiter:
+    """A caller of ``fetch`` waiting for messages: done at ``wanted`` of them, or at the end of the
+    request ``until`` names (its status), or at its first message when ``first_only``."""
+
+    __slots__ = ("done", "first_only", "msgs", "status", "until", "wanted")
+
+    def __init__(self, wanted: int, first_only: bool, until: str, done: asyncio.Future[None]) -> None:
+        self.wanted = wanted
+        self.first_only = first_only
+        self.until = until
+        self.msgs: list[Msg] = []
+        self.done = done
+        self.status = ""
+        """The status that ended the request waited for (``404``, ``408``, ``409``), if one did."""
+
+
+class Fetcher:
+    """Batches from a durable pull consumer: ``fetch(batch, timeout)`` as nats-py's
+    ``PullSubscription.fetch`` (what is available now, up to ``batch``, at once; else the first
+    message to come, up to ``timeout``), with every message delivered to one subscription's
+    callback instead of awaited one by one (nats-py wraps each in ``asyncio.wait_for``).
+
+    A waiting (lingering) request stays open on the server until it has brought what it asked
+    for or expires; while one is open no other is sent: what it brings is kept for the callers
+    of ``fetch`` as it comes, so a steady flow costs one request per batch, not one per message.
+    The server serves requests in order, so each message counts against the oldest open one.
+    Each request has a reply subject of its own, which its end (a status: 404 no more messages,
+    408 expired, 409 refused) is sent to; one whose end never came (a lost connection) is given
+    up once it would have expired."""
+
+    def __init__(self, js: JetStream, stream: str, durable: str) -> None:
+        self._nc: Client = js._nc
+        self._next_subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._prefix = ""
+        self._sub: Subscription | None = None
+        self._sent = 0
+        self._open: dict[str, list[float]] = {}
+        """reply subject -> [messages still to come, when it is given up], oldest first."""
+        self._waiter: _Waiter | None = None
+        self._kept: list[Msg] = []
+
+    async def start(self) -> None:
+        if self._sub is None:
+            prefix = self._nc.new_inbox()
+            self._sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_msg, pending_msgs_limit=1_000_000)
+            self._prefix = f"{prefix}."
+
+    async def stop(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            await sub.unsubscribe()
+        self._open.clear()
+        if self._waiter is not None:
+            _finish(self._waiter.done)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get(api.Header.STATUS) if msg.headers else None
+        if status:
+            if status == STATUS_HEARTBEAT:
+                return
+            # No more messages (404), expired (408), or refused (409: the consumer is gone, holds
+            # as many unacknowledged as it may, ...): that request is over.
+            self._open.pop(msg.subject, None)
+            w = self._waiter
+            # The wait ends with the request it is for; a wait for what an open request brings
+            # ends when no request is left open (nothing more would come).
+            if w is not None and (w.until == msg.subject or (w.first_only and not self._open)):
+                w.status = status
+                _finish(w.done)
+            return
+        for reply, left in self._open.items():
+            left[0] -= 1
+            if left[0] <= 0:
+                del self._open[reply]
+            break
+        w = self._waiter
+        if w is None or w.done.done():
+            self._kept.append(msg)
+            return
+        w.msgs.append(msg)
+        if w.first_only or len(w.msgs) >= w.wanted:
+            w.done.set_result(None)
+
+    async def _request(self, batch: int, timeout: float, no_wait: bool) -> str:  # noqa: ASYNC109
+        if self._sub is None:
+            await self.start()
+        self._sent += 1
+        reply = f"{self._prefix}{self._sent}"
+        req: dict[str, Any] = {"batch": batch}
+        if no_wait:
+            req["no_wait"] = True
+        else:
+            req["expires"] = max(int(timeout * 1e9), 1_000_000)
+        self._open[reply] = [batch, time.monotonic() + timeout + 0.5]
+        await self._nc.publish(self._next_subject, msgspec.json.encode(req), reply=reply)
+        return reply
+
+    async def _wait(self, w: _Waiter, timeout: float) -> _Waiter:  # noqa: ASYNC109
+        self._waiter = w
+        timer = asyncio.get_running_loop().call_later(timeout, _finish, w.done)
+        try:
+            await w.done
+        finally:
+            timer.cancel()
+            if self._waiter is w:
+                self._waiter = None
+        return w
+
+    def _lingering(self) -> bool:
+        """Whether a request is open that will bring messages as they come."""
+        now = time.monotonic()
+        for reply in [r for r, (_, give_up) in self._open.items() if give_up < now]:
+            del self._open[reply]
+        return bool(self._open)
+
+    async def fetch(self, batch: int, timeout: float = 1.0) -> list[Msg]:  # noqa: ASYNC109
+        """Up to ``batch`` messages: those kept (brought by an open request) and, when no request
+        is open, what the consumer has now; if none, the first to come within ``timeout`` (then
+        ``nats.errors.TimeoutError``)."""
+        msgs, self._kept = self._kept[:batch], self._kept[batch:]
+        loop = asyncio.get_running_loop()
+        if len(msgs) < batch and not self._lingering():
+            reply = await self._request(batch - len(msgs), timeout, no_wait=True)
+            w = await self._wait(_Waiter(batch - len(msgs), False, reply, loop.create_future()), timeout)
+            msgs += w.msgs
+        if msgs:
+            return msgs
+        until = ""
+        if not self._lingering():
+            until = await self._request(batch, timeout, no_wait=False)
+        w = await self._wait(_Waiter(batch, True, until, loop.create_future()), timeout)
+        if w.msgs:
+            return w.msgs
+        if w.status == STATUS_CONFLICT:
+            # Refused at once (the consumer is gone, or holds as many unacknowledged messages as
+            # it may): not again at once.
+            await asyncio.sleep(min(timeout, 0.1))
+        raise nats.errors.TimeoutError
+
+
+def _finish(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

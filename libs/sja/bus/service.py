@@ -33,12 +33,11 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext
 
 from sja import __version__
 from sja.bus.codec import DecodeError
 from sja.bus.connection import NatsAuth, PermissionViolation, Store, connect, ensure_jetstream, stores
-from sja.bus.jetstream import jetstream
+from sja.bus.jetstream import JetStream, jetstream
 from sja.bus.settings import BaseSettings
 from sja.bus.tasks import cancel_all
 from sja.protocol.messages import JobState, SliceState
@@ -60,7 +59,7 @@ class Service:
         self.settings = settings
         self.instance = settings.instance or f"{self.name}-{socket.gethostname()}-{os.getpid()}"
         self.nc: Client | None = None
-        self.js: JetStreamContext | None = None
+        self.js: JetStream | None = None
         self.slices: Store[SliceState] | None = None
         self.jobs: Store[JobState] | None = None
         self._subs: list[Subscription] = []
@@ -172,7 +171,7 @@ class Service:
         return self.nc
 
     @property
-    def jetstream(self) -> JetStreamContext:
+    def jetstream(self) -> JetStream:
         assert self.js is not None, "service not started"
         return self.js
 
