@@ -12,7 +12,7 @@ import pytest
 from nats.js.api import KeyValueConfig
 
 from sja.bus.connection import Store
-from sja.bus.jetstream import JetStream, jetstream
+from sja.bus.jetstream import FetcherStopped, JetStream, jetstream
 from sja.inventory.declared import load_declared
 from sja.protocol import subjects
 from sja.protocol.messages import SliceState
@@ -193,3 +193,16 @@ async def test_fetcher_asks_again_when_its_open_request_expires(nc) -> None:
     assert [m.data for m in got] == [b"2"]
     assert loop.time() - started < 2.5, "a fetch was left waiting with no request open"
     await fetcher.stop()
+
+
+async def test_fetcher_stopped_for_good(nc) -> None:
+    js = jetstream(nc)
+    await pull_consumer(js, "f5")
+    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f5")
+    with pytest.raises(nats.errors.TimeoutError):
+        await fetcher.fetch(4, timeout=0.2)
+    await fetcher.stop()
+    # A loop still fetching after stop() must end, not subscribe again.
+    with pytest.raises(FetcherStopped):
+        await fetcher.fetch(4, timeout=0.2)
+    assert fetcher._sub is None

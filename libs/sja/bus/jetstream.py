@@ -135,6 +135,10 @@ STATUS_CONFLICT = "409"
 STATUS_HEARTBEAT = "100"
 
 
+class FetcherStopped(nats.errors.Error):
+    """``Fetcher.fetch`` after ``Fetcher.stop``."""
+
+
 class _Waiter:
     """A caller of ``fetch`` waiting for messages: done at ``wanted`` of them, or at the end of the
     request ``until`` names (its status), or at its first message when ``first_only``."""
@@ -175,14 +179,20 @@ class Fetcher:
         """reply subject -> [messages still to come, when it is given up], oldest first."""
         self._waiter: _Waiter | None = None
         self._kept: list[Msg] = []
+        self._stopped = False
 
     async def start(self) -> None:
+        if self._stopped:
+            raise FetcherStopped("this fetcher was stopped")
         if self._sub is None:
             prefix = self._nc.new_inbox()
             self._sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_msg, pending_msgs_limit=1_000_000)
             self._prefix = f"{prefix}."
 
     async def stop(self) -> None:
+        """Stop for good: the subscription goes (before the connection drains, which would wait for
+        an open request's late status), and a ``fetch`` from now on raises ``FetcherStopped``."""
+        self._stopped = True
         sub, self._sub = self._sub, None
         if sub is not None:
             await sub.unsubscribe()
@@ -233,6 +243,10 @@ class Fetcher:
         return reply
 
     async def _wait(self, w: _Waiter, timeout: float) -> _Waiter:  # noqa: ASYNC109
+        if self._kept:  # came before this wait began
+            w.msgs, self._kept = self._kept[: w.wanted], self._kept[w.wanted :]
+            if w.first_only or len(w.msgs) >= w.wanted:
+                return w
         self._waiter = w
         timer = asyncio.get_running_loop().call_later(timeout, _finish, w.done)
         try:
