@@ -94,7 +94,10 @@ def test_sharded_clearers_and_two_agents_complete_every_job_once(tmp_path: Path)
         spawn(stack, "advertiser", "advertiser-0")
         asyncio.run(stack.wait_ready(timeout_s=240))
 
-        specs = mixed_specs(JOBS, Mix(mc_units=40, mc_samples_per_unit=20_000, mm_rows=600, mm_inner=256))
+        # Work enough that one pool's two slices cannot do it all between the other pool's offers
+        # (a Monte Carlo job needs more than one window): tiny jobs could all land on one pool,
+        # and "both pools did work" would hang on timing rather than on the sharding.
+        specs = mixed_specs(JOBS, Mix(mc_units=40, mc_samples_per_unit=1_000_000, mm_rows=600, mm_inner=256))
         ids = [asyncio.run(call(url, "submit", s)).job_id for s in specs]
         deadline = time.monotonic() + 240
         while True:
