@@ -287,13 +287,12 @@ class InstantExecutor:
     async def run(self, stop: asyncio.Event) -> None:
         js = self.js = jetstream(self.nc)
         self.slices, _ = await stores(js)
-        sub = await js.pull_subscribe(
+        fetcher = await js.pull_consumer(
             f"{subjects.PREFIX}.subjob.dispatched.>",
             durable="bench-instant-executor",
             stream=subjects.STREAM_SUBJOBS.name,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1),
         )
-        fetcher = js.fetcher(subjects.STREAM_SUBJOBS.name, "bench-instant-executor")
         while not stop.is_set():
             try:
                 msgs = await fetcher.fetch(256, timeout=0.2)
@@ -308,8 +307,6 @@ class InstantExecutor:
                 task.add_done_callback(self._tasks.discard)
         with contextlib.suppress(Exception):
             await fetcher.stop()
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
 
     async def handle(self, msg: Msg) -> None:
         sj = decode(msg.data, Subjob)

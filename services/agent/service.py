@@ -186,14 +186,14 @@ class AgentService(Service):
         self._heard_since = time.time()
         await self.subscribe(subjects.AGENT_HEARTBEAT, self.on_heartbeat)
         js = self.jetstream
-        self._jobs_sub = await js.pull_subscribe(
+        self._jobs_fetch = await js.pull_consumer(
             f"{subjects.PREFIX}.job.submitted.>",
             durable=JOBS_CONSUMER,
             stream=subjects.STREAM_JOBS.name,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1),
         )
         durable = "agent-" + subjects._key(self.agent_id)
-        self._done_sub = await js.pull_subscribe(
+        self._done_fetch = await js.pull_consumer(
             f"{subjects.PREFIX}.subjob.completed.>",
             durable=durable,
             stream=subjects.STREAM_COMPLETIONS.name,
@@ -209,8 +209,6 @@ class AgentService(Service):
                 inactive_threshold=self.cfg.completions_inactive_s,
             ),
         )
-        self._jobs_fetch = js.fetcher(subjects.STREAM_JOBS.name, JOBS_CONSUMER)
-        self._done_fetch = js.fetcher(subjects.STREAM_COMPLETIONS.name, durable)
         self.loop(self._pull_forever(self._jobs_fetch, self.on_submitted, batch=16))
         self.loop(self._pull_forever(self._done_fetch, self.on_completed, batch=self.cfg.completion_batch))
         self.loop(self._heartbeat_forever())
@@ -237,10 +235,6 @@ class AgentService(Service):
             if fetcher is not None:
                 with contextlib.suppress(Exception):
                     await fetcher.stop()
-        for sub in (getattr(self, "_jobs_sub", None), getattr(self, "_done_sub", None)):
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
 
     async def recover(self) -> None:
         """Take back the jobs this agent owned before a restart."""

@@ -94,7 +94,7 @@ class ExecutorService(Service):
         # An actor's process start (seconds) must not count against the first subjob's window.
         await asyncio.gather(*(self._ready(a) for a in self.actors.values()))
         durable = "executor-" + subjects._key(self.cfg.node)
-        self._sub = await self.jetstream.pull_subscribe(
+        self._fetch = await self.jetstream.pull_consumer(
             f"{subjects.PREFIX}.subjob.dispatched.{subjects._key(self.cfg.node)}.>",
             durable=durable,
             stream=subjects.STREAM_SUBJOBS.name,
@@ -102,7 +102,6 @@ class ExecutorService(Service):
             # back after ack_wait and is reported lost (its units are planned again).
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1),
         )
-        self._fetch = self.jetstream.fetcher(subjects.STREAM_SUBJOBS.name, durable)
         self.loop(self._pull_forever())
         self.loop(watch_consumers(self.jetstream, [(subjects.STREAM_SUBJOBS.name, durable)], self.metrics))
 
@@ -111,8 +110,6 @@ class ExecutorService(Service):
         # the connection's drain for its whole timeout: drop the subscription first.
         with contextlib.suppress(Exception):
             await self._fetch.stop()
-        with contextlib.suppress(Exception):
-            await self._sub.unsubscribe()
         with contextlib.suppress(Exception):
             ray.shutdown()
 

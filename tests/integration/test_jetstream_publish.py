@@ -12,7 +12,7 @@ import pytest
 from nats.js.api import KeyValueConfig
 
 from sja.bus.connection import Store
-from sja.bus.jetstream import FetcherStopped, JetStream, jetstream
+from sja.bus.jetstream import Fetcher, FetcherStopped, JetStream, jetstream
 from sja.inventory.declared import load_declared
 from sja.protocol import subjects
 from sja.protocol.messages import SliceState
@@ -82,22 +82,23 @@ async def test_many_publishes_in_flight(nc) -> None:
     assert js._acks == {}
 
 
-async def pull_consumer(js: JetStream, name: str, **config: object) -> object:
+async def completions_fetcher(nc: object, name: str, **config: object) -> tuple[JetStream, Fetcher, str]:
+    """A ``JetStream`` on ``nc``, a ``Fetcher`` of a new durable consumer ``name`` of
+    ``SJA_COMPLETIONS``, and a subject of that stream to publish on."""
     from nats.js.api import AckPolicy, ConsumerConfig
 
-    return await js.pull_subscribe(
+    js = jetstream(nc)  # type: ignore[arg-type]
+    fetcher = await js.pull_consumer(
         subjects.subjob_completed("*"),
         durable=name,
         stream=subjects.STREAM_COMPLETIONS.name,
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, **config),  # type: ignore[arg-type]
     )
+    return js, fetcher, subjects.subjob_completed(f"j-{name}")
 
 
 async def test_fetcher_returns_what_is_there_at_once(nc) -> None:
-    js = jetstream(nc)
-    await pull_consumer(js, "f1")
-    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f1")
-    subject = subjects.subjob_completed("j-f1")
+    js, fetcher, subject = await completions_fetcher(nc, "f1")
     for i in range(10):
         await js.publish(subject, str(i).encode())
     loop = asyncio.get_running_loop()
@@ -115,10 +116,7 @@ async def test_fetcher_returns_what_is_there_at_once(nc) -> None:
 
 
 async def test_fetcher_waits_for_the_first_and_keeps_what_follows(nc) -> None:
-    js = jetstream(nc)
-    await pull_consumer(js, "f2")
-    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f2")
-    subject = subjects.subjob_completed("j-f2")
+    js, fetcher, subject = await completions_fetcher(nc, "f2")
 
     async def publish_later() -> None:
         await asyncio.sleep(0.2)
@@ -148,10 +146,7 @@ async def test_fetcher_waits_for_the_first_and_keeps_what_follows(nc) -> None:
 
 
 async def test_fetcher_of_a_consumer_at_its_ack_limit_does_not_spin(nc) -> None:
-    js = jetstream(nc)
-    await pull_consumer(js, "f3", max_ack_pending=2)
-    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f3")
-    subject = subjects.subjob_completed("j-f3")
+    js, fetcher, subject = await completions_fetcher(nc, "f3", max_ack_pending=2)
     for i in range(4):
         await js.publish(subject, str(i).encode())
     held = await fetcher.fetch(4, timeout=1.0)
@@ -168,10 +163,7 @@ async def test_fetcher_of_a_consumer_at_its_ack_limit_does_not_spin(nc) -> None:
 
 
 async def test_fetcher_asks_again_when_its_open_request_expires(nc) -> None:
-    js = jetstream(nc)
-    await pull_consumer(js, "f4")
-    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f4")
-    subject = subjects.subjob_completed("j-f4")
+    js, fetcher, subject = await completions_fetcher(nc, "f4")
     await js.publish(subject, b"0")
     assert [m.data for m in await fetcher.fetch(1, timeout=1.0)] == [b"0"]
     # A lingering request for 4, which brings one message and stays open until it expires.
@@ -196,9 +188,7 @@ async def test_fetcher_asks_again_when_its_open_request_expires(nc) -> None:
 
 
 async def test_fetcher_stopped_for_good(nc) -> None:
-    js = jetstream(nc)
-    await pull_consumer(js, "f5")
-    fetcher = js.fetcher(subjects.STREAM_COMPLETIONS.name, "f5")
+    _, fetcher, _ = await completions_fetcher(nc, "f5")
     with pytest.raises(nats.errors.TimeoutError):
         await fetcher.fetch(4, timeout=0.2)
     await fetcher.stop()
@@ -206,3 +196,18 @@ async def test_fetcher_stopped_for_good(nc) -> None:
     with pytest.raises(FetcherStopped):
         await fetcher.fetch(4, timeout=0.2)
     assert fetcher._sub is None
+
+
+async def test_pull_consumer_makes_the_consumer_once_and_keeps_an_existing_one(nc) -> None:
+    js, fetcher, subject = await completions_fetcher(nc, "f6", max_ack_pending=7)
+    info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, "f6")
+    assert info.config.durable_name == "f6" and info.config.max_ack_pending == 7
+    assert info.config.filter_subject == subjects.subjob_completed("*")
+    # Asked again with another config: the consumer is kept as it is (its pending work with it).
+    _, again, _ = await completions_fetcher(nc, "f6", max_ack_pending=9)
+    info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, "f6")
+    assert info.config.max_ack_pending == 7
+    await js.publish(subject, b"x")
+    assert [m.data for m in await again.fetch(4, timeout=2.0)] == [b"x"]
+    await fetcher.stop()
+    await again.stop()

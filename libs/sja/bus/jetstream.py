@@ -119,9 +119,23 @@ class JetStream(JetStreamContext):
         return api.PubAck(stream=ack.stream, seq=ack.seq, domain=ack.domain, duplicate=ack.duplicate)
 
     def fetcher(self, stream: str, durable: str) -> Fetcher:
-        """Batches from the durable pull consumer ``durable`` of ``stream`` (which must exist: made
-        by ``pull_subscribe``, for one)."""
+        """Batches from the durable pull consumer ``durable`` of ``stream``, which must exist."""
         return Fetcher(self, stream, durable)
+
+    async def pull_consumer(
+        self, subject: str, durable: str, stream: str, config: api.ConsumerConfig
+    ) -> Fetcher:
+        """The durable pull consumer ``durable`` of ``stream`` on ``subject``, made with ``config``
+        if it does not exist yet (an existing one is kept as it is, as ``pull_subscribe`` does),
+        and a ``Fetcher`` of it."""
+        try:
+            await self.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            if not config.filter_subjects:
+                config.filter_subject = subject
+            config.name = config.durable_name = durable
+            await self.add_consumer(stream, config=config)
+        return self.fetcher(stream, durable)
 
 
 def jetstream(nc: Client, **opts: Any) -> JetStream:
