@@ -101,6 +101,8 @@ def read_in_code() -> set[str]:
         names |= set(re.findall(r'envvar="([A-Z0-9_]+)"', path.read_text(encoding="utf-8")))
     for path in (ROOT / "libs" / "sja" / "telemetry").glob("*.py"):
         names |= set(re.findall(r'"(OTEL_[A-Z0-9_]+)"', path.read_text(encoding="utf-8")))
+    accel = (ROOT / "libs" / "sja" / "accel.py").read_text(encoding="utf-8")
+    names |= set(re.findall(r'environ\.get\("((?:SJA|RAY)_[A-Z0-9_]+)"', accel))
     head = (ROOT / "infra" / "ray" / "start-head.sh").read_text(encoding="utf-8")
     names |= set(re.findall(r"\$\{((?:SJA|RAY)_[A-Z0-9_]+)", head))
     names |= set(re.findall(r'environ\.get\("((?:SJA|RAY)_[A-Z0-9_]+)"', head))
@@ -119,6 +121,7 @@ def test_every_variable_the_cli_telemetry_ray_head_and_compose_read_is_listed() 
     assert {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_PROMETHEUS_HOST"} <= read
     assert {"RAY_PORT", "RAY_CLIENT_SERVER_PORT", "RAY_NUM_CPUS", "SJA_INVENTORY"} <= read
     assert {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "SJA_RAY_ADDRESS"} <= read
+    assert {"SJA_PURE_PYTHON", "SJA_COMPILED_CORE_DIR"} <= read
     missing = sorted(v for v in read if f"`{v}`" not in text)
     assert not missing, f"not in docs/operations.md: {missing}"
 
