@@ -61,7 +61,12 @@ async def test_stop_answers_the_request_in_flight_and_no_new_one(nats_url: str, 
     svc = held(nats_url, tmp_path)
     await svc.start()
     first = asyncio.ensure_future(nc.request(ENDPOINT_SUBJECT, b"first", timeout=30))
-    await asyncio.wait_for(svc.entered.wait(), timeout=10)
+    try:
+        await asyncio.wait_for(svc.entered.wait(), timeout=10)
+    except TimeoutError:
+        # Say which way it failed: refused (no responder yet, a readiness bug) or never delivered.
+        why = repr(first.exception()) if first.done() else "the request is still waiting"
+        pytest.fail(f"the endpoint's handler did not run within 10 s: {why}")
 
     stopping = asyncio.ensure_future(svc.stop())
     # Intake stops before the request in flight is done: discovery and the endpoint are gone...
