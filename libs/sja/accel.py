@@ -98,7 +98,8 @@ def build(out: Path | None = None) -> Path:
         os.chdir(LIBS)  # module names come from the paths relative to here
         try:
             modules = mypycify(
-                [str(p.relative_to(LIBS)) for p in sources],
+                # mypy's cache goes with the rest of the build's scratch, not next to the sources
+                ["--cache-dir", f"{tmp}/mypy", *(str(p.relative_to(LIBS)) for p in sources)],
                 opt_level="3",
                 target_dir=str(Path(tmp) / "c"),
             )
