@@ -35,7 +35,8 @@ first (``capped``: the duration ended the window):
 - ``messages_per_grant``: nats-server ``/varz`` ``in_msgs + out_msgs`` deltas per grant (JetStream's
   API and replies included; this benchmark's own grant counter excluded);
 - ``cpu_s_per_grant``: user + system CPU of every service process (psutil) per grant; the server's and
-  this process's (instant executor, submissions, counters) are reported beside it;
+  this process's (instant executor, submissions, counters) are reported beside it, and each
+  service's in ``cpu_s_per_grant_by_service``;
 - the raw NATS baseline on the same server and client library, measured before the stack starts:
   publish/subscribe rate, request/reply round trip, a KV compare-and-set and a JetStream publish.
 
@@ -384,12 +385,18 @@ def varz(monitor_port: int) -> dict[str, Any]:
 
 
 def cpu_of(pids: list[int]) -> float:
-    total = 0.0
+    return sum(cpu_each(pids))
+
+
+def cpu_each(pids: list[int]) -> list[float]:
+    out = []
     for pid in pids:
+        total = 0.0
         with contextlib.suppress(psutil.Error):
             t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-    return total
+            total = t.user + t.system
+        out.append(total)
+    return out
 
 
 @dataclass
@@ -399,6 +406,7 @@ class Sample:
     grant_msgs: int
     varz: dict[str, Any]
     cpu_services: float
+    cpu_each: list[float]
     cpu_server: float
     cpu_bench: float
 
@@ -415,7 +423,9 @@ async def run(
     warmup_s: float,
     target: int,
     duration_s: float,
+    service_names: list[str] | None = None,
 ) -> dict[str, Any]:
+    """``service_names``: the instance of each of ``service_pids``, for the CPU of each per grant."""
     nc = await connect(url, "bench-control-plane")
     me = psutil.Process()
     server = psutil.Process(server_pid)
@@ -454,7 +464,8 @@ async def run(
             grants=grants,
             grant_msgs=grant_msgs,
             varz=varz(monitor_port),
-            cpu_services=cpu_of(service_pids),
+            cpu_services=sum(each := cpu_each(service_pids)),
+            cpu_each=each,
             cpu_server=sum(server.cpu_times()[:2]),
             cpu_bench=sum(me.cpu_times()[:2]),
         )
@@ -599,6 +610,10 @@ async def run(
         "cpu_services_util": round(cpu / window, 3) if window else 0.0,
         "cpu_server_s_per_grant": per(end.cpu_server - start.cpu_server, subjobs),
         "cpu_bench_s_per_grant": per(end.cpu_bench - start.cpu_bench, subjobs),
+        "cpu_s_per_grant_by_service": {
+            name: per(b - a, subjobs)
+            for name, a, b in zip(service_names or [], start.cpu_each, end.cpu_each, strict=False)
+        },
         "initial_submit_s": round(submit_s, 2),
         "jobs_submitted": len(submitted),
         "jobs_done": len(done),
@@ -721,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.warmup_s or max(30.0, args.duration_s / 4),
                 target,
                 args.duration_s,
+                service_names=[p.instance for p in stack.procs],
             )
         )
         wall = time.perf_counter() - t0
