@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sja.bus.codec import MAX_MESSAGE_BYTES, DecodeError, decode, encode
 from sja.protocol import messages as m
@@ -523,3 +525,75 @@ def test_id_pattern_is_enforced() -> None:
     with pytest.raises(DecodeError) as exc:
         decode(data, m.JobQuery)
     assert exc.value.field == "job_id"
+
+
+# --- ids and names: checked once per distinct string (messages.Tokens) ---------------------------------
+
+
+def test_a_bad_id_deep_in_a_batch_names_its_path() -> None:
+    raw = msgspec.to_builtins(SAMPLES[m.OfferBatch])
+    raw["offers"][0]["window"]["node"] = "no de"
+    with pytest.raises(DecodeError) as exc:
+        decode(msgspec.msgpack.encode(raw), m.OfferBatch)
+    assert exc.value.field == "offers[0].window.node"
+    assert "matching regex" in str(exc.value)
+
+
+def test_a_bad_id_in_a_list_of_ids_names_its_index() -> None:
+    raw = msgspec.to_builtins(SAMPLES[m.BatchReply])
+    raw["groups"][0]["offer_ids"] = ["o-1", "o 2"]
+    with pytest.raises(DecodeError) as exc:
+        decode(msgspec.msgpack.encode(raw), m.BatchReply)
+    assert exc.value.field == "groups[0].offer_ids[1]"
+
+
+@pytest.mark.parametrize("bad", ["a b", "a..b", ".a", "a.", "a\n", "a/b", "a>b", "*", "é"])
+def test_ids_outside_the_pattern_are_refused_every_time(bad: str) -> None:
+    data = msgspec.msgpack.encode({"type": "sja.job_query.v1", "job_id": bad})
+    for _ in range(2):  # a refused string is never remembered as valid
+        with pytest.raises(DecodeError) as exc:
+            decode(data, m.JobQuery)
+        assert exc.value.field == "job_id"
+    assert bad not in m._valid_ids
+
+
+def test_a_name_is_checked_as_a_name_even_when_it_was_seen_as_an_id() -> None:
+    # "a.b" is a valid id (dot-separated tokens) but not a valid name.
+    decode(msgspec.msgpack.encode({"type": "sja.job_query.v1", "job_id": "a.b"}), m.JobQuery)
+    raw = msgspec.to_builtins(SAMPLES[m.SliceState])
+    raw["node"] = "a.b"
+    with pytest.raises(DecodeError) as exc:
+        decode(msgspec.msgpack.encode(raw), m.SliceState)
+    assert exc.value.field == "node"
+
+
+def test_constructing_a_message_with_a_bad_id_fails_too() -> None:
+    with pytest.raises(ValueError, match="matching regex"):
+        m.JobQuery(job_id="a b")
+
+
+def test_every_struct_with_ids_is_checked() -> None:
+    class Unchecked(msgspec.Struct):
+        job_id: m.Id
+
+    with pytest.raises(TypeError, match="must derive from Tokens"):
+        m.register_token_fields([Unchecked])
+
+    class Hidden(m.Tokens, frozen=True):
+        maybe: m.Id | None = None
+
+    with pytest.raises(TypeError, match="only as the field's type"):
+        m.register_token_fields([Hidden])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from("aZ09_-. \n/*>é"), max_size=12))
+def test_the_same_strings_are_accepted_as_by_the_patterns(s: str) -> None:
+    data = msgspec.msgpack.encode({"type": "sja.job_query.v1", "job_id": s})
+    expected = 1 <= len(s) <= 128 and re.fullmatch(m.ID_PATTERN, s) is not None
+    try:
+        decode(data, m.JobQuery)
+        accepted = True
+    except DecodeError:
+        accepted = False
+    assert accepted == expected

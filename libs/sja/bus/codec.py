@@ -25,11 +25,14 @@ class DecodeError(ValueError):
 
 
 def _field_of(detail: str) -> str:
-    # msgspec reports paths as "... - at `$.spec.tenant`"
+    # msgspec reports paths as "... - at `$.spec.tenant`". A check of a struct's own (its
+    # ``__post_init__``: ``sja.protocol.messages.Tokens``) names the field, and msgspec adds the
+    # struct's path after it: "... - at `$.node` - at `$.offers[0].window`".
     marker = "at `$."
-    if marker in detail:
-        return detail.split(marker, 1)[1].split("`", 1)[0]
-    return ""
+    paths = [part.split("`", 1)[0] for part in detail.split(marker)[1:]]
+    if len(paths) >= 2:
+        return f"{paths[-1]}.{paths[0]}"
+    return paths[0] if paths else ""
 
 
 def encode(msg: Any) -> bytes:
