@@ -8,6 +8,7 @@ offer is still a round of its own, with its own ``sja.round`` trace."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -75,6 +76,12 @@ class AdvertiserService(Service):
         self._wake = asyncio.Event()
         self.free: set[str] = set()
         """Slices (of this replica's pools) whose last known state is free."""
+        # The free slices in slice-id order (the order windows are offered in), their states and
+        # fences, kept as the watch reports changes: a pass walks them instead of sorting the free
+        # set and looking every slice up again.
+        self._free_order: list[str] = []
+        self._free_state: dict[str, SliceState] = {}
+        self._free_fence: dict[str, int] = {}
         self.leased: dict[str, float] = {}
         """Slices (of this replica's pools) under a lease: when it runs out."""
         self.lapsed = 0
@@ -106,9 +113,16 @@ class AdvertiserService(Service):
     async def _changed(self, key: str, value: SliceState | None, revision: int) -> None:
         mine = value is not None and self._mine(value)
         if mine and value is not None and value.status == "free":
+            if key not in self._free_state:
+                bisect.insort(self._free_order, key)
+            self._free_state[key] = value
+            self._free_fence[key] = value.fence
             self.free.add(key)
             self._wake.set()
         else:
+            if self._free_state.pop(key, None) is not None:
+                del self._free_order[bisect.bisect_left(self._free_order, key)]
+                del self._free_fence[key]
             self.free.discard(key)
         if mine and value is not None and value.status in leases.LEASED:
             self.leased[key] = value.lease_until
@@ -169,13 +183,10 @@ class AdvertiserService(Service):
         assert self.view is not None
         # Only free slices give windows now (kept by the watch: a pass costs the free slices, not
         # all of them).
-        entries = self.view.entries
-        slices = {k: entries[k][0] for k in sorted(self.free) if k in entries}
+        slices = self._free_state
         # The pacer picks the slices due (in the order of their windows: all start now, so by
         # slice id); windows are built for those only, not for every free slice on every pass.
-        due_slices = self.pacer.due(
-            [s for s in slices.values() if s.status == "free"], {k: s.fence for k, s in slices.items()}, now
-        )
+        due_slices = self.pacer.due([slices[k] for k in self._free_order], self._free_fence, now)
         order = {s.slice_id: i for i, s in enumerate(due_slices)}
         due = find_windows(due_slices, WindowRequest(now=now, horizon_s=self.cfg.horizon_s, open_ended=True))
         due.sort(key=lambda w: order[w.slice_id])
