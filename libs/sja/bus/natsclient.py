@@ -1,4 +1,5 @@
-"""The NATS client SJA connects with: nats-py's, with writes that gather more messages each.
+r"""The NATS client SJA connects with: nats-py's, with writes that gather more messages each and a
+cheaper reading of headers.
 
 nats-py queues every outgoing message and wakes a flusher task, which writes what is queued to the
 socket. It runs as soon as the event loop gets to it: when a burst of tasks publish in one turn
@@ -10,17 +11,47 @@ first and its messages join the same write. One turn costs microseconds; each wr
 system call here and a read on the server (on loopback, the receiving side's work is done in the
 sender's system call). At (1000, 512) in the control-plane benchmark this gave more grants a
 second in each of four interleaved pairs of runs (see docs/performance.md).
+
+Most messages SJA receives carry headers (a ``traceparent``, a ``Nats-Msg-Id``). nats-py reads each
+header line and drops one whose name holds whitespace, testing each character of the name with a
+generator; here one regular expression does that test (the same characters: ``\s`` is what
+``str.isspace`` calls whitespace), the rest as nats-py does it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import nats.aio.client
 
+_SPACE = re.compile(r"\s")
+
 
 class Client(nats.aio.client.Client):
-    """``nats.aio.client.Client`` whose flusher yields once before each write (see the module)."""
+    """``nats.aio.client.Client`` whose flusher yields once before each write and which reads
+    header lines with less Python per line (see the module)."""
+
+    @staticmethod
+    def _parse_header_lines(raw: bytes) -> dict[str, str]:
+        # nats-py's ``Client._parse_header_lines`` (``Name: Value`` per line, a line without a
+        # colon or with a non-ASCII or blank-holding name skipped), with the whitespace test of the
+        # name made by one ``re.search``.
+        out: dict[str, str] = {}
+        for line in raw.split(b"\r\n"):
+            if not line:
+                continue
+            name, sep, value = line.partition(b":")
+            if not sep:
+                continue
+            try:
+                key = name.strip().decode("ascii")
+            except UnicodeDecodeError:
+                continue
+            if _SPACE.search(key) is not None:
+                continue
+            out[key] = value.strip().decode("utf-8", "replace")
+        return out
 
     async def _flusher(self) -> None:
         # nats-py's ``Client._flusher`` with the one turn of the loop added.

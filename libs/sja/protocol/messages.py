@@ -43,8 +43,9 @@ _ID_RE = re.compile(ID_PATTERN)
 _NAME_RE = re.compile(NAME_PATTERN)
 _valid_ids: set[str] = set()
 _valid_names: set[str] = set()
-VALID_TOKENS_REMEMBERED = 100_000
-"""Strings remembered as valid ids (and as valid names); past it the memory starts over."""
+VALID_TOKENS_REMEMBERED = 20_000
+"""Strings remembered as valid ids (and as valid names); past it the memory starts over (one-off ids,
+of offers, grants and subjobs, fill it in seconds under load; the repeated ones come back at once)."""
 
 _token_fields: dict[type, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
 """Struct class -> its ``Id`` fields, ``Name`` fields and ``list[Id]`` fields (filled in at import)."""
