@@ -180,7 +180,8 @@ async def agent(url: str, n_jobs: int) -> None:
     async def materialize(g: dict[str, Any]) -> None:
         job = g["job"]
         revs[job] = int(await kv.update(job, pad(SIZES["job"]), last=revs[job]))
-        subjob = {"job": job, "slice": g["slice"], "rev": g["rev"], "pad": pad(SIZES["subjob"] - 60)}
+        subjob = {k: g[k] for k in ("job", "slice", "pool", "rev", "grant_id")}
+        subjob["pad"] = pad(SIZES["subjob"] - 100)
         await js.publish(
             subjects.subjob_dispatched("node000", job),
             _enc.encode(subjob),
@@ -240,6 +241,7 @@ async def clearer(url: str) -> None:
             return None  # the slice moved on since it was offered
         return {
             **p,
+            "pool": pool,
             "rev": int(rev),
             "grant_id": f"g-{uuid.uuid4().hex[:20]}",
             "pad": pad(SIZES["grant"] - 90),
@@ -289,10 +291,10 @@ async def executor(url: str) -> None:
         await js.publish(
             subjects.subjob_completed(sj["job"]),
             _enc.encode(done),
-            headers={"Nats-Msg-Id": f"{msg.headers and msg.headers.get('Nats-Msg-Id')}:1"},
+            headers={"Nats-Msg-Id": f"{sj['grant_id']}:done"},
         )
         with contextlib.suppress(Exception):
-            await kv.update(sj["slice"], slice_value("free", "p"), last=sj["rev"])
+            await kv.update(sj["slice"], slice_value("free", sj["pool"]), last=sj["rev"])
         await msg.ack()
 
     await nc.publish(f"{READY}.executor", b"")

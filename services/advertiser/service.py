@@ -74,13 +74,12 @@ class AdvertiserService(Service):
             hold_s=settings.hold_new_s,
         )
         self._wake = asyncio.Event()
-        self.free: set[str] = set()
-        """Slices (of this replica's pools) whose last known state is free."""
-        # The free slices in slice-id order (the order windows are offered in), their states and
-        # fences, kept as the watch reports changes: a pass walks them instead of sorting the free
-        # set and looking every slice up again.
+        self.free: dict[str, SliceState] = {}
+        """Slices (of this replica's pools) whose last known state is free: that state."""
+        # The free slices in slice-id order (the order windows are offered in) and their fences,
+        # kept as the watch reports changes: a pass walks them instead of sorting the free slices
+        # and collecting their fences again.
         self._free_order: list[str] = []
-        self._free_state: dict[str, SliceState] = {}
         self._free_fence: dict[str, int] = {}
         self.leased: dict[str, float] = {}
         """Slices (of this replica's pools) under a lease: when it runs out."""
@@ -113,17 +112,14 @@ class AdvertiserService(Service):
     async def _changed(self, key: str, value: SliceState | None, revision: int) -> None:
         mine = value is not None and self._mine(value)
         if mine and value is not None and value.status == "free":
-            if key not in self._free_state:
+            if key not in self.free:
                 bisect.insort(self._free_order, key)
-            self._free_state[key] = value
+            self.free[key] = value
             self._free_fence[key] = value.fence
-            self.free.add(key)
             self._wake.set()
-        else:
-            if self._free_state.pop(key, None) is not None:
-                del self._free_order[bisect.bisect_left(self._free_order, key)]
-                del self._free_fence[key]
-            self.free.discard(key)
+        elif self.free.pop(key, None) is not None:
+            del self._free_order[bisect.bisect_left(self._free_order, key)]
+            del self._free_fence[key]
         if mine and value is not None and value.status in leases.LEASED:
             self.leased[key] = value.lease_until
         else:
@@ -183,7 +179,7 @@ class AdvertiserService(Service):
         assert self.view is not None
         # Only free slices give windows now (kept by the watch: a pass costs the free slices, not
         # all of them).
-        slices = self._free_state
+        slices = self.free
         # The pacer picks the slices due (in the order of their windows: all start now, so by
         # slice id); windows are built for those only, not for every free slice on every pass.
         due_slices = self.pacer.due([slices[k] for k in self._free_order], self._free_fence, now)

@@ -8,7 +8,6 @@ msgspec's rules: new fields get defaults; no renames or type changes; a breaking
 from __future__ import annotations
 
 import re
-import sys
 import typing
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -637,7 +636,7 @@ def register_token_fields(classes: Iterable[type]) -> None:
     for cls in classes:
         if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
             continue
-        hints = typing.get_type_hints(cls, include_extras=True, globalns=vars(sys.modules[cls.__module__]))
+        hints = typing.get_type_hints(cls, include_extras=True)
         ids: list[str] = []
         names: list[str] = []
         id_lists: list[str] = []
