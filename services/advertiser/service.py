@@ -248,6 +248,7 @@ class AdvertiserService(Service):
         )
         try:
             await self.bus.publish(subject, encode(batch), headers=headers)
+            self.bus.flush_now()  # the round's clock runs from here
         finally:
             for span in spans:
                 span.end()

@@ -720,6 +720,7 @@ class AgentService(Service):
                     span.set_attributes(_reply_attributes(proposals))
                 reply = Reply(offer_id=offers[0].offer_id, agent_id=self.agent_id, proposals=proposals)
                 await publish(self.bus, reply_to, reply)
+                self.bus.flush_now()  # the round waits for it
             return
         started_ns = time.time_ns()
         # Offers of one shape get one answer: the reply grows with jobs x shapes, not x offers.
@@ -738,6 +739,7 @@ class AgentService(Service):
             await publish(
                 self.bus, reply_to, BatchReply(batch_id=batch.batch_id, agent_id=self.agent_id, groups=out)
             )
+            self.bus.flush_now()  # the round waits for it
         finally:
             otel_context.detach(token)
         # Each offer is a round with a trace of its own: a sampled one gets its own sja.reply

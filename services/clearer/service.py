@@ -362,6 +362,7 @@ class ClearerService(Service):
             for (pool, policy_, how), n in ended.items():
                 self.m_rounds.add(n, pool=pool, policy=policy_, outcome=how)
             await self._send_grants(rnd)
+            self.bus.flush_now()  # the grants are the round's answer: out before the bookkeeping
             records = [rec for rec, _ in results]
             shared = [(d.shared, d.skip) for _, d in decisions]
             await self._publish_records(rnd, records, shared)

@@ -95,3 +95,63 @@ async def test_request_reply_and_reconnect_still_work(nats_server: Any) -> None:
         assert isinstance(nc, Client) and nc.stats["reconnects"] >= 1
     finally:
         await nc.close()
+
+
+async def test_flush_now_writes_at_once_and_in_order(nats_url: str) -> None:
+    nc = await connect(nats_url, "urgent")
+    reader = await nats.connect(nats_url)
+    try:
+        got: list[bytes] = []
+
+        async def on_msg(msg: Any) -> None:
+            got.append(msg.data)
+
+        await reader.subscribe("urgent.x", cb=on_msg)
+        await reader.flush()
+        writes = count_writes(nc)
+        for r in range(20):
+            # Ordinary publishes wait for the flusher; an urgent one takes them along, in order,
+            # in one write made before this task yields.
+            await nc.publish("urgent.x", f"{r}.a".encode())
+            await nc.publish("urgent.x", f"{r}.b".encode())
+            before = writes[0]
+            nc.flush_now()
+            assert writes[0] == before + 1 and nc.pending_data_size == 0
+            nc.flush_now()  # nothing pending: no write
+            assert writes[0] == before + 1
+            await nc.publish("urgent.x", f"{r}.c".encode())
+            await asyncio.sleep(0)
+        await nc.flush()
+        expected = [f"{r}.{x}".encode() for r in range(20) for x in "abc"]
+        for _ in range(100):
+            if len(got) == len(expected):
+                break
+            await asyncio.sleep(0.02)
+        assert got == expected
+    finally:
+        await nc.close()
+        await reader.close()
+
+
+async def test_flush_now_while_disconnected_keeps_the_data_for_the_reconnect(nats_server: Any) -> None:
+    nc = await connect(nats_server.url, "urgent")
+    try:
+        nats_server.stop()
+        for _ in range(100):
+            if not nc.is_connected:
+                break
+            await asyncio.sleep(0.02)
+        assert not nc.is_connected
+        await nc.publish("later.x", b"kept")
+        nc.flush_now()  # not connected: nothing written, nothing dropped
+        assert nc.pending_data_size > 0
+        nats_server.start()
+        for _ in range(200):
+            if nc.is_connected:
+                break
+            await asyncio.sleep(0.05)
+        assert nc.is_connected
+        await nc.flush(timeout=5)
+        assert nc.pending_data_size == 0  # written on the reconnect, as the flusher would have
+    finally:
+        await nc.close()

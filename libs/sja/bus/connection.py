@@ -247,7 +247,7 @@ async def connect(
     first_connect_retries: int | None = None,
     auth: NatsAuth | None = None,
     on_permission_violation: Callable[[PermissionViolation], None] | None = None,
-) -> Client:
+) -> CoalescingClient:
     """Connect with unbounded reconnects: a restarted server is rejoined, not fatal.
 
     Credentials come from ``auth`` (none: an open server, as the dev stack runs). A server that

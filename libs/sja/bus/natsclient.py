@@ -53,6 +53,21 @@ class Client(nats.aio.client.Client):
             out[key] = value.strip().decode("utf-8", "replace")
         return out
 
+    def flush_now(self) -> None:
+        """Write what is pending to the socket now, instead of when the flusher's turn comes.
+
+        The flusher writes after everything already due on the event loop has run (one more turn,
+        for coalescing), which under load can be milliseconds of other messages' handling. A
+        message on a round's critical path (an offer batch, a reply, a grant) is written at once
+        with this; what was pending before it goes with it, in order. Flow control stays the
+        flusher's (it drains the transport); a connection not up keeps the data pending for the
+        reconnect, as the flusher would."""
+        if self._pending_data_size <= 0 or not self.is_connected or self._transport is None:
+            return
+        self._transport.writelines(self._pending[:])
+        self._pending = []
+        self._pending_data_size = 0
+
     async def _flusher(self) -> None:
         # nats-py's ``Client._flusher`` with the one turn of the loop added.
         assert self._transport, "Client.connect must be called first"

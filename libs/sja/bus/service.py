@@ -30,7 +30,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -38,6 +37,7 @@ from sja import __version__
 from sja.bus.codec import DecodeError
 from sja.bus.connection import NatsAuth, PermissionViolation, Store, connect, ensure_jetstream, stores
 from sja.bus.jetstream import JetStream, jetstream
+from sja.bus.natsclient import Client
 from sja.bus.settings import BaseSettings
 from sja.bus.tasks import cancel_all
 from sja.protocol.messages import JobState, SliceState
