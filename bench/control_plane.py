@@ -40,6 +40,10 @@ first (``capped``: the duration ended the window):
 - the raw NATS baseline on the same server and client library, measured before the stack starts:
   publish/subscribe rate, request/reply round trip, a KV compare-and-set and a JetStream publish.
 
+``--hold-s H`` makes each subjob keep its slice ``H`` seconds before its completion: the load is then
+at most ``slices / H`` grants a second (``offered_grants_per_s_max``), and the latencies are those of a
+control plane below saturation rather than at it.
+
 The last line is a JSON object. ``--profile DIR`` runs every service under cProfile (slower: use it for
 the profile, not the numbers) and writes ``DIR/<instance>.prof`` and ``.txt`` summaries.
 """
@@ -283,6 +287,8 @@ class InstantExecutor:
     received: list[float] = field(default_factory=list)
     """perf_counter() of every subjob delivered (one per grant the agent materialized)."""
     started_fences: dict[str, int] = field(default_factory=dict)
+    hold_s: float = 0.0
+    """How long each subjob holds its slice before completing (0: it completes at once)."""
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -333,6 +339,8 @@ class InstantExecutor:
             return
         w = workload(sj.workload)
         output = w.run(w.validate(dict(sj.params)), sj.unit_start, sj.units, sj.input_checkpoint)
+        if self.hold_s > 0:
+            await asyncio.sleep(self.hold_s)
         await self.complete(sj, "ok", now, output, "", msg)
         if await slicelease.free(self.slices, sj, admitted.held):
             self.freed.append((sj.slice_id, time.time()))
@@ -359,7 +367,7 @@ class InstantExecutor:
             units=sj.units,
             units_done=sj.units if ok else 0,
             peak_mem_mib=TRUE_MIB_PER_UNIT * sj.units if ok else 0.0,
-            duration_s=sj.units * SECONDS_PER_UNIT / share if ok else 0.0,
+            duration_s=sj.units * SECONDS_PER_UNIT / share + self.hold_s if ok else 0.0,
             mem_cap_mib=sj.mem_cap_mib,
             time_cap_s=sj.time_cap_s,
             started_at=started,
@@ -424,8 +432,10 @@ async def run(
     target: int,
     duration_s: float,
     service_names: list[str] | None = None,
+    hold_s: float = 0.0,
 ) -> dict[str, Any]:
-    """``service_names``: the instance of each of ``service_pids``, for the CPU of each per grant."""
+    """``service_names``: the instance of each of ``service_pids``, for the CPU of each per grant;
+    ``hold_s``: how long each subjob holds its slice (``--hold-s``)."""
     nc = await connect(url, "bench-control-plane")
     me = psutil.Process()
     server = psutil.Process(server_pid)
@@ -471,7 +481,7 @@ async def run(
         )
 
     await nc.subscribe(subjects.grant_issued("*"), cb=on_grant, pending_msgs_limit=10_000_000)
-    executor = InstantExecutor(nc, on_units=on_units)
+    executor = InstantExecutor(nc, on_units=on_units, hold_s=hold_s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     exec_task = loop.create_task(executor.run(stop))
@@ -662,6 +672,13 @@ def main(argv: list[str] | None = None) -> int:
         "--coalesce-s", type=float, default=None, help="advertiser's coalescing pause (default: its own)"
     )
     ap.add_argument(
+        "--hold-s",
+        type=float,
+        default=0.0,
+        help="each subjob holds its slice this long before completing (0: at once). The load is then "
+        "at most slices / hold grants a second: the latency at a load below saturation",
+    )
+    ap.add_argument(
         "--trace-sample",
         type=float,
         default=1.0,
@@ -673,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep --out afterwards")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     args = ap.parse_args(argv)
+    if not 0 <= args.hold_s <= HORIZON_S / 2:
+        # A subjob longer than that no longer fits the offered windows once calibrated.
+        ap.error(f"--hold-s must be between 0 and {HORIZON_S / 2:g} (half the {HORIZON_S:g} s windows)")
 
     target = args.grants or max(1000, 20 * args.slices)
     warmup = max(100, 2 * args.slices)
@@ -737,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
                 target,
                 args.duration_s,
                 service_names=[p.instance for p in stack.procs],
+                hold_s=args.hold_s,
             )
         )
         wall = time.perf_counter() - t0
@@ -769,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
             "reply_window_s": args.reply_window_s,
             "trace_sample": args.trace_sample,
             "coalesce_s": args.coalesce_s,
+            "hold_s": args.hold_s,
+            "offered_grants_per_s_max": round(args.slices / args.hold_s, 1) if args.hold_s > 0 else None,
             "grants_per_s_vs_raw_msgs_per_s": round(result["grants_per_s"] / raw["raw_nats_msgs_per_s"], 6),
             "grant_latency_p50_vs_raw_rtt": round(
                 result["grant_latency_p50_ms"] * 1e3 / raw["raw_nats_rtt_us"], 1

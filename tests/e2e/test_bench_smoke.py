@@ -83,3 +83,44 @@ def test_control_plane_reports_each_services_cpu_per_grant() -> None:
     }
     assert float(by_service["agent-0"]) > 0
     assert abs(sum(by_service.values()) - float(d["cpu_s_per_grant"])) < 1e-4
+
+
+def test_control_plane_below_saturation_holds_each_slice() -> None:
+    """``--hold-s``: each subjob keeps its slice that long, so the load is at most slices / hold
+    grants a second (a slice never runs two subjobs at once) and every result is still right."""
+    d = last_json(
+        [
+            "bench/control_plane.py",
+            "--jobs",
+            "10",
+            "--slices",
+            "8",
+            "--grants",
+            "60",
+            "--duration-s",
+            "6",
+            "--warmup-s",
+            "3",
+            "--hold-s",
+            "0.2",
+            "--trace-sample",
+            "0.01",
+            "--json",
+        ],
+        240,
+    )
+    assert d["jobs_wrong_result"] == 0 and d["subjobs_lost"] == 0
+    assert d["hold_s"] == 0.2 and d["offered_grants_per_s_max"] == 40.0
+    assert 0 < float(d["grants_per_s"]) <= 1.1 * 40.0
+
+
+def test_control_plane_refuses_a_hold_longer_than_its_windows_allow() -> None:
+    out = subprocess.run(
+        [sys.executable, "bench/control_plane.py", "--hold-s", "5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and "--hold-s must be between 0 and 1" in out.stderr
