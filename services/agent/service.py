@@ -597,6 +597,7 @@ class AgentService(Service):
 
     def _disown(self, job_id: str) -> None:
         self.owned.pop(job_id, None)
+        J.forget_profile(job_id)
         self._job_traces.pop(job_id, None)
         self._version.pop(job_id, None)
         for book in self.books.values():

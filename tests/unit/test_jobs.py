@@ -313,14 +313,35 @@ def test_a_profile_is_rebuilt_once_per_profile_state_and_calibration_leaves_it_a
     after, applied = apply_completion(state, execute(sj, T0 + 0.2, peak=sj.planned_mem_q_mib * 3), T0 + 1.0)
     assert applied and after.profile != state.profile
     # The completion calibrated a copy: the profile of the state it came from is what it was.
-    assert profile_of(state) is before and before.mem_quantile(sj.units, 0.95) == q
-    assert profile_of(after).mem_quantile(sj.units, 0.95) > q
-    # The calibrated profile is kept as the new state's, and is what rebuilding it gives.
-    assert profile_of(after) == JobProfile.from_state(after.profile)
+    assert before.mem_quantile(sj.units, 0.95) == q
+    # The calibrated profile is kept as the new state's (the job's one profile held now), and is
+    # what rebuilding it gives.
+    kept = profile_of(after)
+    assert profile_of(after) is kept and kept.mem_quantile(sj.units, 0.95) > q
+    assert kept == JobProfile.from_state(after.profile)
+    # The older state's profile, asked for again, is rebuilt as it was.
+    assert profile_of(state) == before and profile_of(state).mem_quantile(sj.units, 0.95) == q
     # A state equal in content but not the same object gets a profile equal in what it says.
     twin = msgspec.convert(msgspec.to_builtins(state.profile), type(state.profile))
     assert twin is not state.profile
     assert profile_of(msgspec.structs.replace(state, profile=twin)).mem_quantile(sj.units, 0.95) == q
+
+
+def test_one_profile_is_held_per_job_and_a_forgotten_job_holds_none() -> None:
+    from sja.core import jobs as J
+
+    state = new_job("j-held", spec(), T0)
+    held_before = len(J._PROFILES)
+    for _ in range(3):
+        state, sj = win_window(state, T0)
+        profile_of(state)
+        state, applied = apply_completion(state, execute(sj, T0 + 0.2), T0 + 1.0)
+        assert applied
+        profile_of(state)
+    assert J._PROFILES["j-held"][0] is state.profile
+    assert len(J._PROFILES) == held_before + 1  # three calibrations, one profile held
+    J.forget_profile("j-held")
+    assert "j-held" not in J._PROFILES
 
 
 # --- failures --------------------------------------------------------------------------------------

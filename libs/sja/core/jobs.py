@@ -181,31 +181,40 @@ def is_consistent(state: JobState) -> bool:
     )
 
 
-_PROFILES: dict[int, tuple[ProfileState, JobProfile]] = {}
-_PROFILES_LIMIT = 4096
+_PROFILES: dict[str, tuple[ProfileState, JobProfile]] = {}
+"""job id -> its latest profile state read here and that state's profile."""
+_PROFILES_LIMIT = 20_000
 
 
 def profile_of(state: JobState) -> JobProfile:
     """The job's profile, to read (plan with) and not to change: rebuilt from ``state.profile``
     once per profile state, not once per offer, grant and completion (rebuilding refits both
     regressions). Job states are immutable, so a profile state's identity is its content while it is
-    held here. To update a profile, ``JobProfile.from_state`` makes one of your own."""
+    held here. One profile is held per job, its latest state's: a calibration replaces it, so a
+    process holds as many profiles as it has jobs, not every one since it started (they were a
+    large part of what its cycle collector went through). To update a profile,
+    ``JobProfile.from_state`` makes one of your own."""
     ps = state.profile
     assert ps is not None
-    got = _PROFILES.get(id(ps))
+    got = _PROFILES.get(state.job_id)
     if got is not None and got[0] is ps:
         return got[1]
     profile = JobProfile.from_state(ps)
-    _keep_profile(ps, profile)
+    _keep_profile(state.job_id, ps, profile)
     return profile
 
 
-def _keep_profile(ps: ProfileState, profile: JobProfile) -> None:
-    """Hold ``profile`` as the one of ``ps`` (it must be what ``JobProfile.from_state(ps)`` gives):
-    read-only from now on, its predictions remembered (``JobProfile.freeze``)."""
-    if len(_PROFILES) >= _PROFILES_LIMIT:
+def forget_profile(job_id: str) -> None:
+    """Drop the profile held for a job this process no longer plans for (finished, or not its own)."""
+    _PROFILES.pop(job_id, None)
+
+
+def _keep_profile(job_id: str, ps: ProfileState, profile: JobProfile) -> None:
+    """Hold ``profile`` as the job's, that of ``ps`` (it must be what ``JobProfile.from_state(ps)``
+    gives): read-only from now on, its predictions remembered (``JobProfile.freeze``)."""
+    if job_id not in _PROFILES and len(_PROFILES) >= _PROFILES_LIMIT:
         _PROFILES.clear()
-    _PROFILES[id(ps)] = (ps, profile.freeze())
+    _PROFILES[job_id] = (ps, profile.freeze())
 
 
 def is_terminal(state: JobState) -> bool:
@@ -435,7 +444,7 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
     )
     history = [*state.history, summary][-HISTORY_LIMIT:]
     calibrated = profile.to_state()
-    _keep_profile(calibrated, profile)  # fitted already: the next proposal need not refit it
+    _keep_profile(state.job_id, calibrated, profile)  # fitted already: the next proposal need not refit it
     new = msgspec.structs.replace(
         state,
         in_flight=in_flight,
