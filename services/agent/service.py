@@ -67,7 +67,8 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.agent")
 
 JOBS_CONSUMER = "agents"
-PLAN_CACHE_LIMIT = 200_000
+PLAN_CACHE_LIMIT = 64
+"""Window shapes (and policies) a job's plans are remembered for at its current state."""
 MAX_POOLS = 10_000
 """Pools whose policy an agent remembers (bounded against outcomes naming made-up pools)."""
 MAX_AGENTS_SEEN = 10_000
@@ -130,7 +131,9 @@ class AgentService(Service):
             horizon_s=settings.horizon_s,
         )
         self.owned: dict[str, tuple[JobState, int]] = {}
-        self._plans: dict[tuple[object, ...], Proposal | None] = {}
+        self._plans: dict[str, tuple[int, dict[tuple[object, ...], Proposal | None]]] = {}
+        """job id -> (its state's version, its answer per window shape and policy at that state):
+        the plans of a job's earlier states are dropped when it moves, not kept until a limit."""
         self.policy_config = PolicyConfig(horizon_s=settings.horizon_s)
         self.policy_of: dict[str, str] = {}
         """pool -> the policy its clearer clears with, as the last outcome from it said."""
@@ -597,6 +600,7 @@ class AgentService(Service):
 
     def _disown(self, job_id: str) -> None:
         self.owned.pop(job_id, None)
+        self._plans.pop(job_id, None)
         J.forget_profile(job_id)
         self._job_traces.pop(job_id, None)
         self._version.pop(job_id, None)
@@ -838,8 +842,6 @@ class AgentService(Service):
         answer can never make a subjob unsafe."""
         shape = self.shape(offer, now)
         plan_now = J.plan_time(now, offer.window.start_s)
-        if len(self._plans) > PLAN_CACHE_LIMIT:
-            self._plans.clear()
 
         policy = self.policy_of.get(offer.window.pool, "")
 
@@ -848,14 +850,21 @@ class AgentService(Service):
             if got is None:
                 return None
             state, _rev = got
-            key = (job_id, self._version.get(job_id, 0), shape, policy)
-            if key in self._plans:
-                p = self._plans[key]
+            version = self._version.get(job_id, 0)
+            held = self._plans.get(job_id)
+            if held is None or held[0] != version:
+                held = self._plans[job_id] = (version, {})
+            plans = held[1]
+            key = (shape, policy)
+            if key in plans:
+                p = plans[key]
             else:
                 p = J.propose(state, offer, plan_now, self.limits)
                 if p is not None and policy:
                     p = bid_for(policy, offer, p, self.policy_config)
-                self._plans[key] = p
+                if len(plans) >= PLAN_CACHE_LIMIT:
+                    plans.clear()
+                plans[key] = p
             if p is not None and J.sits_out(p, self._granted.get(job_id, 0), self._likely.get(job_id, 0)):
                 return None
             return p
