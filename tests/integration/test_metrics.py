@@ -169,6 +169,21 @@ async def test_a_negotiation_round_shows_in_every_services_metrics(
         # Every service has its permission-violation series from the start.
         for name in ("inventory", "gateway", "clearer", "agent", "advertiser"):
             assert series(s, "sja_permission_violations_total", service=name), name
+        # Every service times its event loop: a lag histogram with buckets from half a millisecond.
+        s = await eventually(
+            port,
+            lambda s: all(
+                total(s, "sja_event_loop_lag_seconds_count", service=name) > 0
+                for name in ("inventory", "gateway", "clearer", "agent", "advertiser")
+            ),
+            "every service's event loop lag",
+        )
+        for name in ("inventory", "gateway", "clearer", "agent", "advertiser"):
+            count = total(s, "sja_event_loop_lag_seconds_count", service=name)
+            assert total(s, "sja_event_loop_lag_seconds_bucket", service=name, le="+Inf") == count
+            assert total(s, "sja_event_loop_lag_seconds_sum", service=name) >= 0
+        les = {lb["le"] for lb in series(s, "sja_event_loop_lag_seconds_bucket", service="agent")}
+        assert {"0.0005", "0.01", "1.0"} <= les
 
         # A malformed offer: counted by both subscribers of the offer subject, logged without a
         # traceback, and the round keeps going.

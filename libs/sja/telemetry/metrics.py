@@ -51,6 +51,12 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
 )  # fmt: skip
 """Histogram boundaries for latencies from a millisecond to ten seconds (a round clears in ~50 ms)."""
 
+LAG_BUCKETS_S: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
+"""Histogram boundaries for an event loop's lateness: half a millisecond (a loop keeping up) to a
+second (a loop blocked)."""
+
 RATIO_BUCKETS: tuple[float, ...] = (
     0.1, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0,
 )  # fmt: skip
@@ -371,8 +377,8 @@ class Gauge:
 class ServiceMetrics:
     """The instruments of one service: every point is labeled ``service=<name>``.
 
-    Also holds the two metrics every service has: rejected (undecodable) messages and NATS
-    permission violations.
+    Also holds the metrics every service has: rejected (undecodable) messages, NATS permission
+    violations and its event loop's lag.
     """
 
     def __init__(self, service: str) -> None:
@@ -387,6 +393,13 @@ class ServiceMetrics:
             "sja_permission_violations",
             "Publishes and subscriptions the NATS server refused for this service's user.",
             unit="{violation}",
+        )
+        self.loop_lag = self.histogram(
+            "sja_event_loop_lag_seconds",
+            "How late the service's event loop woke a timer: time every message waits on top of its "
+            "handling (a blocked loop, a long callback, the collector, or no core free).",
+            unit="s",
+            buckets=LAG_BUCKETS_S,
         )
 
     def counter(self, name: str, description: str, unit: str = "") -> Counter:
