@@ -131,9 +131,9 @@ class AgentService(Service):
             horizon_s=settings.horizon_s,
         )
         self.owned: dict[str, tuple[JobState, int]] = {}
-        self._plans: dict[str, tuple[int, dict[tuple[object, ...], Proposal | None]]] = {}
-        """job id -> (its state's version, its answer per window shape and policy at that state):
-        the plans of a job's earlier states are dropped when it moves, not kept until a limit."""
+        self._plans: dict[str, dict[tuple[object, ...], Proposal | None]] = {}
+        """job id -> its answer per window shape and policy at its current state (dropped when the
+        job moves to another state, ``_own``)."""
         self.policy_config = PolicyConfig(horizon_s=settings.horizon_s)
         self.policy_of: dict[str, str] = {}
         """pool -> the policy its clearer clears with, as the last outcome from it said."""
@@ -155,9 +155,6 @@ class AgentService(Service):
         """job id -> completions folded into its state here and not yet written to ``sja-jobs``
         (acknowledged once written)."""
         self._unsaved_since: dict[str, float] = {}
-        self._version: dict[str, int] = {}
-        """job id -> a number that changes with every change of its state here (written or not)."""
-        self._versions = 0
         self._last_seen: dict[str, float] = {}
         """agent id -> when its last heartbeat arrived here (this host's clock)."""
         self._heard_since = time.time()
@@ -588,8 +585,7 @@ class AgentService(Service):
             # The same state written again (completions flushed): only the revision moved, and a
             # job's proposals depend on its state alone, so its plans and ranking still hold.
             return
-        self._versions += 1
-        self._version[state.job_id] = self._versions
+        self._plans.pop(state.job_id, None)
         self._changed(state.job_id)
 
     def _changed(self, job_id: str) -> None:
@@ -603,7 +599,6 @@ class AgentService(Service):
         self._plans.pop(job_id, None)
         J.forget_profile(job_id)
         self._job_traces.pop(job_id, None)
-        self._version.pop(job_id, None)
         for book in self.books.values():
             book.drop(job_id)
 
@@ -832,7 +827,7 @@ class AgentService(Service):
         them (``policies.shortlist``), else every owned job's proposal.
 
         A job's answer depends only on its state and the window's shape, so it is memoized per
-        (job state revision, window shape): offers of like slices cost one planning per job state,
+        (job state, window shape): offers of like slices cost one planning per job state,
         not one per offer; and under a policy whose bid order does not depend on time the jobs
         stay ranked between batches (``BidBook``), so a batch costs the jobs that changed since.
 
@@ -850,11 +845,9 @@ class AgentService(Service):
             if got is None:
                 return None
             state, _rev = got
-            version = self._version.get(job_id, 0)
-            held = self._plans.get(job_id)
-            if held is None or held[0] != version:
-                held = self._plans[job_id] = (version, {})
-            plans = held[1]
+            plans = self._plans.get(job_id)
+            if plans is None:
+                plans = self._plans[job_id] = {}
             key = (shape, policy)
             if key in plans:
                 p = plans[key]

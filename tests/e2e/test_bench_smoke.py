@@ -26,6 +26,12 @@ def last_json(args: list[str], timeout_s: float) -> dict[str, Any]:
     return got
 
 
+def control_plane(*args: str) -> list[str]:
+    """The control-plane benchmark at (10, 8), 1 % traced, printing only its JSON line."""
+    small = ["--jobs", "10", "--slices", "8", "--trace-sample", "0.01", "--json"]
+    return ["bench/control_plane.py", *small, *args]
+
+
 def test_protocol_floor_runs_every_role_and_reports_per_grant_costs() -> None:
     d = last_json(
         [
@@ -52,25 +58,7 @@ def test_protocol_floor_runs_every_role_and_reports_per_grant_costs() -> None:
 
 
 def test_control_plane_reports_each_services_cpu_per_grant() -> None:
-    d = last_json(
-        [
-            "bench/control_plane.py",
-            "--jobs",
-            "10",
-            "--slices",
-            "8",
-            "--grants",
-            "150",
-            "--duration-s",
-            "10",
-            "--warmup-s",
-            "5",
-            "--trace-sample",
-            "0.01",
-            "--json",
-        ],
-        240,
-    )
+    d = last_json(control_plane("--grants", "150", "--duration-s", "10", "--warmup-s", "5"), 240)
     assert d["jobs_wrong_result"] == 0 and d["subjobs_lost"] == 0
     by_service = d["cpu_s_per_grant_by_service"]
     assert isinstance(by_service, dict)
@@ -89,25 +77,7 @@ def test_control_plane_below_saturation_holds_each_slice() -> None:
     """``--hold-s``: each subjob keeps its slice that long, so the load is at most slices / hold
     grants a second (a slice never runs two subjobs at once) and every result is still right."""
     d = last_json(
-        [
-            "bench/control_plane.py",
-            "--jobs",
-            "10",
-            "--slices",
-            "8",
-            "--grants",
-            "60",
-            "--duration-s",
-            "6",
-            "--warmup-s",
-            "3",
-            "--hold-s",
-            "0.2",
-            "--trace-sample",
-            "0.01",
-            "--json",
-        ],
-        240,
+        control_plane("--grants", "60", "--duration-s", "6", "--warmup-s", "3", "--hold-s", "0.2"), 240
     )
     assert d["jobs_wrong_result"] == 0 and d["subjobs_lost"] == 0
     assert d["hold_s"] == 0.2 and d["offered_grants_per_s_max"] == 40.0
