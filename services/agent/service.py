@@ -49,6 +49,7 @@ from sja.protocol.messages import (
     GrantBatch,
     InFlight,
     JobCancel,
+    JobHead,
     JobState,
     LeaseRelease,
     LeaseReleased,
@@ -395,9 +396,11 @@ class AgentService(Service):
         live.append(self.agent_id)
         still_owning: set[str] = set()
         taken = 0
-        for state, rev in await self.jobs.all():
-            owner = state.owner_agent
-            if not owner or owner == self.agent_id or J.is_terminal(state):
+        # Only the jobs of silent owners are decoded whole: a scan of a store of thousands of jobs
+        # owned by live agents reads three fields of each.
+        for head, raw, rev in await self.jobs.heads(JobHead):
+            owner = head.owner_agent
+            if not owner or owner == self.agent_id or head.status in J.TERMINAL:
                 continue
             if len(self.owned) >= self.cfg.max_jobs:
                 still_owning.add(owner)
@@ -409,6 +412,14 @@ class AgentService(Service):
                 if len(self._last_seen) < MAX_AGENTS_SEEN:
                     self._last_seen[owner] = now
                 still_owning.add(owner)
+                continue
+            if now - seen <= liveness_s:
+                still_owning.add(owner)
+                continue
+            try:
+                state = self.jobs.load(raw)
+            except DecodeError as e:
+                log.warning("job %s unreadable, not taken over: %s", head.job_id, e)
                 continue
             new = J.takeover(state, self.agent_id, seen, now, liveness_s, live_agents=live)
             if new is None:

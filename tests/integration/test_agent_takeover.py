@@ -185,3 +185,38 @@ async def test_a_completion_dropped_before_the_takeover_is_read_back(
         assert [(h.subjob_id, h.status) for h in written.history] == [("job-x.s0", "ok")]
         # Read back once: taking another look applies nothing more.
         assert await taker.replay_completions("job-x") == 0
+
+
+async def test_a_scan_reads_whole_only_the_jobs_of_silent_owners(
+    nats_url: str, tmp_path: Path, nc: Client
+) -> None:
+    """The scan for jobs to take over decodes three fields of every stored job and the whole state
+    only of a silent owner's unfinished jobs: a store of thousands owned by live agents costs the
+    agent little."""
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    _, jobs = await stores(js)
+    live = [owned_job(f"job-live-{i}", "agent-live") for i in range(600)]
+    dead = [owned_job(f"job-dead-{i}", "agent-dead") for i in range(3)]
+    over = msgspec.structs.replace(owned_job("job-over", "agent-dead"), status="done")
+    await asyncio.gather(*(jobs.create(s.job_id, s) for s in [*live, *dead, over]))
+    # No takeover loop (takeover_after_s 0): the scan below is the only one.
+    taker = AgentService(settings(nats_url, tmp_path, "agent-taker", takeover_after_s=0))
+    async with taker:
+        assert taker.jobs is not None
+        now = time.time()
+        taker._last_seen.update({"agent-live": now, "agent-dead": now - 100})
+        loaded: list[str] = []
+        load = taker.jobs.load
+
+        def counting_load(raw: bytes) -> JobState:
+            state = load(raw)
+            loaded.append(state.job_id)
+            return state
+
+        taker.jobs.load = counting_load  # type: ignore[method-assign]
+        assert await taker.take_over(now) == 3
+        assert sorted(loaded) == sorted(s.job_id for s in dead)
+        assert set(taker.owned) == {s.job_id for s in dead}
+        assert await owner_of(taker, "job-over") == "agent-dead"
+        assert await owner_of(taker, "job-live-7") == "agent-live"

@@ -56,6 +56,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
+H = TypeVar("H")
+
+SCAN_CHUNK = 256
+"""Entries a bucket read handles between two turns of the event loop. Reading a bucket of
+thousands of jobs in one go stalled a busy agent for tens of milliseconds (its periodic scan for
+the jobs of silent agents), and every message waiting on it with it."""
 
 DAY_S = 86_400.0
 
@@ -411,8 +417,29 @@ class Store(Generic[M]):
 
     async def all(self) -> list[tuple[M, int]]:
         """Every entry (value and revision) of the bucket as it stands: one ordered consumer over
-        the last message of each key, no read per key."""
-        return [(decode(raw, self.typ), rev) for _, raw, rev in await self._latest(values=True)]
+        the last message of each key, no read per key. A large bucket is decoded a part at a time
+        (``SCAN_CHUNK``), the event loop served in between."""
+        out: list[tuple[M, int]] = []
+        for i, (_, raw, rev) in enumerate(await self._latest(values=True)):
+            if i and i % SCAN_CHUNK == 0:
+                await asyncio.sleep(0)
+            out.append((decode(raw, self.typ), rev))
+        return out
+
+    async def heads(self, head: type[H]) -> list[tuple[H, bytes, int]]:
+        """Every entry as ``all`` reads it, with only ``head`` decoded: a struct of a few of the
+        value's fields, which msgspec reads without building the rest. A scan that acts on a few
+        entries decodes those whole (``load``) and skips the others for a fraction of the cost."""
+        out: list[tuple[H, bytes, int]] = []
+        for i, (_, raw, rev) in enumerate(await self._latest(values=True)):
+            if i and i % SCAN_CHUNK == 0:
+                await asyncio.sleep(0)
+            out.append((decode(raw, head), raw, rev))
+        return out
+
+    def load(self, raw: bytes) -> M:
+        """A value read by ``heads``, decoded whole."""
+        return decode(raw, self.typ)
 
     async def _latest(
         self, values: bool, timeout_s: float = 10.0, deadline_s: float = 60.0
@@ -447,6 +474,7 @@ class Store(Generic[M]):
         latest: dict[str, tuple[bytes, int]] = {}
         gone: dict[str, int] = {}
         seen_seq = 0
+        read = 0
         try:
             info = await sub.consumer_info()
             delivered = info.delivered.consumer_seq if info.delivered is not None else 0
@@ -458,6 +486,10 @@ class Store(Generic[M]):
                         f"reading bucket {self.kv._name}: the writers kept ahead for {deadline_s:.0f} s"
                     )
                 msg = await sub.next_msg(timeout=timeout_s)
+                read += 1
+                if read % SCAN_CHUNK == 0:
+                    # Deliveries already queued come back without a pause: serve the loop.
+                    await asyncio.sleep(0)
                 meta = msg.metadata
                 key = msg.subject[len(prefix) :]
                 rev = int(meta.sequence.stream)

@@ -217,8 +217,12 @@ def _keep_profile(job_id: str, ps: ProfileState, profile: JobProfile) -> None:
     _PROFILES[job_id] = (ps, profile.freeze())
 
 
+TERMINAL = frozenset(("done", "failed", "cancelled"))
+"""The statuses a job never leaves."""
+
+
 def is_terminal(state: JobState) -> bool:
-    return state.status in ("done", "failed", "cancelled")
+    return state.status in TERMINAL
 
 
 def units_remaining(state: JobState) -> int:

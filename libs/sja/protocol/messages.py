@@ -558,6 +558,16 @@ class JobState(Message, Tokens, tag="sja.job_state.v1", frozen=True, kw_only=Tru
     it took): what the clearer's ledger charges, counted by the agent."""
 
 
+class JobHead(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Who owns a stored job and whether it is over: three fields of a ``JobState``, decoded from
+    it alone (``Store.heads``), without the rest of the state (its profile, history, checkpoint).
+    Only for deciding which jobs to read whole; it validates nothing else."""
+
+    job_id: str
+    owner_agent: str = ""
+    status: str = "pending"
+
+
 class JobCancel(Message, Tokens, tag="sja.job_cancel.v1", frozen=True, kw_only=True):
     job_id: Id
 
