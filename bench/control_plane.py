@@ -4,7 +4,8 @@ and what each grant costs in NATS messages and CPU, with executors that finish a
     python bench/control_plane.py --jobs 100 --slices 64 --json
 
 A nats-server (with its monitoring port) and the inventory, gateway, clearer(s), agent(s) and
-advertiser(s) run as their own processes (``LocalStack``) against a declared inventory of ``--slices``
+advertiser(s) run as their own processes (``LocalStack``; ``--cohost a,b,...`` runs those services in
+one process, ``sja service a,b,...``) against a declared inventory of ``--slices``
 emulated slices (H100-80GB cut into 7 x 1g.10gb, 8 GPUs per node, one pool per node). No real executor
 runs: an *instant executor* in this process pulls ``SJA_SUBJOBS`` exactly as ``services/executor`` does
 (admission against the slice's lease, lease start by compare-and-set, an ``ok`` completion on
@@ -76,6 +77,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from services.registry import parse_names
 from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
@@ -684,6 +686,12 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="fraction of rounds traced (OTEL_TRACES_SAMPLER=parentbased_traceidratio; 1: every round)",
     )
+    ap.add_argument(
+        "--cohost",
+        default="",
+        help="services to run together in one process, comma-separated (e.g. "
+        "inventory,gateway,clearer,advertiser; one replica each); default: a process per service",
+    )
     ap.add_argument("--log-level", default="WARNING", help="of the services (their logs go under --out)")
     ap.add_argument("--profile", type=Path, default=None, help="run the services under cProfile, into DIR")
     ap.add_argument("--out", type=Path, default=None, help="logs and the NATS store (default: a temp dir)")
@@ -694,6 +702,16 @@ def main(argv: list[str] | None = None) -> int:
         # A subjob longer than that no longer fits the offered windows once calibrated.
         ap.error(f"--hold-s must be between 0 and {HORIZON_S / 2:g} (half the {HORIZON_S:g} s windows)")
 
+    cohost: list[str] = []
+    if args.cohost:
+        try:
+            cohost = parse_names(args.cohost)
+        except ValueError as e:
+            ap.error(f"--cohost: {e}")
+        if len(cohost) < 2 or not set(cohost) <= set(SERVICES):
+            ap.error(f"--cohost takes two or more of {', '.join(SERVICES)}")
+        if any(getattr(args, f"{n}s", 1) != 1 for n in cohost):
+            ap.error("--cohost: a co-hosted service runs one replica")
     target = args.grants or max(1000, 20 * args.slices)
     warmup = max(100, 2 * args.slices)
     out = args.out or Path(tempfile.mkdtemp(prefix="sja-cp-"))
@@ -733,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
                 "OTEL_TRACES_SAMPLER_ARG": str(args.trace_sample),
             },
             replicas={"clearer": args.clearers, "advertiser": args.advertisers, "agent": args.agents},
+            groups=[cohost] if cohost else [],
             shards={"clearer": shard(pools, args.clearers), "advertiser": shard(pools, args.advertisers)},
             profile_dir=args.profile,
         )
@@ -780,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
             "units_per_job": args.units,
             "clearers": args.clearers,
             "agents": args.agents,
+            "cohost": ",".join(cohost),
             "advertisers": args.advertisers,
             "cpus": os.cpu_count(),
             "loadavg_1m_before": load_before,

@@ -29,3 +29,26 @@ def load(name: str) -> tuple[type[Service], type[BaseSettings]]:
     module, service, settings = SERVICES[name]
     mod = importlib.import_module(module)
     return getattr(mod, service), getattr(mod, settings)
+
+
+def parse_names(spec: str) -> list[str]:
+    """The services one process runs, from ``sja service``'s argument: one name, or several
+    separated by commas (co-hosted: ``sja.bus.service.run_services``), each known and named once;
+    returned in ``START_ORDER`` (the inventory first: the others read its slices)."""
+    names = [n.strip() for n in spec.split(",")]
+    if not spec.strip() or any(not n for n in names):
+        raise ValueError(f"no service named in {spec!r} (known: {', '.join(SERVICES)})")
+    unknown = [n for n in names if n not in SERVICES]
+    if unknown:
+        raise ValueError(f"unknown service {unknown[0]!r} (known: {', '.join(SERVICES)})")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"service {twice[0]!r} named twice in {spec!r}")
+    return sorted(names, key=START_ORDER.index)
+
+
+def cohosted_instance(name: str, base: str) -> str:
+    """The instance id of service ``name`` in a process running several (``SJA_INSTANCE`` = ``base``,
+    or the host and pid when unset): ``<name>-<base>``, so that ``SJA_INSTANCE=0`` gives each the
+    id it would have alone as replica 0 (``clearer-0``, ``advertiser-0``)."""
+    return f"{name}-{base}"

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,22 +23,34 @@ DEFAULT_ORDER = ("inventory", "gateway", "clearer", "agent", "executor", "advert
 @dataclass
 class ServiceProc:
     name: str
+    """A service's name, or several joined by commas (co-hosted in this process)."""
     instance: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+
+    @property
+    def instances(self) -> list[str]:
+        """The instance ids of the services in the process (``<service>-<index>`` each)."""
+        if "," not in self.name:
+            return [self.instance]
+        index = self.instance.rpartition("-")[2]
+        return [f"{n}-{index}" for n in self.name.split(",")]
 
 
 @dataclass
 class LocalStack:
     """Starts nats-server (JetStream, store under ``out_dir``) and the services as child processes.
 
-    ``env`` holds ``SJA_*`` settings for every service; ``service_env`` per service name.
+    ``env`` holds ``SJA_*`` settings for every service; ``service_env`` per service name (a
+    co-hosted process gets those of each of its services). ``groups`` lists services that run
+    together in one process (``sja service a,b``), one replica each.
     """
 
     out_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     replicas: Mapping[str, int] = field(default_factory=dict)
+    groups: Sequence[Sequence[str]] = ()
     nats_url: str = ""
     nats: EmbeddedNats | None = None
     procs: list[ServiceProc] = field(default_factory=list)
@@ -57,10 +69,13 @@ class LocalStack:
     def service_environment(self, name: str, instance: str) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.env)
-        env.update(self.service_env.get(name, {}))
+        for n in name.split(","):
+            env.update(self.service_env.get(n, {}))
         env["SJA_NATS_URL"] = self.nats_url
         env["SJA_OUT_DIR"] = str(self.out_dir)
-        env["SJA_INSTANCE"] = instance
+        # Co-hosted services are named <service>-<SJA_INSTANCE>: the index alone gives each the id
+        # it would have in a process of its own.
+        env["SJA_INSTANCE"] = instance.rpartition("-")[2] if "," in name else instance
         env.setdefault("PYTHONUNBUFFERED", "1")
         base_port = int(env.get("SJA_METRICS_PORT", "0") or 0)
         if base_port:
@@ -86,11 +101,34 @@ class LocalStack:
         self.procs.append(sp)
         return sp
 
+    def processes(self, order: tuple[str, ...] = DEFAULT_ORDER) -> list[str]:
+        """The processes ``start`` runs, in order: a service's name, or a group's names joined by
+        commas (in ``order``), placed where its first member comes."""
+        out: list[str] = []
+        grouped: dict[str, str] = {}
+        for group in self.groups:
+            members = [n for n in order if n in group]
+            missing = sorted(set(group) - set(members))
+            if missing:
+                raise ValueError(f"co-hosted service {missing[0]!r} is not among {', '.join(order)}")
+            for n in members:
+                if n in grouped:
+                    raise ValueError(f"service {n!r} is in two co-hosted groups")
+                if self.replicas.get(n, 1) != 1:
+                    raise ValueError(f"co-hosted service {n!r} runs one replica, not {self.replicas[n]}")
+                grouped[n] = ",".join(members)
+        for name in order:
+            proc = grouped.get(name, name)
+            if proc not in out:
+                out.append(proc)
+        return out
+
     def start(self, order: tuple[str, ...] = DEFAULT_ORDER) -> None:
-        """Start NATS, then the inventory (and wait for it: executors need its slices), then the
-        rest. Call ``wait_ready`` afterwards."""
+        """Start NATS, then the inventory's process (and wait for it: executors need its slices),
+        then the rest. Call ``wait_ready`` afterwards."""
+        procs = self.processes(order)
         self.start_nats()
-        first, rest = order[:1], order[1:]
+        first, rest = procs[:1], procs[1:]
         for name in first:
             for i in range(self.replicas.get(name, 1)):
                 self.spawn(name, i)
@@ -103,7 +141,7 @@ class LocalStack:
         """Wait until every spawned service answers NATS micro discovery (``$SRV.PING``)."""
         nc = await connect(self.nats_url, "sja-supervisor")
         try:
-            expected = {p.instance for p in self.procs}
+            expected = {i for p in self.procs for i in p.instances}
             deadline = time.monotonic() + timeout_s
             seen: set[str] = set()
             while time.monotonic() < deadline:
@@ -131,9 +169,11 @@ class LocalStack:
             await nc.close()
 
     def kill(self, instance: str) -> ServiceProc:
-        """SIGKILL one service process and everything it started (crash test)."""
+        """SIGKILL one service process and everything it started (crash test): the process with
+        that instance id, or the one hosting the service of that id. ``restart`` takes the
+        returned process's ``instance``."""
         for p in self.procs:
-            if p.instance == instance and p.proc.poll() is None:
+            if instance in (p.instance, *p.instances) and p.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.proc.pid, signal.SIGKILL)
                 p.proc.wait(timeout=10)

@@ -73,6 +73,45 @@ def test_control_plane_reports_each_services_cpu_per_grant() -> None:
     assert abs(sum(by_service.values()) - float(d["cpu_s_per_grant"])) < 1e-4
 
 
+def test_control_plane_with_services_cohosted_completes_every_job_correctly() -> None:
+    """``--cohost``: the inventory, gateway, clearer and advertiser in one process (``sja service
+    a,b,...``), the agent in its own; rounds still clear and every result is right."""
+    d = last_json(
+        control_plane(
+            "--grants",
+            "150",
+            "--duration-s",
+            "8",
+            "--warmup-s",
+            "4",
+            "--cohost",
+            "advertiser,inventory,clearer,gateway",
+        ),
+        240,
+    )
+    assert d["jobs_wrong_result"] == 0 and d["subjobs_lost"] == 0
+    assert float(d["grants_per_s"]) > 0
+    assert d["cohost"] == "inventory,gateway,clearer,advertiser"
+    assert set(d["cpu_s_per_grant_by_service"]) == {"inventory,gateway,clearer,advertiser-0", "agent-0"}
+
+
+def test_control_plane_refuses_a_bad_cohost_list() -> None:
+    for spec, message in [
+        ("clearer", "two or more"),
+        ("clearer,executor", "two or more"),
+        ("clearer,nope", "unknown"),
+    ]:
+        out = subprocess.run(
+            [sys.executable, "bench/control_plane.py", "--cohost", spec],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
 def test_control_plane_below_saturation_holds_each_slice() -> None:
     """``--hold-s``: each subjob keeps its slice that long, so the load is at most slices / hold
     grants a second (a slice never runs two subjobs at once) and every result is still right."""

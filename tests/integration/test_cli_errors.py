@@ -116,3 +116,16 @@ async def test_trace_tells_an_unknown_job_from_one_with_no_round_yet(nats_url: s
         code, out, err = await sja_async("trace", ack.job_id, "--nats", nats_url)
         assert code == 0, (out, err)
         assert f"job {ack.job_id} (pending, 0/3 units) has taken part in no round yet" in out
+
+
+def test_service_and_up_name_a_bad_list_of_services() -> None:
+    """Refused before anything starts (``up`` makes no directory, starts no server)."""
+    for spec, message in [
+        ("clearer,scheduler", "unknown service 'scheduler'"),
+        ("clearer,clearer", "service 'clearer' named twice"),
+        ("clearer,", "no service named"),
+    ]:
+        for args in (["service", spec], ["up", "--cohost", spec, "--out", "/nonexistent/never-made"]):
+            out = sja(*args)
+            assert out.returncode == 2, out
+            assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

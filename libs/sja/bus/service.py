@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
@@ -279,10 +279,31 @@ class _TrackedEndpoints:
 
 async def run_service(service: Service, ready: Callable[[], None] | None = None) -> None:
     """Run until SIGINT/SIGTERM, then stop gracefully."""
+    await run_services([service], ready)
+
+
+async def run_services(services: Sequence[Service], ready: Callable[[], None] | None = None) -> None:
+    """Run several services in this process, on one event loop, until SIGINT/SIGTERM; start them in
+    the order given and stop them gracefully in the reverse order.
+
+    Each keeps its own connection, subscriptions, consumers and instance id, so it behaves on the
+    bus exactly as it would in a process of its own. What the process has once is shared: its
+    tracer and meter providers (named ``sja-<a>+<b>+...``; every metric point still carries its
+    service's ``service`` label, every span its own name), its ``/metrics`` endpoint and its cycle
+    collector. Co-hosting the services that are mostly idle, or on the same round's path, takes
+    processes off a small machine's cores (docs/operations.md, "Co-hosting services")."""
+    if not services:
+        raise ValueError("no service to run")
+    if len(services) > 1:
+        # The first service to start would otherwise name the whole process's telemetry.
+        name = "sja-" + "+".join(s.name for s in services)
+        setup_tracing(name, out_dir=services[0].settings.out_dir)
+        setup_metrics(name)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     async with AsyncExitStack() as stack:
-        await stack.enter_async_context(service)
+        for service in services:
+            await stack.enter_async_context(service)
         # After start: libraries started there (Ray) install their own handlers; ours win.
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):

@@ -71,25 +71,45 @@ def run_async(coro: Any) -> Any:
 
 @app.command()
 def service(
-    name: Annotated[str, typer.Argument(help="inventory|advertiser|clearer|agent|executor|gateway")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="inventory|advertiser|clearer|agent|executor|gateway, or several separated by commas "
+            "to run them in one process (e.g. inventory,gateway,clearer,advertiser)."
+        ),
+    ],
 ) -> None:
-    """Run one service in the foreground (settings from SJA_* environment variables)."""
-    from services.registry import SERVICES, load
-    from sja.bus.service import configure_logging, freeze_after_start, run_loop, run_service, tune_gc
+    """Run a service (or several, co-hosted in one process) in the foreground (settings from SJA_*
+    environment variables; co-hosted, each is named <service>-<SJA_INSTANCE>)."""
+    import os
+    import socket
+
+    from services.registry import cohosted_instance, load, parse_names
+    from sja.bus.service import configure_logging, freeze_after_start, run_loop, run_services, tune_gc
     from sja.bus.settings import SettingsError
 
-    if name not in SERVICES:
-        fail(f"unknown service {name!r} (known: {', '.join(SERVICES)})")
-    svc_cls, settings_cls = load(name)
     try:
-        settings = settings_cls.from_env()
-    except SettingsError as e:
+        names = parse_names(name)
+    except ValueError as e:
         fail(str(e))
         return
-    configure_logging(settings.log_level)
+    services = []
+    for n in names:
+        svc_cls, settings_cls = load(n)
+        try:
+            settings = settings_cls.from_env()
+        except SettingsError as e:
+            fail(str(e))
+            return
+        if len(names) > 1:
+            base = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
+            settings = msgspec.structs.replace(settings, instance=cohosted_instance(n, base))
+        services.append(svc_cls(settings))
+    first = services[0].settings
+    configure_logging(first.log_level)
     tune_gc()
     try:
-        run_loop(run_service(svc_cls(settings), ready=freeze_after_start), settings.event_loop)
+        run_loop(run_services(services, ready=freeze_after_start), first.event_loop)
     except ValueError as e:
         fail(str(e))
 
@@ -110,18 +130,37 @@ def up(
             metavar="DIR",
         ),
     ] = None,
+    cohost: Annotated[
+        str,
+        typer.Option(
+            help="Services to run together in one process, comma-separated (e.g. "
+            "inventory,gateway,clearer,advertiser: fewer processes on a small machine); default: a "
+            "process per service.",
+            metavar="SERVICES",
+        ),
+    ] = "",
 ) -> None:
     """Start the whole stack on this machine: embedded nats-server, local Ray, every service."""
     import signal
     import socket
 
+    from services.registry import parse_names
     from sja.bus.natsd import EmbeddedNats, free_port
     from sja.stack import LocalStack
 
+    groups: list[list[str]] = []
+    if cohost:
+        try:
+            groups = [parse_names(cohost)]
+        except ValueError as e:
+            fail(f"--cohost: {e}")
+        if "agent" in groups[0] and agents != 1:
+            fail(f"--cohost: a co-hosted agent runs one replica, not --agents {agents}")
     stack = LocalStack(
         out_dir=out,
         env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
         replicas={"agent": agents},
+        groups=groups,
     )
     if not port:
         with socket.socket() as s:

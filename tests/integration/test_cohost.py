@@ -1,0 +1,75 @@
+"""Services co-hosted in one process (``sja service clearer,advertiser``), against a real
+nats-server: each answers discovery under the id it would have alone, and SIGTERM stops them all
+gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nats.aio.client import Client
+
+
+def service_env(nats_url: str, out: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SJA_", "OTEL_"))}
+    env.update({"SJA_NATS_URL": nats_url, "SJA_OUT_DIR": str(out), "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+async def discovered(nc: Client, wanted: set[str], timeout_s: float) -> dict[str, str]:
+    """instance -> micro service name, of every service answering ``$SRV.PING``, once all of
+    ``wanted`` answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish("$SRV.PING", b"", reply=inbox)
+        seen: dict[str, str] = {}
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            try:
+                msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
+            except TimeoutError:
+                break
+            with contextlib.suppress(ValueError, KeyError):  # a status message (no responders)
+                info = json.loads(msg.data)
+                seen[info["metadata"]["instance"]] = info["name"]
+        await sub.unsubscribe()
+        if wanted <= set(seen):
+            return seen
+        assert time.monotonic() < deadline, f"not all of {sorted(wanted)} answered: {seen}"
+
+
+async def test_cohosted_services_run_and_stop_as_they_would_alone(
+    nats_url: str, nc: Client, tmp_path: Path
+) -> None:
+    with (tmp_path / "svc.log").open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "sja.cli.main",
+            "service",
+            "advertiser,clearer",
+            env=service_env(nats_url, tmp_path, SJA_INSTANCE="7"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        seen = await discovered(nc, {"clearer-7", "advertiser-7"}, 60)
+        assert seen["clearer-7"] == "sja-clearer" and seen["advertiser-7"] == "sja-advertiser"
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = (tmp_path / "svc.log").read_text()
+    assert rc == 0, text[-3000:]
+    assert "clearer-7 stopped" in text and "advertiser-7 stopped" in text
