@@ -11,6 +11,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,9 +52,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def server_gomaxprocs(env: Mapping[str, str], cores: int) -> int:
+    """How many Go threads the embedded server runs at once (``GOMAXPROCS``): the environment's
+    ``GOMAXPROCS`` when set to a positive number, else half of ``cores`` (at least one).
+
+    The embedded server shares its machine with SJA's own processes, which keep most cores busy
+    under load. Go's runtime gives each of its ``GOMAXPROCS`` threads work to look for, spinning
+    a while before it sleeps: on two cores with one thread per core, the server spent 0.34-0.49 ms
+    of CPU per grant in the control-plane benchmark, against 0.26 with one thread, and the stack
+    granted more (docs/performance.md, "The embedded server's threads")."""
+    raw = env.get("GOMAXPROCS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return max(1, cores // 2)
+
+
 @dataclass
 class EmbeddedNats:
-    """A nats-server child process with JetStream and its own store directory."""
+    """A nats-server child process with JetStream and its own store directory.
+
+    ``gomaxprocs``: the server's ``GOMAXPROCS`` (0: ``server_gomaxprocs``, half the usable cores)."""
 
     port: int = 0
     store_dir: str = ""
@@ -62,6 +87,7 @@ class EmbeddedNats:
     proc: subprocess.Popen[bytes] | None = None
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     log_file: str = ""
+    gomaxprocs: int = 0
 
     @property
     def url(self) -> str:
@@ -80,16 +106,24 @@ class EmbeddedNats:
         if self.config_file:
             args += ["-c", self.config_file]
         args += self.extra_args
+        env = dict(os.environ)
+        env["GOMAXPROCS"] = str(self.gomaxprocs or server_gomaxprocs(env, usable_cores()))
         if self.log_file:
             with open(self.log_file, "ab") as log:  # the child keeps its own descriptor
                 self.proc = subprocess.Popen(
-                    args, stdout=log, stderr=log, start_new_session=True, preexec_fn=die_with_parent
+                    args,
+                    stdout=log,
+                    stderr=log,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
                 )
         else:
             self.proc = subprocess.Popen(
                 args,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                env=env,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
