@@ -19,16 +19,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from services.registry import parse_names
 from sja.audit import audit, call, mixed_specs, read_rounds, statuses
 from sja.stack import LocalStack
 
 KILL_ORDER = ["agent-0", "clearer-0", "executor-0", "advertiser-0", "inventory-0", "gateway-0"]
 
 
-def run(n_jobs: int, rounds_of_kills: int, timeout_s: float) -> dict[str, object]:
+def run(
+    n_jobs: int, rounds_of_kills: int, timeout_s: float, cohost: list[str] | None = None
+) -> dict[str, object]:
     out = Path(tempfile.mkdtemp(prefix="sja-chaos-"))
     stack = LocalStack(
-        out_dir=out, env={"SJA_HORIZON_S": "2.0", "SJA_LEASE_S": "3.0", "SJA_LOG_LEVEL": "WARNING"}
+        out_dir=out,
+        env={"SJA_HORIZON_S": "2.0", "SJA_LEASE_S": "3.0", "SJA_LOG_LEVEL": "WARNING"},
+        groups=[cohost] if cohost else [],
     )
     t0 = time.perf_counter()
     kills = 0
@@ -38,7 +43,9 @@ def run(n_jobs: int, rounds_of_kills: int, timeout_s: float) -> dict[str, object
         url = stack.nats_url
         specs = mixed_specs(n_jobs)
         ids: list[str] = []
-        victims = KILL_ORDER * rounds_of_kills
+        # Each process once per round: co-hosted services die (and come back) together.
+        processes = list(dict.fromkeys(stack.process_of(v).instance for v in KILL_ORDER))
+        victims = processes * rounds_of_kills
         every = max(1, len(specs) // (len(victims) + 1))
         for i, spec in enumerate(specs):
             ids.append(asyncio.run(call(url, "submit", spec)).job_id)  # type: ignore[attr-defined]
@@ -74,9 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--kill-rounds", type=int, default=1, help="times each service kind is killed")
     ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument(
+        "--cohost",
+        default="",
+        help="services run together in one process, comma-separated (killed and restarted together)",
+    )
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     args = ap.parse_args(argv)
-    result = run(args.jobs, args.kill_rounds, args.timeout_s)
+    cohost: list[str] = []
+    if args.cohost:
+        try:
+            cohost = parse_names(args.cohost)
+        except ValueError as e:
+            ap.error(f"--cohost: {e}")
+    result = run(args.jobs, args.kill_rounds, args.timeout_s, cohost)
     if not args.json:
         for k, v in result.items():
             print(f"{k:28s} {v}")

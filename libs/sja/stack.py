@@ -168,18 +168,23 @@ class LocalStack:
         finally:
             await nc.close()
 
+    def process_of(self, instance: str) -> ServiceProc:
+        """The running process with that instance id, or the one hosting the service of that id."""
+        for p in self.procs:
+            if instance in (p.instance, *p.instances) and p.proc.poll() is None:
+                return p
+        raise KeyError(instance)
+
     def kill(self, instance: str) -> ServiceProc:
         """SIGKILL one service process and everything it started (crash test): the process with
         that instance id, or the one hosting the service of that id. ``restart`` takes the
         returned process's ``instance``."""
-        for p in self.procs:
-            if instance in (p.instance, *p.instances) and p.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.proc.pid, signal.SIGKILL)
-                p.proc.wait(timeout=10)
-                self.procs.remove(p)
-                return p
-        raise KeyError(instance)
+        p = self.process_of(instance)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.proc.pid, signal.SIGKILL)
+        p.proc.wait(timeout=10)
+        self.procs.remove(p)
+        return p
 
     def restart(self, instance: str) -> ServiceProc:
         """Start a killed replica again under the same instance id (it resumes its durable state)."""
