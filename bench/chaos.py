@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.registry import parse_names
+from services.registry import parse_cohost
 from sja.audit import audit, call, mixed_specs, read_rounds, statuses
 from sja.stack import LocalStack
 
@@ -88,12 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     args = ap.parse_args(argv)
-    cohost: list[str] = []
-    if args.cohost:
-        try:
-            cohost = parse_names(args.cohost)
-        except ValueError as e:
-            ap.error(f"--cohost: {e}")
+    try:
+        cohost = parse_cohost(args.cohost) if args.cohost else []
+    except ValueError as e:
+        ap.error(f"--cohost: {e}")
     result = run(args.jobs, args.kill_rounds, args.timeout_s, cohost)
     if not args.json:
         for k, v in result.items():

@@ -77,7 +77,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from services.registry import parse_names
+from services.registry import parse_cohost
 from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
@@ -702,16 +702,12 @@ def main(argv: list[str] | None = None) -> int:
         # A subjob longer than that no longer fits the offered windows once calibrated.
         ap.error(f"--hold-s must be between 0 and {HORIZON_S / 2:g} (half the {HORIZON_S:g} s windows)")
 
-    cohost: list[str] = []
-    if args.cohost:
-        try:
-            cohost = parse_names(args.cohost)
-        except ValueError as e:
-            ap.error(f"--cohost: {e}")
-        if len(cohost) < 2 or not set(cohost) <= set(SERVICES):
-            ap.error(f"--cohost takes two or more of {', '.join(SERVICES)}")
-        if any(getattr(args, f"{n}s", 1) != 1 for n in cohost):
-            ap.error("--cohost: a co-hosted service runs one replica")
+    try:
+        cohost = parse_cohost(args.cohost, SERVICES) if args.cohost else []
+    except ValueError as e:
+        ap.error(f"--cohost: {e}")
+    if any(getattr(args, f"{n}s", 1) != 1 for n in cohost):
+        ap.error("--cohost: a co-hosted service runs one replica")
     target = args.grants or max(1000, 20 * args.slices)
     warmup = max(100, 2 * args.slices)
     out = args.out or Path(tempfile.mkdtemp(prefix="sja-cp-"))

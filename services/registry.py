@@ -7,6 +7,7 @@ CPU and a hundred MiB it never uses."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
@@ -52,3 +53,12 @@ def cohosted_instance(name: str, base: str) -> str:
     or the host and pid when unset): ``<name>-<base>``, so that ``SJA_INSTANCE=0`` gives each the
     id it would have alone as replica 0 (``clearer-0``, ``advertiser-0``)."""
     return f"{name}-{base}"
+
+
+def parse_cohost(spec: str, allowed: Iterable[str] = START_ORDER) -> list[str]:
+    """A ``--cohost`` list (``parse_names``): two or more services, each one of ``allowed``."""
+    names = parse_names(spec)
+    allowed = tuple(allowed)
+    if len(names) < 2 or not set(names) <= set(allowed):
+        raise ValueError(f"takes two or more of {', '.join(allowed)}")
+    return names

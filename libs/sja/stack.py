@@ -15,9 +15,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sja.bus.connection import connect
+from sja.bus.natsclient import Client
 from sja.bus.natsd import EmbeddedNats, die_with_parent
 
 DEFAULT_ORDER = ("inventory", "gateway", "clearer", "agent", "executor", "advertiser")
+
+
+async def discover(nc: Client, wait_s: float = 0.5) -> dict[str, str]:
+    """instance id -> micro service name (``sja-<service>``) of every service that answers NATS
+    micro discovery (``$SRV.PING``) within ``wait_s``."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish("$SRV.PING", b"", reply=inbox)
+    seen: dict[str, str] = {}
+    end = time.monotonic() + wait_s
+    try:
+        while time.monotonic() < end:
+            try:
+                msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
+            except TimeoutError:
+                break
+            with contextlib.suppress(ValueError, KeyError):  # a status message (no responders)
+                info = json.loads(msg.data)
+                seen[info["metadata"]["instance"]] = info["name"]
+    finally:
+        await sub.unsubscribe()
+    return seen
 
 
 @dataclass
@@ -149,18 +172,7 @@ class LocalStack:
                     if p.proc.poll() is not None:
                         tail = p.log_path.read_text(errors="replace")[-3000:]
                         raise RuntimeError(f"service {p.instance} exited early:\n{tail}")
-                inbox = nc.new_inbox()
-                sub = await nc.subscribe(inbox)
-                await nc.publish("$SRV.PING", b"", reply=inbox)
-                end = time.monotonic() + 0.5
-                while time.monotonic() < end:
-                    try:
-                        msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
-                    except TimeoutError:
-                        break
-                    with contextlib.suppress(ValueError, KeyError):
-                        seen.add(json.loads(msg.data)["metadata"]["instance"])
-                await sub.unsubscribe()
+                seen.update(await discover(nc))
                 if expected <= seen:
                     return
             missing = ", ".join(sorted(expected - seen))

@@ -30,15 +30,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         s.stop()
 
 
-def test_every_service_killed_and_restarted_loses_nothing(stack: LocalStack) -> None:
+def run_with_kills(stack: LocalStack, n_jobs: int, victims: list[str]) -> None:
+    """Submit ``n_jobs`` jobs, SIGKILL and restart the process of each victim in turn, then check
+    that every job is done with its one-piece result, each unit applied once, no (slice, fence)
+    granted twice and the ok subjobs on one slice never overlapping in time."""
     url = stack.nats_url
-    jobs = mixed_specs(16, Mix(mc_units=60, mc_samples_per_unit=50_000, mm_rows=1500, mm_inner=512))
+    jobs = mixed_specs(n_jobs, Mix(mc_units=60, mc_samples_per_unit=50_000, mm_rows=1500, mm_inner=512))
     ids = [asyncio.run(call(url, "submit", s)).job_id for s in jobs]  # type: ignore[attr-defined]
-    for victim in KILL_ORDER:
+    for victim in victims:
         time.sleep(1.5)
-        stack.kill(victim)
+        killed = stack.kill(victim)
         time.sleep(1.0)
-        stack.restart(victim)
+        stack.restart(killed.instance)
     asyncio.run(stack.wait_ready())
 
     deadline = time.monotonic() + 300
@@ -49,10 +52,12 @@ def test_every_service_killed_and_restarted_loses_nothing(stack: LocalStack) -> 
         time.sleep(1.0)
     for s in states:
         assert s.status == "done", (s.job_id, s.status, s.error, s.units_done, s.total_units)
-    # Results equal to the job in one piece, each unit applied once, no (slice, fence) granted twice,
-    # and the ok subjobs on one slice never overlap in time.
     report = audit(states, asyncio.run(read_rounds(url)), len(ids))
     assert report.clean, report
+
+
+def test_every_service_killed_and_restarted_loses_nothing(stack: LocalStack) -> None:
+    run_with_kills(stack, 16, KILL_ORDER)
 
 
 def test_cohosted_services_killed_together_and_restarted_lose_nothing(
@@ -71,25 +76,6 @@ def test_cohosted_services_killed_together_and_restarted_lose_nothing(
         stack.start()
         asyncio.run(stack.wait_ready())
         assert len(stack.procs) == 3
-        url = stack.nats_url
-        jobs = mixed_specs(12, Mix(mc_units=60, mc_samples_per_unit=50_000, mm_rows=1500, mm_inner=512))
-        ids = [asyncio.run(call(url, "submit", s)).job_id for s in jobs]  # type: ignore[attr-defined]
-        for victim in ["clearer-0", "agent-0", "executor-0", "inventory-0"]:
-            time.sleep(1.5)
-            killed = stack.kill(victim)
-            time.sleep(1.0)
-            stack.restart(killed.instance)
-        asyncio.run(stack.wait_ready())
-        deadline = time.monotonic() + 300
-        while True:
-            states: list[JobState] = [asyncio.run(call(url, "status", j)) for j in ids]  # type: ignore[misc]
-            done = all(s.status in ("done", "failed", "cancelled") for s in states)
-            if done or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
-        for s in states:
-            assert s.status == "done", (s.job_id, s.status, s.error, s.units_done, s.total_units)
-        report = audit(states, asyncio.run(read_rounds(url)), len(ids))
-        assert report.clean, report
+        run_with_kills(stack, 12, ["clearer-0", "agent-0", "executor-0", "inventory-0"])
     finally:
         stack.stop()

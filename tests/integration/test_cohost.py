@@ -5,8 +5,6 @@ gracefully."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +14,8 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from sja.stack import discover
+
 
 def service_env(nats_url: str, out: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SJA_", "OTEL_"))}
@@ -24,27 +24,11 @@ def service_env(nats_url: str, out: Path, **extra: str) -> dict[str, str]:
 
 
 async def discovered(nc: Client, wanted: set[str], timeout_s: float) -> dict[str, str]:
-    """instance -> micro service name, of every service answering ``$SRV.PING``, once all of
-    ``wanted`` answer."""
+    """instance -> micro service name, once every one of ``wanted`` answers ``$SRV.PING``."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
-        await nc.publish("$SRV.PING", b"", reply=inbox)
-        seen: dict[str, str] = {}
-        end = time.monotonic() + 0.5
-        while time.monotonic() < end:
-            try:
-                msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
-            except TimeoutError:
-                break
-            with contextlib.suppress(ValueError, KeyError):  # a status message (no responders)
-                info = json.loads(msg.data)
-                seen[info["metadata"]["instance"]] = info["name"]
-        await sub.unsubscribe()
-        if wanted <= set(seen):
-            return seen
+    while not wanted <= set(seen := await discover(nc)):
         assert time.monotonic() < deadline, f"not all of {sorted(wanted)} answered: {seen}"
+    return seen
 
 
 async def test_cohosted_services_run_and_stop_as_they_would_alone(

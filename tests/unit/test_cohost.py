@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.registry import START_ORDER, cohosted_instance, parse_names
+from services.registry import START_ORDER, cohosted_instance, parse_cohost, parse_names
 from sja.stack import DEFAULT_ORDER, LocalStack, ServiceProc
 
 
@@ -36,6 +36,15 @@ def test_names_are_read_in_start_order() -> None:
 def test_a_bad_list_of_services_is_refused_by_name(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_names(spec)
+
+
+def test_a_cohost_list_names_two_or_more_allowed_services() -> None:
+    assert parse_cohost("advertiser,clearer") == ["clearer", "advertiser"]
+    for spec in ("clearer", "clearer,executor"):
+        with pytest.raises(ValueError, match="two or more of inventory, gateway, clearer, agent, advertiser"):
+            parse_cohost(spec, ("inventory", "gateway", "clearer", "agent", "advertiser"))
+    with pytest.raises(ValueError, match="unknown service 'nope'"):
+        parse_cohost("clearer,nope")
 
 
 def test_a_cohosted_service_keeps_the_id_it_would_have_alone() -> None:

@@ -417,24 +417,23 @@ class Store(Generic[M]):
 
     async def all(self) -> list[tuple[M, int]]:
         """Every entry (value and revision) of the bucket as it stands: one ordered consumer over
-        the last message of each key, no read per key. A large bucket is decoded a part at a time
-        (``SCAN_CHUNK``), the event loop served in between."""
-        out: list[tuple[M, int]] = []
-        for i, (_, raw, rev) in enumerate(await self._latest(values=True)):
-            if i and i % SCAN_CHUNK == 0:
-                await asyncio.sleep(0)
-            out.append((decode(raw, self.typ), rev))
-        return out
+        the last message of each key, no read per key."""
+        return [(value, rev) for value, _, rev in await self._decoded(self.typ)]
 
     async def heads(self, head: type[H]) -> list[tuple[H, bytes, int]]:
         """Every entry as ``all`` reads it, with only ``head`` decoded: a struct of a few of the
         value's fields, which msgspec reads without building the rest. A scan that acts on a few
         entries decodes those whole (``load``) and skips the others for a fraction of the cost."""
+        return await self._decoded(head)
+
+    async def _decoded(self, typ: type[H]) -> list[tuple[H, bytes, int]]:
+        """Every entry's value decoded as ``typ``, with its raw bytes and revision. A large bucket
+        is decoded a part at a time (``SCAN_CHUNK``), the event loop served in between."""
         out: list[tuple[H, bytes, int]] = []
         for i, (_, raw, rev) in enumerate(await self._latest(values=True)):
             if i and i % SCAN_CHUNK == 0:
                 await asyncio.sleep(0)
-            out.append((decode(raw, head), raw, rev))
+            out.append((decode(raw, typ), raw, rev))
         return out
 
     def load(self, raw: bytes) -> M:

@@ -144,14 +144,14 @@ def up(
     import signal
     import socket
 
-    from services.registry import parse_names
+    from services.registry import parse_cohost
     from sja.bus.natsd import EmbeddedNats, free_port
     from sja.stack import LocalStack
 
     groups: list[list[str]] = []
     if cohost:
         try:
-            groups = [parse_names(cohost)]
+            groups = [parse_cohost(cohost)]
         except ValueError as e:
             fail(f"--cohost: {e}")
         if "agent" in groups[0] and agents != 1:
