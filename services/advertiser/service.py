@@ -12,7 +12,6 @@ import bisect
 import contextlib
 import logging
 import time
-import uuid
 
 from nats.aio.msg import Msg
 from opentelemetry import trace
@@ -25,6 +24,7 @@ from sja.bus.watch import KvView
 from sja.core import leases
 from sja.core.windows import OfferPacer, WindowRequest, find_windows
 from sja.protocol import subjects
+from sja.protocol.ids import new_id
 from sja.protocol.messages import MAX_BATCH_OFFERS, DemandChanged, Offer, OfferBatch, SliceState, Window
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ class AdvertiserService(Service):
         self, pool: str, windows: list[Window], slices: dict[str, SliceState], now: float
     ) -> None:
         assert self.view is not None
-        batch_id = f"b-{uuid.uuid4().hex[:20]}"
+        batch_id = new_id("b")
         reply_by = now + self.cfg.reply_window_s
         reply_to = subjects.offer_replied(pool)
         offers = []
@@ -208,7 +208,7 @@ class AdvertiserService(Service):
             s = slices[w.slice_id]
             offers.append(
                 Offer(
-                    offer_id=f"o-{uuid.uuid4().hex[:20]}",
+                    offer_id=new_id("o"),
                     round=self.round,
                     window=w,
                     slice_fence=s.fence,

@@ -8,7 +8,6 @@ import asyncio
 import collections
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import msgspec
@@ -34,6 +33,7 @@ from sja.core.rounds import (
     whole_record,
 )
 from sja.protocol import subjects
+from sja.protocol.ids import new_id
 from sja.protocol.messages import (
     AgentHeartbeat,
     BatchReply,
@@ -342,7 +342,7 @@ class ClearerService(Service):
         planned: list[tuple[Offer, Decision, str, float]] = []
         for offer, d in decisions:
             if d.winner is not None and d.candidate is not None:
-                grant_id = f"g-{uuid.uuid4().hex[:20]}"
+                grant_id = new_id("g")
                 lease_until = now + self.cfg.lease_s
                 self._charge(offer, d, lease_until)
                 planned.append((offer, d, grant_id, lease_until))

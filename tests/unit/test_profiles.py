@@ -3,6 +3,7 @@ serialization."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from statistics import NormalDist
@@ -263,6 +264,22 @@ def test_a_copy_is_the_restored_profile_and_learns_on_its_own() -> None:
     a.observe_oom(80, 4608.0)
     a.observe_timeout(40, 2.0, "1g.5gb", 1 / 7)
     assert a.to_state() == c.to_state()
+
+
+def test_a_posterior_copy_carries_every_field_and_owns_its_lists() -> None:
+    post = LinearPosterior.prior_from(10.0, 2.0, 0.2, 8, locality=0.7)
+    post.update(4, 20.0)
+    post.observe_censored(16, 60.0)
+    # Every field set apart from its default, so a field the copy forgot shows.
+    changed = {
+        f.name: getattr(post, f.name) + 0.125
+        for f in dataclasses.fields(LinearPosterior)
+        if isinstance(getattr(post, f.name), float)
+    }
+    post = dataclasses.replace(post, **changed)
+    c = post.copy()
+    assert c == post
+    assert all(getattr(c, n) is not getattr(post, n) for n in ("obs", "lower", "held"))
 
 
 def test_linear_posterior_list_round_trip() -> None:

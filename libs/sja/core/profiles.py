@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from scipy.special import ndtr, ndtri, stdtr, stdtrit  # type: ignore[import-untyped]
@@ -228,8 +228,25 @@ class LinearPosterior:
         return self.s0 + self.s1 * max(x, 0.0)
 
     def copy(self) -> LinearPosterior:
-        """An independent copy, fitted as this one is (no refit)."""
-        return replace(self, obs=list(self.obs), lower=list(self.lower), held=list(self.held))
+        """An independent copy, fitted as this one is (no refit). Field by field: a completion
+        copies two of these, and ``dataclasses.replace`` reads the fields' definitions each time."""
+        return LinearPosterior(
+            prior=self.prior,
+            floor=self.floor,
+            obs=list(self.obs),
+            lower=list(self.lower),
+            held=list(self.held),
+            locality=self.locality,
+            s0=self.s0,
+            s1=self.s1,
+            mu0=self.mu0,
+            mu1=self.mu1,
+            p00=self.p00,
+            p01=self.p01,
+            p11=self.p11,
+            a=self.a,
+            b=self.b,
+        )
 
     def fitted(self) -> Fit:
         return (self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b, self.s0, self.s1)
@@ -650,7 +667,7 @@ class JobProfile:
         return JobProfile(
             mem=self.mem.copy(),
             time=self.time.copy(),
-            speed={k: replace(v) for k, v in self.speed.items()},
+            speed={k: SpeedEstimate(mean=v.mean, var=v.var, n=v.n) for k, v in self.speed.items()},
             oom_bounds=list(self.oom_bounds),
             timeout_bounds=list(self.timeout_bounds),
             observations=self.observations,
