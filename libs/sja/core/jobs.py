@@ -490,12 +490,14 @@ def hopeless(state: JobState, best: Window, now: float, limits: PlanLimits) -> s
     """
     if is_terminal(state) or state.in_flight or state.cancel_requested or not state.history:
         return None
+    last = state.history[-1]
+    if last.status not in ("oom", "timeout"):
+        return None  # the common case, checked first: the agent asks for every idle job each second
     rng = next_range(state)
     if rng is None:
         return None
-    last = state.history[-1]
     req = plan_request(state, best, now, rng[1])
-    if last.status not in ("oom", "timeout") or last.units > req.min_units:
+    if last.units > req.min_units:
         return None
     if largest_safe_size(profile_of(state), req, limits) is not None:
         return None
