@@ -145,3 +145,77 @@ async def test_store_lists_every_entry_while_the_bucket_is_written(nc) -> None:
     finally:
         stop.set()
         await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize("how", ["consumer deleted", "deliveries stop"])
+async def test_a_listing_whose_consumer_stops_delivering_reads_again(nc, monkeypatch, caplog, how) -> None:
+    """The ordered consumer behind a listing stops part way: deleted on the server as soon as it is
+    made (as a restarted server, or a recovery that fails under load, leaves it), or its deliveries
+    stop after 100 entries (the client sees what a stalled consumer shows it: no message within the
+    stall time). The listing starts again on a new consumer rather than fail or come back short."""
+    import msgspec
+    import nats.errors
+
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    slices, _ = await stores(js)
+    base = load_declared(None)[0]
+    made = {f"s{i:04d}": msgspec.structs.replace(base, slice_id=f"s{i:04d}") for i in range(300)}
+    await asyncio.gather(*(slices.put(k, v) for k, v in made.items()))
+
+    made_consumers: list[str] = []
+    subscribe = Store._subscribe_latest
+
+    async def lost_first(self: Store, prefix: str, values: bool):  # type: ignore[no-untyped-def]
+        sub = await subscribe(self, prefix, values)
+        made_consumers.append(sub._consumer)
+        if len(made_consumers) > 1:
+            return sub
+        if how == "consumer deleted":
+            await js.delete_consumer(self.kv._stream, sub._consumer)
+            return sub
+        next_msg = sub.next_msg
+        given = 0
+
+        async def stalls_after_100(timeout: float):  # type: ignore[no-untyped-def]  # noqa: ASYNC109
+            nonlocal given
+            if given == 100:
+                await asyncio.sleep(timeout)
+                raise nats.errors.TimeoutError
+            given += 1
+            return await next_msg(timeout)
+
+        sub.next_msg = stalls_after_100  # type: ignore[method-assign]
+        return sub
+
+    monkeypatch.setattr(Store, "_subscribe_latest", lost_first)
+    with caplog.at_level("WARNING", logger="sja.bus.connection"):
+        got = await slices._latest(values=True, stall_s=0.5)
+    assert sorted(k for k, _, _ in got) == sorted(made)
+    assert {k: decode(v, SliceState) for k, v, _ in got} == made
+    assert len(made_consumers) == 2, "read again on a new consumer"
+    assert any("reading again on a new consumer" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_listing_that_never_gets_a_delivery_fails_clearly(nc, monkeypatch) -> None:
+    """Every consumer lost as soon as it is made: the listing gives up at its deadline with a
+    ``TimeoutError`` naming the bucket, never a partial list."""
+    import msgspec
+
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    slices, _ = await stores(js)
+    base = load_declared(None)[0]
+    await asyncio.gather(
+        *(slices.put(f"s{i:03d}", msgspec.structs.replace(base, slice_id=f"s{i:03d}")) for i in range(50))
+    )
+    subscribe = Store._subscribe_latest
+
+    async def always_lost(self: Store, prefix: str, values: bool):  # type: ignore[no-untyped-def]
+        sub = await subscribe(self, prefix, values)
+        await js.delete_consumer(self.kv._stream, sub._consumer)
+        return sub
+
+    monkeypatch.setattr(Store, "_subscribe_latest", always_lost)
+    with pytest.raises(TimeoutError, match="sja-slices"):
+        await slices._latest(values=True, stall_s=0.3, deadline_s=1.5)

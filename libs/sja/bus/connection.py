@@ -19,6 +19,7 @@ with ``NatsUnreachableError`` instead of retrying forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
@@ -42,7 +43,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from sja.bus.codec import decode, encode
@@ -441,7 +442,7 @@ class Store(Generic[M]):
         return decode(raw, self.typ)
 
     async def _latest(
-        self, values: bool, timeout_s: float = 10.0, deadline_s: float = 60.0
+        self, values: bool, stall_s: float = 5.0, deadline_s: float = 60.0
     ) -> list[tuple[str, bytes, int]]:
         """(key, value, revision) of every key whose last entry is a value (not a delete or purge).
 
@@ -456,58 +457,77 @@ class Store(Generic[M]):
         out by newer writes before its turn is skipped, while the count of pending messages only
         covers the list. So when the stream holds anything past what the read saw, the keys it
         holds are listed afterwards (one paged request) and any the read missed is read on its
-        own: rare, and only under heavy rewriting. Every
-        key present when the read began comes back, each with a value it held during the read;
-        writes made meanwhile are folded in (the newest entry of a key wins). A read that stalls,
-        or that cannot catch up with the writers within ``deadline_s``, raises ``TimeoutError``
-        rather than return part of the bucket."""
+        own: rare, and only under heavy rewriting.
+
+        A consumer can also stop delivering part way (it is an ephemeral, in-memory one: a server
+        that restarts or a consumer that the client's own recovery fails to recreate under load
+        leaves nothing sending). When no message comes for ``stall_s`` the read starts again on a
+        new consumer, keeping what it has (the newest entry of a key wins), until ``deadline_s``.
+
+        Every key present when the read began comes back, each with a value it held during the
+        read; writes made meanwhile are folded in. A read that cannot finish (it keeps stalling, or
+        cannot catch up with the writers) within ``deadline_s`` raises ``TimeoutError`` rather than
+        return part of the bucket."""
         prefix = f"$KV.{self.kv._name}."
-        sub = await self.kv._js.subscribe(
-            prefix + ">",
-            stream=self.kv._stream,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            headers_only=not values,
-            pending_msgs_limit=10_000_000,
-        )
         latest: dict[str, tuple[bytes, int]] = {}
         gone: dict[str, int] = {}
         seen_seq = 0
-        read = 0
-        try:
-            info = await sub.consumer_info()
-            delivered = info.delivered.consumer_seq if info.delivered is not None else 0
-            empty = (info.num_pending or 0) + (delivered or 0) == 0
-            give_up = time.monotonic() + deadline_s
-            while not empty:
-                if time.monotonic() > give_up:
+        give_up = time.monotonic() + deadline_s
+        attempt = 0
+        while True:
+            attempt += 1
+            sub = await self._subscribe_latest(prefix, values)
+            read = 0
+            try:
+                info = await sub.consumer_info()
+                delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+                empty = (info.num_pending or 0) + (delivered or 0) == 0
+                while not empty:
+                    if time.monotonic() > give_up:
+                        raise TimeoutError(
+                            f"reading bucket {self.kv._name}: the writers kept ahead for {deadline_s:.0f} s"
+                        )
+                    msg = await sub.next_msg(timeout=stall_s)
+                    read += 1
+                    if read % SCAN_CHUNK == 0:
+                        # Deliveries already queued come back without a pause: serve the loop.
+                        await asyncio.sleep(0)
+                    meta = msg.metadata
+                    key = msg.subject[len(prefix) :]
+                    rev = int(meta.sequence.stream)
+                    seen_seq = max(seen_seq, rev)
+                    if rev >= max(latest.get(key, (b"", 0))[1], gone.get(key, 0)):
+                        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE") or (
+                            values and not msg.data
+                        ):
+                            latest.pop(key, None)
+                            gone[key] = rev
+                        else:
+                            latest[key] = (msg.data, rev)
+                            gone.pop(key, None)
+                    if meta.num_pending == 0:
+                        break
+                break
+            except (nats.errors.TimeoutError, NotFoundError) as e:
+                # Nothing delivered for stall_s, or the consumer is gone already.
+                what = (
+                    "its consumer is gone" if isinstance(e, NotFoundError) else f"nothing for {stall_s:g} s"
+                )
+                if time.monotonic() + stall_s > give_up:
                     raise TimeoutError(
-                        f"reading bucket {self.kv._name}: the writers kept ahead for {deadline_s:.0f} s"
-                    )
-                msg = await sub.next_msg(timeout=timeout_s)
-                read += 1
-                if read % SCAN_CHUNK == 0:
-                    # Deliveries already queued come back without a pause: serve the loop.
-                    await asyncio.sleep(0)
-                meta = msg.metadata
-                key = msg.subject[len(prefix) :]
-                rev = int(meta.sequence.stream)
-                seen_seq = max(seen_seq, rev)
-                if rev >= max(latest.get(key, (b"", 0))[1], gone.get(key, 0)):
-                    if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE") or (
-                        values and not msg.data
-                    ):
-                        latest.pop(key, None)
-                        gone[key] = rev
-                    else:
-                        latest[key] = (msg.data, rev)
-                        gone.pop(key, None)
-                if meta.num_pending == 0:
-                    break
-        except nats.errors.TimeoutError as e:
-            raise TimeoutError(f"reading bucket {self.kv._name} stalled after {len(latest)} keys") from e
-        finally:
-            await sub.unsubscribe()
+                        f"reading bucket {self.kv._name} stalled after {len(latest)} keys "
+                        f"({what}, {attempt} consumers tried)"
+                    ) from None
+                log.warning(
+                    "reading bucket %s: %s after %d entries; reading again on a new consumer",
+                    self.kv._name,
+                    what,
+                    read,
+                )
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         # An entry is skipped only when a write made after the consumer was created pushed it out;
         # with nothing stored past what the read saw, no key can be missing.
         if not empty and (await self.kv._js.stream_info(self.kv._stream)).state.last_seq > seen_seq:
@@ -519,6 +539,17 @@ class Store(Generic[M]):
                 if entry.value:
                     latest[key] = (entry.value, int(entry.revision or 0))
         return [(key, data, rev) for key, (data, rev) in latest.items()]
+
+    async def _subscribe_latest(self, prefix: str, values: bool) -> JetStreamContext.PushSubscription:
+        """An ordered consumer of the last entry of every key (only headers unless ``values``)."""
+        return await self.kv._js.subscribe(
+            prefix + ">",
+            stream=self.kv._stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            headers_only=not values,
+            pending_msgs_limit=10_000_000,
+        )
 
     async def _stream_keys(self) -> set[str]:
         """Every key with an entry (a value or a delete marker) in the bucket's stream, from the
