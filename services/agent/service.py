@@ -180,7 +180,8 @@ class AgentService(Service):
 
     async def on_start(self) -> None:
         await self.recover()
-        await self.subscribe(subjects.offer_opened("*"), self.on_offer)
+        # Answered as soon as read: the round waits for the reply (Service.subscribe, eager).
+        await self.subscribe(subjects.offer_opened("*"), self.on_offer, eager=True)
         await self.subscribe(subjects.grant_issued(self.agent_id), self.on_grant)
         await self.subscribe(subjects.outcome_sent(self.agent_id), self.on_outcome)
         await self.subscribe(subjects.JOB_CANCEL_REQUESTED, self.on_cancel)

@@ -16,14 +16,25 @@ Most messages SJA receives carry headers (a ``traceparent``, a ``Nats-Msg-Id``).
 header line and drops one whose name holds whitespace, testing each character of the name with a
 generator; here one regular expression does that test (the same characters: ``\s`` is what
 ``str.isspace`` calls whitespace), the rest as nats-py does it.
+
+A message on a round's critical path can be handled as soon as it is read (``subscribe_eager``).
+nats-py queues every message for its subscription's task, which wakes at the end of the event
+loop's ready queue; ``Service.subscribe`` then hands it to a task of its own, at the end of the
+queue again. Under load that is two passes over every callback already due (completions folded in,
+grants materialized) before an offer is answered. An eager subscription's messages are handed to
+their callback by the read loop itself, in the order read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
+from typing import Any
 
 import nats.aio.client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 _SPACE = re.compile(r"\s")
 
@@ -52,6 +63,39 @@ class Client(nats.aio.client.Client):
                 continue
             out[key] = value.strip().decode("utf-8", "replace")
         return out
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._eager: dict[int, Callable[[Msg], None]] = {}
+
+    async def subscribe_eager(
+        self, subject: str, deliver: Callable[[Msg], None], queue: str = ""
+    ) -> Subscription:
+        """A core NATS subscription whose messages go to ``deliver`` from the read loop, as each
+        is read (see the module). ``deliver`` must not block and must not raise: whatever it does
+        that waits belongs in a task. No JetStream, no ``max_msgs``."""
+        sub = await self.subscribe(subject, queue=queue)
+        self._eager[sub._id] = deliver
+        return sub
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+    ) -> None:
+        deliver = self._eager.get(sid)
+        if deliver is None:
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+            return
+        sub = self._subs.get(sid)
+        if sub is None:  # unsubscribed: the server may still have sent a few
+            del self._eager[sid]
+            return
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        sub._received += 1
+        hdr = await self._process_headers(headers)
+        msg: Any = self._build_message(sid, subject, reply, data, hdr)
+        if msg:
+            deliver(msg)
 
     def flush_now(self) -> None:
         """Write what is pending to the socket now, instead of when the flusher's turn comes.

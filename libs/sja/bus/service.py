@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import gc
 import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
@@ -190,15 +192,43 @@ class Service:
         assert self.js is not None, "service not started"
         return self.js
 
-    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:
-        """Subscribe with every message handled as a tracked task (so stop() can wait for it)."""
+    async def subscribe(
+        self, subject: str, handler: Handler, queue: str = "", eager: bool = False
+    ) -> Subscription:
+        """Subscribe with every message handled as a tracked task (so stop() can wait for it).
 
-        async def cb(msg: Msg) -> None:
-            self.spawn(self._guarded(handler, msg, subject))
+        ``eager``: for a round's critical path. Each message's handler starts as soon as the
+        message is read, ahead of the callbacks already due on the event loop, and runs up to its
+        first wait there; only what follows a wait continues as a tracked task (``run_eagerly``).
+        A handler that finishes without waiting (an agent answering an offer) costs no task."""
+        if eager:
 
-        sub = await self.bus.subscribe(subject, queue=queue, cb=cb, pending_msgs_limit=1_000_000)
+            def deliver(msg: Msg) -> None:
+                self.run_eagerly(self._guarded(handler, msg, subject))
+
+            sub = await self.bus.subscribe_eager(subject, deliver, queue=queue)
+        else:
+
+            async def cb(msg: Msg) -> None:
+                self.spawn(self._guarded(handler, msg, subject))
+
+            sub = await self.bus.subscribe(subject, queue=queue, cb=cb, pending_msgs_limit=1_000_000)
         self._subs.append(sub)
         return sub
+
+    def run_eagerly(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` now, up to its first wait; if it waits, the rest runs as a tracked task.
+
+        It runs in a context of its own (a copy of the current one), which the task keeps: a span
+        it makes current before a wait is still current after it, and never leaks to the caller."""
+        ctx = contextvars.copy_context()
+        try:
+            waiting_on = ctx.run(coro.send, None)
+        except StopIteration:
+            return
+        task = asyncio.get_running_loop().create_task(_resume(coro, waiting_on), context=ctx)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _guarded(self, handler: Handler, msg: Msg, subject: str) -> None:
         try:
@@ -275,6 +305,30 @@ class _TrackedEndpoints:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._micro, name)
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[Any, Any, None]:
+    """The rest of a coroutine already started by hand (``Service.run_eagerly``), stopped at
+    ``waiting_on`` (what it yielded: the future it awaits). A task driving this drives the
+    coroutine exactly as it would have from the start: results and exceptions, cancellation
+    included, go on into it."""
+    while True:
+        try:
+            sent = yield waiting_on
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:  # thrown in by the task (a failed future, a cancellation)
+            try:
+                waiting_on = coro.throw(e)
+            except StopIteration:
+                return
+        else:
+            try:
+                waiting_on = coro.send(sent)
+            except StopIteration:
+                return
 
 
 async def run_service(service: Service, ready: Callable[[], None] | None = None) -> None:
