@@ -220,7 +220,11 @@ class Service:
         """Run ``coro`` now, up to its first wait; if it waits, the rest runs as a tracked task.
 
         It runs in a context of its own (a copy of the current one), which the task keeps: a span
-        it makes current before a wait is still current after it, and never leaks to the caller."""
+        it makes current before a wait is still current after it, and never leaks to the caller.
+        Up to its first wait it runs inside the caller's task (the connection's read loop, for an
+        eager subscription): it must not use ``asyncio.current_task()`` there, nor what reads it
+        (``asyncio.timeout``, which would cancel the read loop); ``asyncio.wait_for`` and locks
+        are fine."""
         ctx = contextvars.copy_context()
         try:
             waiting_on = ctx.run(coro.send, None)
