@@ -50,6 +50,14 @@ class EagerService(Service):
         self.order.append("queued:" + msg.data.decode())
 
 
+async def until_handled(svc: EagerService, n: int) -> None:
+    """Wait (up to 10 s) until ``n`` messages were handled; the assertions that follow say what."""
+    for _ in range(200):
+        if len(svc.order) >= n:
+            return
+        await asyncio.sleep(0.05)
+
+
 def service(nats_url: str, tmp_path: Path) -> EagerService:
     return EagerService(BaseSettings(nats_url=nats_url, out_dir=str(tmp_path / "out"), instance="eager-0"))
 
@@ -61,10 +69,7 @@ async def test_messages_are_handled_in_order_and_none_is_lost(nats_url: str, tmp
         for i in range(500):
             await nc.publish(SUBJECT, str(i).encode())
         await nc.flush()
-        for _ in range(200):
-            if len(svc.order) == 500:
-                break
-            await asyncio.sleep(0.05)
+        await until_handled(svc, 500)
         assert svc.order == [str(i) for i in range(500)]
         assert not svc._tasks, "handlers that never wait leave no task behind"
     finally:
@@ -80,10 +85,7 @@ async def test_an_eager_message_overtakes_queued_ones_read_with_it(nats_url: str
             await nc.publish(SUBJECT + ".queued", str(i).encode())
         await nc.publish(SUBJECT, b"urgent")
         await nc.flush()
-        for _ in range(200):
-            if len(svc.order) == 21:
-                break
-            await asyncio.sleep(0.05)
+        await until_handled(svc, 21)
         assert sorted(svc.order) == sorted(["urgent", *(f"queued:{i}" for i in range(20))])
         assert svc.order.index("urgent") < svc.order.index("queued:19")
     finally:
@@ -98,10 +100,7 @@ async def test_a_handler_that_waits_goes_on_in_its_own_context(nats_url: str, tm
         await nc.publish(SUBJECT, b"wait-1")
         await nc.publish(SUBJECT, b"wait-2")
         await nc.flush()
-        for _ in range(200):
-            if len(svc.order) == 2:
-                break
-            await asyncio.sleep(0.05)
+        await until_handled(svc, 2)
         assert svc.order == ["wait-1", "wait-2"]
         assert len(svc._tasks) == 2
         assert current.get() == "", "a handler's context leaked into the caller's"
@@ -120,10 +119,7 @@ async def test_a_failing_handler_is_contained(nats_url: str, tmp_path: Path, nc)
         for body in (b"bad", b"boom", b"after"):
             await nc.publish(SUBJECT, body)
         await nc.flush()
-        for _ in range(200):
-            if svc.order:
-                break
-            await asyncio.sleep(0.05)
+        await until_handled(svc, 1)
         assert svc.order == ["after"], "the read loop survived both failures"
     finally:
         await svc.stop()
@@ -135,10 +131,7 @@ async def test_stop_lets_the_rest_of_an_eager_handler_finish(nats_url: str, tmp_
     done = await nc.subscribe(SUBJECT + ".done")
     await nc.publish(SUBJECT, b"wait-stop")
     await nc.flush()
-    for _ in range(200):
-        if svc.order:
-            break
-        await asyncio.sleep(0.05)
+    await until_handled(svc, 1)
     stopping = asyncio.ensure_future(svc.stop())
     await asyncio.wait_for(svc.stopping.wait(), timeout=10)
     svc.gate.set()
