@@ -230,9 +230,7 @@ class Service:
             waiting_on = ctx.run(coro.send, None)
         except StopIteration:
             return
-        task = asyncio.get_running_loop().create_task(_resume(coro, waiting_on), context=ctx)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.spawn(_resume(coro, waiting_on), context=ctx)
 
     async def _guarded(self, handler: Handler, msg: Msg, subject: str) -> None:
         try:
@@ -246,8 +244,11 @@ class Service:
         except Exception:
             log.exception("%s: handler for %s failed", self.instance, subject)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
+    def spawn(
+        self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None = None
+    ) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task that ``stop()`` waits for (in ``context``, if given)."""
+        task = asyncio.get_running_loop().create_task(coro, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
