@@ -96,7 +96,7 @@ async def test_a_negotiation_round_shows_in_every_services_metrics(
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1")
     port = free_port()
     c = lambda name: common(nats_url, tmp_path, name, port)  # noqa: E731
-    inventory = InventoryService(InventorySettings(**c("inventory-m")))
+    inventory = InventoryService(InventorySettings(**c("inventory-m"), slice_export_s=0.5))
     gateway = GatewayService(GatewaySettings(**c("gateway-m")))
     # Short leases: with no executor, granted slices return to the pool (and are offered again) soon.
     clearer = ClearerService(ClearerSettings(**c("clearer-m"), policy="fair", lease_s=2.0))
@@ -152,7 +152,7 @@ async def test_a_negotiation_round_shows_in_every_services_metrics(
             "busy",
             "offline",
         }, "every status has a series, zero or not"
-        # The gauges follow the bucket (refreshed every second): granted slices show as leased.
+        # The gauges follow the bucket (refreshed every half second here): granted slices show as leased.
         s = await eventually(
             port,
             lambda s: total(s, "sja_slices", service="inventory", status="leased") > 0,
