@@ -5,9 +5,12 @@ one costs nothing on the wire yet is still not traced downstream."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
-from opentelemetry import trace
+import pytest
+from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -19,6 +22,7 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes
 
 from sja.bus.codec import decode, encode
@@ -205,3 +209,93 @@ def test_a_batch_without_contexts_gives_every_offer_the_message_context() -> Non
     assert got[1] is default and got[2] is default
     assert trace.get_current_span(got[0]).get_span_context().trace_id == int("1" * 32, 16)
     assert is_sampled(got[0]) and not is_sampled(ROOT)
+
+
+TRACEPARENTS = [
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+    "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # invalid trace id
+    "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # invalid span id
+    "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",  # upper case: not W3C
+    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # forbidden version
+    "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-future",  # a later version
+    " 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01 ",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+    "garbage",
+    "",
+]
+
+
+@pytest.mark.parametrize("traceparent", TRACEPARENTS)
+@pytest.mark.parametrize("tracestate", [None, "vendor=x,other=y"])
+def test_extract_reads_what_the_sdk_reads(traceparent: str, tracestate: str | None) -> None:
+    """The short path for the common header gives the SDK's context; everything else is the SDK's."""
+    headers = {"traceparent": traceparent, "Nats-Msg-Id": "m-1"}
+    if tracestate is not None:
+        headers["tracestate"] = tracestate
+    want = trace.get_current_span(TraceContextTextMapPropagator().extract(dict(headers))).get_span_context()
+    with w3c_only():
+        got = trace.get_current_span(extract(carrier=headers)).get_span_context()
+    assert got == want
+    assert got.trace_state == want.trace_state
+    assert got.is_remote == want.is_remote
+
+
+def test_extract_without_a_context_is_the_root() -> None:
+    with w3c_only():
+        for headers in (None, {}, {"Nats-Msg-Id": "m-1"}):
+            assert not trace.get_current_span(extract(carrier=headers)).get_span_context().is_valid
+
+
+@contextmanager
+def w3c_only() -> Iterator[None]:
+    """The services' propagator (``sja.telemetry.setup``): W3C trace context alone."""
+    previous = propagate.get_global_textmap()
+    propagate.set_global_textmap(TraceContextTextMapPropagator())
+    try:
+        yield
+    finally:
+        propagate.set_global_textmap(previous)
+
+
+def test_extract_goes_through_another_configured_propagator() -> None:
+    """With ``OTEL_PROPAGATORS`` naming another format, the headers are read by it."""
+    from opentelemetry.propagators.textmap import TextMapPropagator
+
+    class Fixed(TextMapPropagator):
+        def extract(self, carrier: Any, context: Context | None = None, getter: Any = None) -> Context:
+            sc = trace.SpanContext(7, 9, True, trace.TraceFlags(1))
+            return trace.set_span_in_context(trace.NonRecordingSpan(sc), context)
+
+        def inject(self, carrier: Any, context: Context | None = None, setter: Any = None) -> None:
+            return None
+
+        @property
+        def fields(self) -> set[str]:
+            return set()
+
+    previous = propagate.get_global_textmap()
+    propagate.set_global_textmap(Fixed())
+    try:
+        sc = trace.get_current_span(extract(carrier={"traceparent": TRACEPARENTS[0]})).get_span_context()
+        assert (sc.trace_id, sc.span_id) == (7, 9)
+    finally:
+        propagate.set_global_textmap(previous)
+
+
+def test_child_span_under_a_sampled_parent_records_an_error_and_reraises() -> None:
+    tracer, exporter = _tracer(1.0)
+    with pytest.raises(RuntimeError), child_span(tracer, "sja.clear"):
+        raise RuntimeError("boom")
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code == trace.StatusCode.ERROR
+    assert any(e.name == "exception" for e in span.events)
+
+
+def test_child_span_under_an_unsampled_parent_detaches_on_error() -> None:
+    tracer, _ = _tracer(0.0)
+    with tracer.start_as_current_span("sja.round"):
+        carrier = inject()
+    with pytest.raises(RuntimeError), child_span(tracer, "sja.clear", context=extract(carrier=carrier)):
+        raise RuntimeError("boom")
+    assert trace.get_current_span() is trace.INVALID_SPAN
