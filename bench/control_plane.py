@@ -798,6 +798,8 @@ def main(argv: list[str] | None = None) -> int:
             "cohost": ",".join(cohost),
             "advertisers": args.advertisers,
             "cpus": os.cpu_count(),
+            # The interpreter's build moves every Python process's CPU per grant (docs/performance.md).
+            "python": f"{sys.version.split()[0]} {os.path.realpath(sys.executable)}",
             "loadavg_1m_before": load_before,
             "loadavg_1m_after": round(os.getloadavg()[0], 2),
             "wall_s": round(wall, 1),
