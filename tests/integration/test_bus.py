@@ -219,3 +219,106 @@ async def test_a_listing_that_never_gets_a_delivery_fails_clearly(nc, monkeypatc
     monkeypatch.setattr(Store, "_subscribe_latest", always_lost)
     with pytest.raises(TimeoutError, match="sja-slices"):
         await slices._latest(values=True, stall_s=0.3, deadline_s=1.5)
+
+
+async def _bucket(nc, name: str) -> Store[SliceState]:
+    from nats.js.api import KeyValueConfig
+
+    js = nc.jetstream()
+    kv = await js.create_key_value(KeyValueConfig(bucket=name, history=5))
+    return Store(kv, SliceState)
+
+
+async def test_kv_view_reads_the_bucket_as_it_stands_then_every_change_in_order(nc) -> None:
+    """Start returns with every entry already there (the last value and revision of each key);
+    then every write and delete is applied and reported, one at a time, in the stream's order."""
+    import msgspec
+
+    store = await _bucket(nc, "view-order")
+    declared = load_declared(None)[:4]
+    revs = {}
+    for s in declared[:3]:
+        revs[s.slice_id] = await store.put(s.slice_id, s)
+    first = declared[0]
+    leased = msgspec.structs.replace(first, status="leased", fence=1, grant_id="g-1")
+    revs[first.slice_id] = await store.cas(first.slice_id, leased, revs[first.slice_id])
+    seen: list[tuple[str, str | None, int]] = []
+
+    async def on_change(key: str, value: SliceState | None, rev: int) -> None:
+        seen.append((key, value.status if value else None, rev))
+
+    view = KvView(store.kv, SliceState, on_change)
+    await asyncio.wait_for(view.start(), 10)
+    try:
+        assert view.ready.is_set()
+        assert {k: rev for k, (_, rev) in view.entries.items()} == revs
+        assert view.entries[first.slice_id][0] == leased  # the last value, not the first
+        assert sorted(r for _, _, r in seen) == sorted(revs.values())
+        seen.clear()
+        # Changes after start: a new key, a change, a delete.
+        r_new = await store.put(declared[3].slice_id, declared[3])
+        r_free = await store.cas(first.slice_id, first, revs[first.slice_id])
+        await store.kv.delete(declared[1].slice_id)
+        for _ in range(200):
+            if len(seen) == 3:
+                break
+            await asyncio.sleep(0.02)
+        assert [(k, st) for k, st, _ in seen] == [
+            (declared[3].slice_id, "free"),
+            (first.slice_id, "free"),
+            (declared[1].slice_id, None),
+        ]
+        assert [r for _, _, r in seen][:2] == [r_new, r_free] and seen[2][2] > r_free
+        assert declared[1].slice_id not in view.entries
+        assert view.entries[first.slice_id] == (first, r_free)
+        assert sorted(v.slice_id for v in view.values()) == sorted(
+            s.slice_id for s in (declared[0], declared[2], declared[3])
+        )
+    finally:
+        await view.stop()
+
+
+async def test_kv_view_of_an_empty_bucket_is_ready_at_once_and_skips_a_bad_entry(nc) -> None:
+    store = await _bucket(nc, "view-empty")
+    seen: list[str] = []
+
+    async def on_change(key: str, value: SliceState | None, rev: int) -> None:
+        seen.append(key)
+
+    view = KvView(store.kv, SliceState, on_change)
+    await asyncio.wait_for(view.start(), 10)
+    try:
+        assert view.entries == {}
+        await store.kv.put("junk", b"\x01\x02not msgpack")  # logged and left out
+        s = load_declared(None)[0]
+        await store.put(s.slice_id, s)
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == [s.slice_id]
+        assert list(view.entries) == [s.slice_id]
+    finally:
+        await view.stop()
+
+
+async def test_kv_view_goes_on_after_its_consumer_is_lost(nc) -> None:
+    """The server drops the view's consumer (a restart, the inactivity limit): the ordered
+    consumer is made again from where the view was, and no change is missed."""
+    store = await _bucket(nc, "view-lost")
+    declared = load_declared(None)[:2]
+    await store.put(declared[0].slice_id, declared[0])
+    view = KvView(store.kv, SliceState)
+    await asyncio.wait_for(view.start(), 10)
+    try:
+        js = nc.jetstream()
+        await js.delete_consumer(store.kv._stream, view._sub._consumer)
+        rev = await store.put(declared[1].slice_id, declared[1])
+        for _ in range(300):  # the client notices by its missed heartbeats
+            if declared[1].slice_id in view.entries:
+                break
+            await asyncio.sleep(0.1)
+        assert view.entries.get(declared[1].slice_id) == (declared[1], rev)
+        assert set(view.entries) == {s.slice_id for s in declared}
+    finally:
+        await view.stop()

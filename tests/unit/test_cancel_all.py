@@ -5,11 +5,8 @@ watcher's updates). A loop that lost it would run for ever and hold up whoever w
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from sja.bus.tasks import cancel_all
-from sja.bus.watch import KvView
-from sja.protocol.messages import SliceState
 
 
 class Stubborn:
@@ -52,48 +49,3 @@ async def test_cancel_all_gives_up_on_a_task_that_never_ends() -> None:
     never.lose = 0
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-
-
-class StubbornWatcher:
-    """A KV watcher that reports its initial values, then waits for updates and loses the first
-    cancellation on the way."""
-
-    def __init__(self) -> None:
-        self.waiter = Stubborn(lose=1)
-        self.first = True
-        self.stopped = False
-
-    def __aiter__(self) -> StubbornWatcher:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self.first:
-            self.first = False
-            return None  # the end of the initial values
-        await self.waiter.wait()
-        raise StopAsyncIteration
-
-    async def stop(self) -> None:
-        self.stopped = True
-
-
-class FakeKv:
-    _name = "sja-slices"
-
-    def __init__(self) -> None:
-        self.watcher = StubbornWatcher()
-
-    async def watchall(self) -> StubbornWatcher:
-        return self.watcher
-
-
-async def test_a_watched_view_stops_even_when_its_loop_loses_a_cancellation() -> None:
-    kv = FakeKv()
-    view = KvView(kv, SliceState)  # type: ignore[arg-type]
-    await view.start()
-    await asyncio.sleep(0.02)
-    # Not wait_for: its own cancellation at the deadline would reach the loop and end it too.
-    stop = asyncio.create_task(view.stop())
-    done, _ = await asyncio.wait([stop], timeout=10)
-    assert done, "stop() hung on a loop that lost its cancellation"
-    assert kv.watcher.waiter.lost == 1 and kv.watcher.waiter.ended and kv.watcher.stopped
