@@ -188,8 +188,8 @@ class Stack:
             for task in svc._loops:
                 assert not task.done(), f"{what}: a loop of {key} ended: {task}"
             view = getattr(svc, "view", None)
-            if view is not None and view._task is not None:
-                assert not view._task.done(), f"{what}: the KV watcher of {key} ended"
+            if view is not None:
+                assert view.watching, f"{what}: the KV watcher of {key} ended"
         names = list(self.services)
         pings = [
             self.nc.request(f"$SRV.PING.sja-{s.name}.{s._micro.id}", b"", timeout=PING_TIMEOUT_S)

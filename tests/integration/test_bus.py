@@ -248,9 +248,10 @@ async def test_kv_view_reads_the_bucket_as_it_stands_then_every_change_in_order(
         seen.append((key, value.status if value else None, rev))
 
     view = KvView(store.kv, SliceState, on_change)
+    assert not view.watching
     await asyncio.wait_for(view.start(), 10)
     try:
-        assert view.ready.is_set()
+        assert view.ready.is_set() and view.watching
         assert {k: rev for k, (_, rev) in view.entries.items()} == revs
         assert view.entries[first.slice_id][0] == leased  # the last value, not the first
         assert sorted(r for _, _, r in seen) == sorted(revs.values())
@@ -276,6 +277,7 @@ async def test_kv_view_reads_the_bucket_as_it_stands_then_every_change_in_order(
         )
     finally:
         await view.stop()
+    assert not view.watching
 
 
 async def test_kv_view_of_an_empty_bucket_is_ready_at_once_and_skips_a_bad_entry(nc) -> None:

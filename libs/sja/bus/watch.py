@@ -109,6 +109,13 @@ class KvView(Generic[M]):
             self.ready.set()
         await self.ready.wait()
 
+    @property
+    def watching(self) -> bool:
+        """Whether the view still follows the bucket: started, not stopped, and the subscription's
+        task that hands it the updates still running."""
+        task = getattr(self._sub, "_wait_for_msgs_task", None) if self._sub is not None else None
+        return task is not None and not task.done()
+
     async def stop(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
