@@ -81,7 +81,7 @@ from services.registry import parse_cohost
 from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream, stores
-from sja.bus.jetstream import JetStream, jetstream
+from sja.bus.jetstream import JetStream, delivery_count, jetstream
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 from sja.bus.rounds import decode_grants
 from sja.bus.service import freeze_after_start, run_loop, tune_gc
@@ -328,7 +328,7 @@ class InstantExecutor:
             known=True,
             grace_s=2.0,
             now=now,
-            redelivered=msg.metadata.num_delivered > 1,
+            redelivered=delivery_count(msg) > 1,
             started=self.started_fences,
         )
         if admitted.verdict == "moved":

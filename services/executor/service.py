@@ -25,6 +25,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, ObjectStoreConfig
 from opentelemetry import propagate, trace
 
 from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.jetstream import delivery_count
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.execution import slicelease
@@ -236,7 +237,7 @@ class ExecutorService(Service):
             sj,
             known=sj.slice_id in self.actors,
             grace_s=self.cfg.grace_s,
-            redelivered=_delivered(msg) > 1,
+            redelivered=delivery_count(msg) > 1,
             started=self.started_fences,
         )
         if admitted.verdict == "moved":
@@ -419,14 +420,6 @@ async def _keep_alive(msg: Msg) -> None:
         await asyncio.sleep(ACK_WAIT_S / 3)
         with contextlib.suppress(Exception):
             await msg.in_progress()
-
-
-def _delivered(msg: Msg) -> int:
-    """How many times JetStream has delivered ``msg`` (1 for a message not from a consumer)."""
-    try:
-        return int(msg.metadata.num_delivered or 1)
-    except Exception:
-        return 1
 
 
 def _lost(now: float, why: str) -> RunResult:
