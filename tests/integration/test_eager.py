@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from nats.aio.msg import Msg
 
 from sja.bus.codec import DecodeError
@@ -62,67 +64,58 @@ def service(nats_url: str, tmp_path: Path) -> EagerService:
     return EagerService(BaseSettings(nats_url=nats_url, out_dir=str(tmp_path / "out"), instance="eager-0"))
 
 
-async def test_messages_are_handled_in_order_and_none_is_lost(nats_url: str, tmp_path: Path, nc) -> None:
-    svc = service(nats_url, tmp_path)
-    await svc.start()
+@pytest.fixture
+async def svc(nats_url: str, tmp_path: Path) -> AsyncIterator[EagerService]:
+    """A started service, stopped after the test."""
+    started = service(nats_url, tmp_path)
+    await started.start()
     try:
-        for i in range(500):
-            await nc.publish(SUBJECT, str(i).encode())
-        await nc.flush()
-        await until_handled(svc, 500)
-        assert svc.order == [str(i) for i in range(500)]
-        assert not svc._tasks, "handlers that never wait leave no task behind"
+        yield started
     finally:
-        await svc.stop()
+        await started.stop()
 
 
-async def test_an_eager_message_overtakes_queued_ones_read_with_it(nats_url: str, tmp_path: Path, nc) -> None:
-    svc = service(nats_url, tmp_path)
-    await svc.start()
-    try:
-        # One write: the queued subscription's messages come first on the wire.
-        for i in range(20):
-            await nc.publish(SUBJECT + ".queued", str(i).encode())
-        await nc.publish(SUBJECT, b"urgent")
-        await nc.flush()
-        await until_handled(svc, 21)
-        assert sorted(svc.order) == sorted(["urgent", *(f"queued:{i}" for i in range(20))])
-        assert svc.order.index("urgent") < svc.order.index("queued:19")
-    finally:
-        await svc.stop()
+async def test_messages_are_handled_in_order_and_none_is_lost(svc: EagerService, nc) -> None:
+    for i in range(500):
+        await nc.publish(SUBJECT, str(i).encode())
+    await nc.flush()
+    await until_handled(svc, 500)
+    assert svc.order == [str(i) for i in range(500)]
+    assert not svc._tasks, "handlers that never wait leave no task behind"
 
 
-async def test_a_handler_that_waits_goes_on_in_its_own_context(nats_url: str, tmp_path: Path, nc) -> None:
-    svc = service(nats_url, tmp_path)
-    await svc.start()
+async def test_an_eager_message_overtakes_queued_ones_read_with_it(svc: EagerService, nc) -> None:
+    # One write: the queued subscription's messages come first on the wire.
+    for i in range(20):
+        await nc.publish(SUBJECT + ".queued", str(i).encode())
+    await nc.publish(SUBJECT, b"urgent")
+    await nc.flush()
+    await until_handled(svc, 21)
+    assert sorted(svc.order) == sorted(["urgent", *(f"queued:{i}" for i in range(20))])
+    assert svc.order.index("urgent") < svc.order.index("queued:19")
+
+
+async def test_a_handler_that_waits_goes_on_in_its_own_context(svc: EagerService, nc) -> None:
     done = await nc.subscribe(SUBJECT + ".done")
-    try:
-        await nc.publish(SUBJECT, b"wait-1")
-        await nc.publish(SUBJECT, b"wait-2")
-        await nc.flush()
-        await until_handled(svc, 2)
-        assert svc.order == ["wait-1", "wait-2"]
-        assert len(svc._tasks) == 2
-        assert current.get() == "", "a handler's context leaked into the caller's"
-        svc.gate.set()
-        got = sorted([(await done.next_msg(timeout=10)).data for _ in range(2)])
-        assert got == [b"wait-1", b"wait-2"]
-        assert sorted(svc.after_wait) == [("wait-1", "wait-1"), ("wait-2", "wait-2")]
-    finally:
-        await svc.stop()
+    await nc.publish(SUBJECT, b"wait-1")
+    await nc.publish(SUBJECT, b"wait-2")
+    await nc.flush()
+    await until_handled(svc, 2)
+    assert svc.order == ["wait-1", "wait-2"]
+    assert len(svc._tasks) == 2
+    assert current.get() == "", "a handler's context leaked into the caller's"
+    svc.gate.set()
+    got = sorted([(await done.next_msg(timeout=10)).data for _ in range(2)])
+    assert got == [b"wait-1", b"wait-2"]
+    assert sorted(svc.after_wait) == [("wait-1", "wait-1"), ("wait-2", "wait-2")]
 
 
-async def test_a_failing_handler_is_contained(nats_url: str, tmp_path: Path, nc) -> None:
-    svc = service(nats_url, tmp_path)
-    await svc.start()
-    try:
-        for body in (b"bad", b"boom", b"after"):
-            await nc.publish(SUBJECT, body)
-        await nc.flush()
-        await until_handled(svc, 1)
-        assert svc.order == ["after"], "the read loop survived both failures"
-    finally:
-        await svc.stop()
+async def test_a_failing_handler_is_contained(svc: EagerService, nc) -> None:
+    for body in (b"bad", b"boom", b"after"):
+        await nc.publish(SUBJECT, body)
+    await nc.flush()
+    await until_handled(svc, 1)
+    assert svc.order == ["after"], "the read loop survived both failures"
 
 
 async def test_stop_lets_the_rest_of_an_eager_handler_finish(nats_url: str, tmp_path: Path, nc) -> None:

@@ -1,4 +1,5 @@
-"""``delivery_count``: what ``msg.metadata.num_delivered`` says, read from the reply subject alone."""
+"""``delivery`` / ``delivery_count``: what ``msg.metadata`` says of a delivery, read from the reply
+subject alone."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
-from sja.bus.jetstream import delivery_count
+from sja.bus.jetstream import Delivery, delivery, delivery_count
 
 
 def _nats_py(reply: str) -> int:
@@ -52,3 +53,18 @@ def test_any_delivery(delivered: int, seqs: list[int], domain: bool) -> None:
         else f"$JS.ACK.SJA_SUBJOBS.ex.{delivered}.{s}.{c}.{t}.{p}"
     )
     assert _count(reply) == delivered == _nats_py(reply)
+    meta = Msg(_client=None, subject="s", reply=reply, data=b"").metadata  # type: ignore[arg-type]
+    assert (
+        delivery(reply)
+        == Delivery(delivered, s, p)
+        == (
+            meta.num_delivered,
+            meta.sequence.stream,
+            meta.num_pending,
+        )
+    )
+
+
+@pytest.mark.parametrize("reply", [None, "", "_INBOX.a.b", "$JS.ACK.S.c", "$JS.ACK.S.c.x.1.1.1.0"])
+def test_not_a_delivery(reply: str | None) -> None:
+    assert delivery(reply) is None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import nats.errors
@@ -149,19 +149,42 @@ _V2_ACK_TOKENS = 12
 """The same with the domain and account hash after ``ACK`` (and room for more at the end)."""
 
 
-def delivery_count(msg: Msg) -> int:
-    """How many times JetStream has delivered ``msg`` (1 for a message not from a consumer), read
-    from its reply subject: ``msg.metadata`` builds every field (a ``datetime`` among them) to be
-    asked for this one, once per subjob an executor runs (3.1 against 0.3 us)."""
-    tokens: list[str] = msg.reply.split(".") if msg.reply else []
+class Delivery(NamedTuple):
+    """What a JetStream delivery's reply subject says of it."""
+
+    delivered: int
+    """How many times it has been delivered."""
+    stream_seq: int
+    """Its sequence in the stream (a KV entry's revision)."""
+    pending: int
+    """Messages still pending for the consumer after it."""
+
+
+def delivery(reply: str | None) -> Delivery | None:
+    """The numbers a JetStream delivery's reply subject carries (both its forms), or ``None`` for a
+    reply that is not one. ``Msg.metadata`` builds every field, a ``datetime`` among them, to be
+    asked for one or two of these: 3.1 against 0.3 us, on every subjob and every watched change."""
+    tokens = reply.split(".") if reply else []
+    if len(tokens) < _V1_ACK_TOKENS or tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
     try:
-        if len(tokens) == _V1_ACK_TOKENS and tokens[0] == "$JS" and tokens[1] == "ACK":
-            return max(int(tokens[4]), 1)
-        if len(tokens) >= _V2_ACK_TOKENS - 1 and tokens[0] == "$JS" and tokens[1] == "ACK":
-            return max(int(tokens[Msg.Ack.NumDelivered]), 1)
+        if len(tokens) == _V1_ACK_TOKENS:
+            return Delivery(int(tokens[4]), int(tokens[5]), int(tokens[8]))
+        if len(tokens) >= _V2_ACK_TOKENS - 1:
+            return Delivery(
+                int(tokens[Msg.Ack.NumDelivered]),
+                int(tokens[Msg.Ack.StreamSeq]),
+                int(tokens[Msg.Ack.NumPending]),
+            )
     except ValueError:
         pass
-    return 1
+    return None
+
+
+def delivery_count(msg: Msg) -> int:
+    """How many times JetStream has delivered ``msg`` (1 for a message not from a consumer)."""
+    d = delivery(msg.reply)
+    return max(d.delivered, 1) if d is not None else 1
 
 
 STATUS_NO_MESSAGES = "404"

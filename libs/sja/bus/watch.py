@@ -27,6 +27,7 @@ from nats.js import api
 from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
 
 from sja.bus.codec import DecodeError, decode
+from sja.bus.jetstream import delivery
 from sja.protocol.messages import Message
 
 log = logging.getLogger(__name__)
@@ -41,18 +42,6 @@ HEARTBEAT_S = 1.0
 """The server's heartbeat to the view's consumer while nothing changes; two missed (the consumer
 gone with a restarted server, say) and it is made again from the last revision seen. nats-py's
 default, 5 s, left an advertiser blind to freed slices for 10-20 s."""
-
-_V1_TOKENS = 9
-"""``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``"""
-
-
-def _revision_and_pending(reply: str) -> tuple[int, int]:
-    """The stream sequence (the entry's revision) and the messages still pending for the consumer,
-    from a JetStream delivery's reply subject (both the old and the domain-bearing form)."""
-    tokens = reply.split(".")
-    if len(tokens) == _V1_TOKENS:
-        return int(tokens[5]), int(tokens[8])
-    return int(tokens[Msg.Ack.StreamSeq]), int(tokens[Msg.Ack.NumPending])
 
 
 def _operation(headers: dict[str, str] | None) -> str | None:
@@ -124,15 +113,14 @@ class KvView(Generic[M]):
             self._sub = None
 
     async def _on_msg(self, msg: Msg) -> None:
-        try:
-            revision, pending = _revision_and_pending(msg.reply)
-        except (ValueError, IndexError):
+        d = delivery(msg.reply)
+        if d is None:
             log.error("watch of %s: a delivery without JetStream metadata (%r)", self.kv._name, msg.reply)
             return
         try:
-            await self._apply(msg, revision)
+            await self._apply(msg, d.stream_seq)
         finally:
-            if pending == 0 and not self.ready.is_set():
+            if d.pending == 0 and not self.ready.is_set():
                 self.ready.set()
 
     async def _apply(self, msg: Msg, revision: int) -> None:
