@@ -110,15 +110,17 @@ SERVICES = ("inventory", "gateway", "clearer", "agent", "advertiser")
 # --- inventory and jobs ------------------------------------------------------------------------------
 
 
-def inventory(n_slices: int) -> dict[str, Any]:
+def inventory(n_slices: int, pools: int = 0) -> dict[str, Any]:
     """``n_slices`` 1g.10gb slices: H100-80GB GPUs of 7 slices (the last one partly cut), 8 per node,
-    each node its own pool."""
+    each node its own pool, or the nodes dealt round-robin into ``pools`` pools."""
     gpus = math.ceil(n_slices / SLICES_PER_GPU)
     nodes: list[dict[str, Any]] = []
     left = n_slices
     for g in range(gpus):
         if g % GPUS_PER_NODE == 0:
             nodes.append({"name": f"node{len(nodes):03d}", "gpus": []})
+            if pools:
+                nodes[-1]["pool"] = f"pool{(len(nodes) - 1) % pools:03d}"
         k = min(SLICES_PER_GPU, left)
         nodes[-1]["gpus"].append({"model": "H100-80GB", "layout": [PROFILE] * k})
         left -= k
@@ -659,6 +661,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--units", type=int, default=UNITS_PER_JOB, help="units (= grants) per job")
     ap.add_argument("--grants", type=int, default=0, help="grants measured (0: max(1000, 20 x slices))")
     ap.add_argument("--tenants", type=int, default=4)
+    ap.add_argument(
+        "--pools",
+        type=int,
+        default=0,
+        help="deal the nodes into this many pools (0: a pool per node, as an inventory without pools has)",
+    )
     ap.add_argument("--clearers", type=int, default=1, help="clearer replicas (pools sharded among them)")
     ap.add_argument("--advertisers", type=int, default=1, help="advertiser replicas (pools sharded)")
     ap.add_argument("--agents", type=int, default=1, help="agent processes (jobs shared among them)")
@@ -702,6 +710,8 @@ def main(argv: list[str] | None = None) -> int:
         # A subjob longer than that no longer fits the offered windows once calibrated.
         ap.error(f"--hold-s must be between 0 and {HORIZON_S / 2:g} (half the {HORIZON_S:g} s windows)")
 
+    if args.pools < 0:
+        ap.error("--pools must be 0 (a pool per node) or more")
     try:
         cohost = parse_cohost(args.cohost, SERVICES) if args.cohost else []
     except ValueError as e:
@@ -713,10 +723,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="sja-cp-"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
-    inv = inventory(args.slices)
+    inv = inventory(args.slices, args.pools)
     inv_path = out / "inventory.yaml"
     inv_path.write_text(yaml.safe_dump(inv), encoding="utf-8")
-    pools = [n["name"] for n in inv["nodes"]]
+    pools = sorted({n.get("pool", n["name"]) for n in inv["nodes"]})
 
     load_before = round(os.getloadavg()[0], 2)
     tune_gc()  # as every service process does (and this one plays the executors)
@@ -792,6 +802,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "jobs": args.jobs,
             "slices": args.slices,
+            "pools": len(pools),
             "units_per_job": args.units,
             "clearers": args.clearers,
             "agents": args.agents,

@@ -95,6 +95,20 @@ def test_control_plane_with_services_cohosted_completes_every_job_correctly() ->
     assert set(d["cpu_s_per_grant_by_service"]) == {"inventory,gateway,clearer,advertiser-0", "agent-0"}
 
 
+def test_control_plane_with_nodes_sharing_pools_completes_every_job_correctly() -> None:
+    """``--pools``: three nodes dealt into two pools (one of two nodes), so a pool's offers come from
+    several nodes in one batch; rounds still clear and every result is right."""
+    d = last_json(
+        control_plane(
+            "--slices", "120", "--pools", "2", "--grants", "100", "--duration-s", "5", "--warmup-s", "3"
+        ),
+        240,
+    )
+    assert d["pools"] == 2 and d["slices"] == 120
+    assert d["jobs_wrong_result"] == 0 and d["subjobs_lost"] == 0
+    assert float(d["grants_per_s"]) > 0
+
+
 def test_control_plane_refuses_a_bad_cohost_list() -> None:
     for spec, message in [
         ("clearer", "two or more"),
@@ -121,6 +135,18 @@ def test_control_plane_below_saturation_holds_each_slice() -> None:
     assert d["jobs_wrong_result"] == 0 and d["subjobs_lost"] == 0
     assert d["hold_s"] == 0.2 and d["offered_grants_per_s_max"] == 40.0
     assert 0 < float(d["grants_per_s"]) <= 1.1 * 40.0
+
+
+def test_control_plane_refuses_a_negative_pool_count() -> None:
+    out = subprocess.run(
+        [sys.executable, "bench/control_plane.py", "--pools", "-1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and "--pools must be 0" in out.stderr
 
 
 def test_control_plane_refuses_a_hold_longer_than_its_windows_allow() -> None:
