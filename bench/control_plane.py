@@ -43,7 +43,8 @@ first (``capped``: the duration ended the window):
 
 ``--hold-s H`` makes each subjob keep its slice ``H`` seconds before its completion: the load is then
 at most ``slices / H`` grants a second (``offered_grants_per_s_max``), and the latencies are those of a
-control plane below saturation rather than at it.
+control plane below saturation rather than at it. ``--pools N`` deals the nodes into ``N`` pools
+(default: a pool per node): the advertiser batches per pool, so fewer pools make larger batches.
 
 The last line is a JSON object. ``--profile DIR`` runs every service under cProfile (slower: use it for
 the profile, not the numbers) and writes ``DIR/<instance>.prof`` and ``.txt`` summaries.
