@@ -109,21 +109,27 @@ def test_control_plane_with_nodes_sharing_pools_completes_every_job_correctly() 
     assert float(d["grants_per_s"]) > 0
 
 
+def refusal(*args: str) -> str:
+    """The benchmark's usage error for ``args`` (it must exit 2 before starting anything)."""
+    out = subprocess.run(
+        [sys.executable, "bench/control_plane.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    return out.stderr
+
+
 def test_control_plane_refuses_a_bad_cohost_list() -> None:
     for spec, message in [
         ("clearer", "two or more"),
         ("clearer,executor", "two or more"),
         ("clearer,nope", "unknown"),
     ]:
-        out = subprocess.run(
-            [sys.executable, "bench/control_plane.py", "--cohost", spec],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert out.returncode == 2 and message in out.stderr, out.stderr
+        assert message in refusal("--cohost", spec)
 
 
 def test_control_plane_below_saturation_holds_each_slice() -> None:
@@ -138,24 +144,8 @@ def test_control_plane_below_saturation_holds_each_slice() -> None:
 
 
 def test_control_plane_refuses_a_negative_pool_count() -> None:
-    out = subprocess.run(
-        [sys.executable, "bench/control_plane.py", "--pools", "-1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 2 and "--pools must be 0" in out.stderr
+    assert "--pools must be 0" in refusal("--pools", "-1")
 
 
 def test_control_plane_refuses_a_hold_longer_than_its_windows_allow() -> None:
-    out = subprocess.run(
-        [sys.executable, "bench/control_plane.py", "--hold-s", "5"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 2 and "--hold-s must be between 0 and 1" in out.stderr
+    assert "--hold-s must be between 0 and 1" in refusal("--hold-s", "5")
