@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client
 
 from sja.bus.connection import connect
@@ -95,11 +96,18 @@ async def statuses(url: str, ids: Sequence[str]) -> list[JobState]:
         await c.close()
 
 
-async def read_rounds(target: str | Client, timeout_s: float = 10.0) -> list[RoundRecord]:
-    """Every round record in ``SJA_ROUNDS`` (``target``: a NATS URL or a connection)."""
+async def read_rounds(target: str | Client, timeout_s: float = 10.0, attempts: int = 6) -> list[RoundRecord]:
+    """Every round record in ``SJA_ROUNDS`` (``target``: a NATS URL or a connection). A JetStream
+    API request that times out (a cluster still electing leaders after losing a server) starts the
+    read again, up to ``attempts`` reads in all."""
     nc = await connect(target, "sja-audit") if isinstance(target, str) else target
     js = nc.jetstream()
     try:
+        for _ in range(attempts - 1):
+            try:
+                return [rec async for rec in iter_rounds(js, timeout_s=timeout_s, strict=True)]
+            except nats.errors.TimeoutError:
+                await asyncio.sleep(1.0)
         return [rec async for rec in iter_rounds(js, timeout_s=timeout_s, strict=True)]
     finally:
         if isinstance(target, str):

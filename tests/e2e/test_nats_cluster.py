@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 
 from sja.audit import Mix, audit, call, mixed_specs, read_rounds, statuses
@@ -130,17 +131,31 @@ async def diagnose(url: str, ids: list[str]) -> str:
         await nc.close()
 
 
-async def replication(url: str) -> dict[str, tuple[int, str, list[tuple[str, bool]]]]:
+async def replication(
+    url: str, victim: str, timeout_s: float = 60.0
+) -> dict[str, tuple[int, str, list[tuple[str, bool]]]]:
+    """Each stream's replicas, leader and peers, once every stream is led by a survivor (a stream
+    that saw no traffic since the kill may still be electing: its info request times out or shows
+    no leader; asked again every second up to ``timeout_s``)."""
     nc = await connect(url, "cluster-check")
     try:
         js = nc.jetstream()
-        out = {}
-        for name in STREAMS:
-            info = await js.stream_info(name)
-            assert info.cluster is not None
-            peers = [(r.name, bool(r.current)) for r in info.cluster.replicas or []]
-            out[name] = (info.config.num_replicas, info.cluster.leader or "", peers)
-        return out
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = {}
+            try:
+                for name in STREAMS:
+                    info = await js.stream_info(name)
+                    assert info.cluster is not None
+                    peers = [(r.name, bool(r.current)) for r in info.cluster.replicas or []]
+                    out[name] = (info.config.num_replicas, info.cluster.leader or "", peers)
+            except nats.errors.TimeoutError:
+                out = {}
+            if out and all(leader and leader != victim for _, leader, _ in out.values()):
+                return out
+            if time.monotonic() > deadline:
+                return out
+            await asyncio.sleep(1.0)
     finally:
         await nc.close()
 
@@ -218,7 +233,9 @@ def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: P
         )
         # Still three replicas on paper, led by a survivor, with the other survivor current.
         victim_name = cluster.nodes[victim].name
-        for name, (replicas, leader, peers) in asyncio.run(replication(survivors)).items():
+        settled = asyncio.run(replication(survivors, victim_name))
+        assert settled, "no stream info from the survivors"
+        for name, (replicas, leader, peers) in settled.items():
             assert replicas == 3 and leader and leader != victim_name, (name, leader)
             assert any(current for peer, current in peers if peer != victim_name), (name, peers)
         assert all(p.proc.poll() is None for p in stack.procs), "no service died with the server"

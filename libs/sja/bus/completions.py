@@ -25,7 +25,12 @@ async def iter_completions(
     if not (info.state.subjects or {}).get(subject):
         return  # none at all: no consumer to make
     last_seq = info.state.last_seq
-    sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+    sub = await js.subscribe(
+        subject,
+        stream=subjects.STREAM_COMPLETIONS.name,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL,
+    )
     try:
         while True:
             try:
