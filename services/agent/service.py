@@ -994,22 +994,15 @@ class AgentService(Service):
         """Publish a subjob to ``SJA_SUBJOBS``, retrying (the same ``Nats-Msg-Id``: JetStream keeps
         one) while JetStream cannot take it, until its lease would have lapsed. A subjob that never
         gets through is given up by ``reap`` and its units planned again."""
-        delay = 0.05
-        while True:
-            try:
-                await self.jetstream.publish(
-                    subjects.subjob_dispatched(sj.node, sj.job_id),
-                    encode(sj),
-                    headers=inject({"Nats-Msg-Id": sj.subjob_id}),
-                )
-                return
-            except Exception as e:
-                if time.time() + delay > until:
-                    log.warning("could not dispatch subjob %s before its lease lapsed: %r", sj.subjob_id, e)
-                    return
-                log.info("dispatch of %s failed (%r), retrying", sj.subjob_id, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        try:
+            await self.jetstream.publish_until(
+                subjects.subjob_dispatched(sj.node, sj.job_id),
+                encode(sj),
+                inject({"Nats-Msg-Id": sj.subjob_id}),
+                until=until,
+            )
+        except Exception as e:
+            log.warning("could not dispatch subjob %s before its lease lapsed: %r", sj.subjob_id, e)
 
     async def release(self, grant: Grant, reason: str) -> bool:
         """Give a granted slice back at once instead of letting its lease run out: a request to the

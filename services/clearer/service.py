@@ -61,6 +61,13 @@ has passed; bounded so a flood cannot grow memory."""
 ROUND_ITEMS_PER_MESSAGE = 2048
 """Round records (weighing two) and shared verdicts (one) per ``SJA_ROUNDS`` message: a batch's
 records, split so a message stays small (well under 1 MB)."""
+RECORD_RETRY_S = 60.0
+"""How long a batch's round records are tried again in the background when ``SJA_ROUNDS`` cannot take
+them (a stream with no leader for a few seconds after a server is lost): within the stream's
+two-minute duplicate window, so a try that was stored but not acknowledged is not stored twice."""
+MAX_RECORD_RETRIES = 10_000
+"""Record messages being tried again at once; past this a message is counted lost at once (memory
+stays bounded while JetStream is down)."""
 MAX_CLOSED_REMEMBERED = 20_000
 """Rounds recently closed: a reply that arrives after its round closed is dropped, not taken for
 one that overtook its offer."""
@@ -194,6 +201,13 @@ class ClearerService(Service):
         self.m_grants = self.metrics.counter(
             "sja_grants", "Grants issued (slice taken by compare-and-set, grant published).", unit="{grant}"
         )
+        self.m_records_lost = self.metrics.counter(
+            "sja_round_records_lost",
+            "Round-record messages SJA_ROUNDS never took (tried again for RECORD_RETRY_S): their "
+            "grants stand, their audit trail is missing.",
+            unit="{message}",
+        )
+        self._record_retries = 0
         self.m_offer_to_grant = self.metrics.histogram(
             "sja_offer_to_grant_seconds",
             "Time from an offer's issue (advertiser clock) to its grant (clearer clock).",
@@ -612,10 +626,40 @@ class ClearerService(Service):
         else:
             batches = pack_records(rnd.key, records, shared, ROUND_ITEMS_PER_MESSAGE)
             parts = [(f"{rnd.key}:{first}", b) for first, b in batches]
+        subject = subjects.round_cleared(pool)
         for msg_id, payload in parts:
-            await self.jetstream.publish(
-                subjects.round_cleared(pool), encode(payload), headers=inject({"Nats-Msg-Id": msg_id})
+            data, headers = encode(payload), inject({"Nats-Msg-Id": msg_id})
+            try:
+                await self.jetstream.publish(subject, data, headers=headers)
+            except Exception as e:
+                # The grants are out: their records follow when the stream takes them, without
+                # holding the round's outcomes back.
+                if self._record_retries >= MAX_RECORD_RETRIES:
+                    self.m_records_lost.add(1)
+                    log.error("round records %s not stored (%r; too many waiting already)", msg_id, e)
+                    continue
+                log.warning("round records %s not stored yet (%r): trying again", msg_id, e)
+                self._record_retries += 1
+                self.spawn(self._store_records_later(subject, data, headers, msg_id))
+
+    async def _store_records_later(
+        self, subject: str, data: bytes, headers: dict[str, str], msg_id: str
+    ) -> None:
+        try:
+            await self.jetstream.publish_until(
+                subject, data, headers, until=time.time() + RECORD_RETRY_S, first_delay_s=0.1
             )
+            log.info("round records %s stored", msg_id)
+        except asyncio.CancelledError:
+            log.error("round records %s lost: the clearer stopped before SJA_ROUNDS took them", msg_id)
+            raise
+        except Exception as e:
+            self.m_records_lost.add(1)
+            log.error(
+                "round records %s lost: SJA_ROUNDS did not take them in %.0fs (%r)", msg_id, RECORD_RETRY_S, e
+            )
+        finally:
+            self._record_retries -= 1
 
 
 def parse_shares(text: str, allow_zero: bool = False) -> dict[str, float]:

@@ -253,12 +253,18 @@ class ExecutorService(Service):
         self.running.add(sj.subjob_id)
         try:
             result, carrier = await self._run(msg, sj)
+            info = self.slice_info.get(sj.slice_id)
+            profile = info.profile if info else ""
+            self.m_busy.add(time.monotonic() - began, slice=sj.slice_id, profile=profile, node=self.cfg.node)
+            # Still this executor's while its completion waits for the stream (a leader election can
+            # take seconds): a redelivery meanwhile is not taken for a lost run.
+            keepalive = self.spawn(_keep_alive(msg))
+            try:
+                await self._complete(sj, result, carrier)
+            finally:
+                keepalive.cancel()
         finally:
             self.running.discard(sj.subjob_id)
-        info = self.slice_info.get(sj.slice_id)
-        profile = info.profile if info else ""
-        self.m_busy.add(time.monotonic() - began, slice=sj.slice_id, profile=profile, node=self.cfg.node)
-        await self._complete(sj, result, carrier)
         await self._free(sj, admitted.held)
         await msg.ack()
         self.ran += 1
@@ -395,7 +401,9 @@ class ExecutorService(Service):
         if not headers:
             propagate.inject(headers)
         headers["Nats-Msg-Id"] = f"{sj.subjob_id}:{sj.fence}"
-        await self.jetstream.publish(subjects.subjob_completed(sj.job_id), encode(c), headers=headers)
+        await self.jetstream.publish_until(
+            subjects.subjob_completed(sj.job_id), encode(c), headers, until=time.time() + COMPLETION_RETRY_S
+        )
 
     async def _free(self, sj: Subjob, held: slicelease.Held | None = None) -> None:
         assert self.slices is not None
@@ -410,6 +418,11 @@ LOST_BECAUSE = {
 
 
 ACK_WAIT_S = 10.0
+
+COMPLETION_RETRY_S = 60.0
+"""How long a completion is tried again while ``SJA_COMPLETIONS`` cannot take it (no leader yet after
+a server is lost), within the stream's duplicate window; past it the subjob is handed back (nak) and
+its result lost."""
 
 RAY_JOIN_ATTEMPTS = 5
 """Tries to join an existing Ray cluster (``SJA_RAY_ADDRESS``) before the executor gives up."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import nats.errors
 import nats.js.errors
@@ -56,6 +57,54 @@ async def test_publish_times_out_when_no_acknowledgement_comes(nc) -> None:
     with pytest.raises(nats.errors.TimeoutError):
         await js.publish("silent.subject", b"x", timeout=0.2)
     assert js._acks == {}, "a publish that timed out leaves nothing behind"
+
+
+async def test_publish_until_stores_once_when_the_stream_comes_back(nc) -> None:
+    """A stream that cannot take the message yet (here: none listens on the subject, as while a
+    stream has no leader) is tried again until it can; the message is stored once."""
+    js = jetstream(nc, timeout=0.5)
+    subject = "sja.test.late.x"
+
+    async def make_stream_later() -> None:
+        await asyncio.sleep(0.3)
+        await js.add_stream(name="SJA_TEST_LATE", subjects=["sja.test.late.>"])
+
+    maker = asyncio.get_running_loop().create_task(make_stream_later())
+    ack = await js.publish_until(subject, b"x", {"Nats-Msg-Id": "late-1"}, until=time.time() + 10)
+    await maker
+    assert ack.stream == "SJA_TEST_LATE" and ack.seq == 1 and not ack.duplicate
+    again = await js.publish_until(subject, b"x", {"Nats-Msg-Id": "late-1"}, until=time.time() + 10)
+    assert again.duplicate and again.seq == 1, "a try that reached the stream is kept once"
+    info = await js.stream_info("SJA_TEST_LATE")
+    assert info.state.messages == 1
+
+
+async def test_publish_until_gives_up_at_its_deadline_and_on_the_message_own_error(nc) -> None:
+    js = jetstream(nc, timeout=0.5)
+    began = time.monotonic()
+    with pytest.raises(nats.js.errors.NoStreamResponseError):
+        await js.publish_until(
+            "no.stream.listens.here", b"x", {"Nats-Msg-Id": "n-1"}, until=time.time() + 0.4
+        )
+    assert time.monotonic() - began >= 0.2, "tried again until its deadline"
+    # An error the server gives for the message itself comes back at once, not after the deadline.
+    subject = subjects.subjob_completed("j-until")
+    first = await js.publish(subject, b"x")
+    headers = {"Nats-Msg-Id": "w-1", "Nats-Expected-Last-Subject-Sequence": str(first.seq - 1)}
+    tries = 0
+    real_publish = js.publish
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal tries
+        tries += 1
+        return await real_publish(*args, **kwargs)  # type: ignore[arg-type]
+
+    js.publish = counted  # type: ignore[method-assign]
+    with pytest.raises(nats.js.errors.APIError) as err:
+        await js.publish_until(subject, b"y", headers, until=time.time() + 30)
+    assert err.value.err_code == 10071 and tries == 1
+    with pytest.raises(ValueError, match="Nats-Msg-Id"):
+        await js.publish_until(subject, b"z", {}, until=time.time() + 1)
 
 
 async def test_kv_compare_and_set_through_it(nc) -> None:

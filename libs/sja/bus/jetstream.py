@@ -118,6 +118,39 @@ class JetStream(JetStreamContext):
             raise nats.js.errors.APIError.from_error(ack.error)
         return api.PubAck(stream=ack.stream, seq=ack.seq, domain=ack.domain, duplicate=ack.duplicate)
 
+    async def publish_until(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, Any],
+        until: float,
+        first_delay_s: float = 0.05,
+        max_delay_s: float = 1.0,
+    ) -> api.PubAck:
+        """``publish``, tried again while JetStream cannot take the message (a stream with no
+        leader yet after a server is lost, no acknowledgement in time, a reconnect), after
+        ``first_delay_s`` doubling up to ``max_delay_s``, until the wall-clock time ``until``: then
+        the last error is raised. ``headers`` must carry a ``Nats-Msg-Id``: the stream keeps one
+        copy however many tries reach it (within its duplicate window, which ``until`` should not
+        outlast). An error the server gives for the message itself (an ``APIError`` other than
+        503, unavailable) is raised at once: trying again would get it again."""
+        if not headers.get("Nats-Msg-Id"):
+            raise ValueError("publish_until needs a Nats-Msg-Id header: a retry must not store twice")
+        delay = first_delay_s
+        while True:
+            try:
+                return await self.publish(subject, payload, headers=headers)
+            except nats.js.errors.APIError as e:
+                if e.code != 503:
+                    raise
+                error: Exception = e
+            except Exception as e:  # no leader, timeout, reconnecting: JetStream may take it later
+                error = e
+            if time.time() + delay > until:
+                raise error
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay_s)
+
     def fetcher(self, stream: str, durable: str) -> Fetcher:
         """Batches from the durable pull consumer ``durable`` of ``stream``, which must exist."""
         return Fetcher(self, stream, durable)
