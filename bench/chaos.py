@@ -6,7 +6,9 @@ restarted, then every invariant checked from the durable records.
 Checks: every job completes with the result of the job computed in one piece (lost_jobs, wrong
 results), no (slice, fence) granted twice and no two subjobs overlapping on one slice
 (double_grants), every unit applied exactly once (results_applied_twice), no submission lost.
-The last line is a JSON object.
+Reported beside them: grants whose round record never reached ``SJA_ROUNDS`` (unrecorded_grants:
+the records of a clearer killed between its grants and their publication), which the checks on
+grants cannot see. The last line is a JSON object.
 """
 
 from __future__ import annotations
