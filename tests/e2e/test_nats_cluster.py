@@ -216,15 +216,21 @@ def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: P
         url = cluster.url
         ids = [asyncio.run(call(url, "submit", s)).job_id for s in mixed_specs(JOBS, MIX)]
 
-        # Let a good part of the work happen, then kill the server the grants go through.
+        # Let work complete, then kill the server the grants go through while units are still to be
+        # handed out (so that grants must be made after the kill, not only completions reported).
+        total = sum(s.total_units for s in asyncio.run(statuses(url, ids)))
         deadline = time.monotonic() + 240
         while True:
             states = asyncio.run(statuses(url, ids))
-            done = sum(1 for s in states if s.status == "done")
-            if done >= 2 or time.monotonic() > deadline:
+            applied = sum(s.units_done for s in states)
+            unplanned = sum(s.total_units - s.next_unit + sum(r.count for r in s.retry) for s in states)
+            if applied > 0 or time.monotonic() > deadline:
                 break
-            time.sleep(0.5)
-        assert 0 < done < JOBS, f"kill mid-run: {done} of {JOBS} jobs done"
+            time.sleep(0.2)
+        done = sum(1 for s in states if s.status == "done")
+        assert applied > 0 and unplanned > 0, (
+            f"kill mid-run: {applied} of {total} units applied, {unplanned} unplanned"
+        )
         victim = cluster.index_of(victim_name)
         killed_at, killed_wall = time.monotonic(), time.time()
         cluster.kill(victim)
@@ -265,7 +271,8 @@ def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: P
         after = sorted(r.cleared_at for r in recs if r.cleared_at > killed_wall)
         assert after, "grants were made after the kill"
         print(
-            f"\nkilled {victim_name} (leader of {', '.join(led)}) with {done}/{JOBS} jobs done; "
+            f"\nkilled {victim_name} (leader of {', '.join(led)}) with {done}/{JOBS} jobs done, "
+            f"{applied}/{total} units applied and {unplanned} not yet handed out; "
             f"first grant {after[0] - killed_wall:.2f}s after the kill; {finished_after_kill} jobs "
             f"finished after it; all done {recovered_s:.1f}s after it; {len(recs)} grants in all"
         )
