@@ -336,7 +336,10 @@ class ExecutorService(Service):
                 self._store = await self.jetstream.object_store(ckpt.BUCKET)
             except Exception:
                 self._store = await self.jetstream.create_object_store(
-                    ckpt.BUCKET, ObjectStoreConfig(description="SJA checkpoints of sequential jobs")
+                    ckpt.BUCKET,
+                    ObjectStoreConfig(
+                        description="SJA checkpoints of sequential jobs", replicas=self.settings.js_replicas
+                    ),
                 )
         return self._store
 

@@ -2,15 +2,20 @@
 completes with the result of the job computed in one piece.
 
 Three nats-server processes on loopback (``NatsCluster``: JetStream, routes, a server name and a store
-each) carry every stream and bucket with three replicas, declared before any service starts (services
-declare with one replica and keep what exists). ``LocalStack`` runs every service as its own process
-against the comma-separated URL list. Early in a run of 20 jobs the server leading the ``sja-slices``
+each) carry every stream and bucket with three replicas, declared before any service starts (so that
+their leaders can be moved first; the services run with ``SJA_JS_REPLICAS=3`` and find them so).
+``LocalStack`` runs every service as its own process against the comma-separated URL list. Once the
+first units are applied, while units are still to be granted, the server leading the ``sja-slices``
 bucket (every grant's compare-and-set), onto which the leaders of every other stream and bucket and of
 the meta group were moved before the run, is killed with SIGKILL; the two left keep a quorum, and
 every durable write of a grant's path waits for an election. Every job completes with the right
 result, and every grant's round record reaches ``SJA_ROUNDS`` (none is lost to the election). Should the
 run stall, the failure message lists the stuck jobs, what each surviving server answers for them,
 three seconds of round traffic and the services' last errors.
+
+A second test starts from streams and buckets of one copy each, as a deployment on one server has
+them: a service started with ``SJA_JS_REPLICAS=3`` raises every one to three copies, and what they
+held (a slice, a job) is read back from the survivors after the server leading them is killed.
 """
 
 from __future__ import annotations
@@ -24,17 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 import pytest
 
+from services.gateway.service import GatewayService, GatewaySettings
 from sja.audit import Mix, audit, call, mixed_specs, read_rounds, statuses
 from sja.bus.cluster import NatsCluster
 from sja.bus.connection import connect, ensure_jetstream, stores
+from sja.core import jobs as J
 from sja.protocol import subjects
+from sja.protocol.messages import JobSpec, SliceState
 from sja.stack import LocalStack
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = {
+    "SJA_JS_REPLICAS": "3",  # as a deployment on this cluster runs (the streams have three already)
     "SJA_HORIZON_S": "2.0",
     "SJA_LEASE_S": "3.0",
     "SJA_RAY_NUM_CPUS": "2",
@@ -285,3 +295,118 @@ def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: P
         assert all(p.proc.poll() is None for p in stack.procs), "no service died with the server"
     finally:
         stack.stop()
+
+
+async def wait_current(
+    url: str, timeout_s: float = 60.0
+) -> dict[str, tuple[int, str, list[tuple[str, bool]]]]:
+    """Each stream's replicas, leader and peers once every stream has a leader and every peer has
+    caught up (or as they are at ``timeout_s``)."""
+    nc = await connect(url, "cluster-current")
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = {}
+            with contextlib.suppress(nats.errors.TimeoutError, nats.js.errors.APIError):
+                for name in STREAMS:
+                    info = await js.stream_info(name)
+                    peers = [
+                        (r.name, bool(r.current))
+                        for r in (info.cluster.replicas if info.cluster else None) or []
+                    ]
+                    out[name] = (info.config.num_replicas, info.cluster.leader if info.cluster else "", peers)
+            done = len(out) == len(STREAMS) and all(
+                leader and len(peers) == replicas - 1 and all(c for _, c in peers)
+                for replicas, leader, peers in out.values()
+            )
+            if done or time.monotonic() > deadline:
+                return out
+            await asyncio.sleep(0.5)
+    finally:
+        await nc.close()
+
+
+def test_a_service_raises_one_copy_streams_to_three_and_they_outlive_a_server(
+    cluster: NatsCluster, tmp_path: Path
+) -> None:
+    """A deployment that began with one copy of each stream (the default) restarts its services with
+    ``SJA_JS_REPLICAS=3``: the first service up raises every stream and bucket to three copies,
+    what they held is copied to the new peers, and it is still there after the server that led
+    them is killed."""
+    now = time.time()
+    job = J.new_job(
+        "j-kept", JobSpec(name="kept", tenant="t", workload="montecarlo", params={"units": 4}), now
+    )
+    sl = SliceState(
+        slice_id="n0-g0-1g.10gb-0",
+        node="n0",
+        pool="n0",
+        gpu_index=0,
+        gpu_model="H100-80GB",
+        profile="1g.10gb",
+        mem_mib=9856,
+        compute_slots=1,
+        compute_share=1 / 7,
+        fence=7,
+    )
+
+    async def before() -> None:
+        nc = await connect(cluster.url, "one-copy-deployment")
+        try:
+            js = nc.jetstream()
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    await ensure_jetstream(js, replicas=1)
+                    break
+                except Exception:  # the meta leader may still be settling
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+            slices, jobs = await stores(js)
+            await slices.put(sl.slice_id, sl)
+            await jobs.put(job.job_id, job)
+            for name in STREAMS:
+                assert (await js.stream_info(name)).config.num_replicas == 1, name
+        finally:
+            await nc.close()
+
+    async def raise_by_service() -> None:
+        settings = GatewaySettings(
+            nats_url=cluster.url, js_replicas=3, out_dir=str(tmp_path / "out"), instance="gateway-r3"
+        )
+        async with GatewayService(settings):
+            pass
+
+    asyncio.run(before())
+    asyncio.run(raise_by_service())
+    raised = asyncio.run(wait_current(cluster.url))
+    for name in STREAMS:
+        replicas, leader, peers = raised[name]
+        assert replicas == 3 and leader, (name, raised[name])
+        assert len(peers) == 2 and all(current for _, current in peers), (name, peers)
+
+    victim = raised[f"KV_{subjects.BUCKET_JOBS}"][1]
+    cluster.kill(cluster.index_of(victim))
+    survivors = ",".join(n.url for n in cluster.nodes if n.alive)
+
+    async def after() -> tuple[SliceState | None, object]:
+        nc = await connect(survivors, "after-the-kill")
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    slices, jobs = await stores(nc.jetstream())
+                    got_slice, got_job = await slices.get(sl.slice_id), await jobs.get(job.job_id)
+                    return (got_slice[0] if got_slice else None), (got_job[0] if got_job else None)
+                except (nats.errors.TimeoutError, nats.js.errors.APIError):  # electing a new leader
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+        finally:
+            await nc.close()
+
+    got_slice, got_job = asyncio.run(after())
+    assert got_slice == sl
+    assert got_job == job

@@ -39,11 +39,13 @@ from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from sja.bus.codec import decode, encode
 from sja.bus.connection import (
+    JetStreamReplicasError,
     NatsAuth,
     NatsAuthError,
     NatsConfigError,
     PermissionViolation,
     connect,
+    ensure_jetstream,
     parse_permission_violation,
 )
 from sja.bus.natsd import EmbeddedNats
@@ -580,6 +582,24 @@ async def test_services_with_their_own_users_negotiate_end_to_end(secured: Secur
 
 
 # --- credentials -----------------------------------------------------------------------------------
+
+
+async def test_a_service_user_may_not_change_a_stream_and_is_told_who_may(secured: Secured) -> None:
+    """Services create SJA's streams (with the copies ``SJA_JS_REPLICAS`` asks) but may not edit one
+    that exists: a service asked for more copies than a stream has stops with a message saying
+    the operator raises it, and the stream is as it was."""
+    async with opened(secured.url, "gateway-r3", secured.auth("GATEWAY")) as gw:
+        assert gw.nc is not None
+        js = gw.nc.jetstream(timeout=2.0)
+        await ensure_jetstream(js)  # one copy each, as a one-server deployment made them
+        with pytest.raises(JetStreamReplicasError) as refused:
+            await ensure_jetstream(js, replicas=3)
+        said = str(refused.value)
+        assert "SJA_JS_REPLICAS=3" in said and "as the operator" in said, said
+        assert "nats stream edit SJA_JOBS --replicas 3" in said, said
+        v = await gw.wait_violation("$JS.API.STREAM.UPDATE.SJA_JOBS")
+        assert v.operation == "publish"
+        assert (await js.stream_info("SJA_JOBS")).config.num_replicas == 1
 
 
 async def test_wrong_credentials_fail_fast_and_clearly(secured: Secured, tmp_path: Path) -> None:

@@ -98,7 +98,7 @@ class Service:
             on_permission_violation=self._on_permission_violation,
         )
         self.js = jetstream(self.nc)
-        await ensure_jetstream(self.js)
+        await ensure_jetstream(self.js, replicas=self.settings.js_replicas)
         self.slices, self.jobs = await stores(self.js)
         await self.on_start()
         self.loop(self._measure_loop_lag())

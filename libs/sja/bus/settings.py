@@ -28,6 +28,10 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True):
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """The process's event loop (``sja.bus.service.run_loop``): uvloop, or the standard one."""
     drain_timeout_s: float = 10.0
+    js_replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+    """Copies of every stream and bucket the service declares (``ensure_jetstream``): 3 on a
+    JetStream cluster of three servers or more keeps every job, grant and completion through the
+    loss of one; existing ones with fewer are raised to it, never lowered."""
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     """Port of the Prometheus ``/metrics`` endpoint (``sja.telemetry.metrics``); 0: no endpoint."""
     # NATS credentials (all optional; empty: an open server, as the one-machine stack runs).
