@@ -4,6 +4,8 @@ while a write is being prepared share that write, and nothing is lost or reorder
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import nats.aio.client
@@ -11,6 +13,14 @@ import nats.errors
 
 from sja.bus.connection import connect
 from sja.bus.natsclient import Client
+
+
+async def until(done: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    """Wait for ``done()`` (the messages to arrive): a deadline against a hang, not a latency bound
+    (on a loaded machine delivery can take seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:  # noqa: ASYNC110 (a deadline)
+        await asyncio.sleep(0.02)
 
 
 def count_writes(nc: nats.aio.client.Client) -> list[int]:
@@ -58,10 +68,7 @@ async def test_work_due_meanwhile_joins_the_write(nats_url: str) -> None:
         await bursts(plain, rounds, size)
         await bursts(ours, rounds, size)
         expected = [f"{r}.{i}".encode() for r in range(rounds) for i in ("first", *range(size))]
-        for _ in range(100):
-            if len(got) == 2 * len(expected):
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: len(got) >= 2 * len(expected))
         assert got == expected * 2, "every message, in order"
         # nats-py writes a burst's first message alone, then the rest (and a PING per flush);
         # here the burst goes out in one write.
@@ -123,10 +130,7 @@ async def test_flush_now_writes_at_once_and_in_order(nats_url: str) -> None:
             await asyncio.sleep(0)
         await nc.flush()
         expected = [f"{r}.{x}".encode() for r in range(20) for x in "abc"]
-        for _ in range(100):
-            if len(got) == len(expected):
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: len(got) >= len(expected))
         assert got == expected
     finally:
         await nc.close()
@@ -137,10 +141,7 @@ async def test_flush_now_while_disconnected_keeps_the_data_for_the_reconnect(nat
     nc = await connect(nats_server.url, "urgent")
     try:
         nats_server.stop()
-        for _ in range(100):
-            if not nc.is_connected:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: not nc.is_connected)
         assert not nc.is_connected
         await nc.publish("later.x", b"kept")
         nc.flush_now()  # not connected: nothing written, nothing dropped
