@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 
+import nats
 import nats.errors
 import nats.js.errors
 import pytest
@@ -30,6 +31,24 @@ async def test_publish_acknowledges_like_nats_py(nc) -> None:
     assert not ours.duplicate
     again = await js.publish(subject, b"one", headers={"Nats-Msg-Id": "m-1"})
     assert again.duplicate and again.seq == ours.seq, "the de-duplication id is kept"
+    # SJA's client hands acknowledgements over from its read loop (an eager subscription).
+    assert js._ack_sub is not None and js._ack_sub._id in nc._eager
+
+
+async def test_publish_on_a_plain_nats_py_client(nc, nats_url: str) -> None:
+    """Without SJA's client (no eager subscriptions) the acknowledgements come through an ordinary
+    subscription, with the same results (``nc`` declares the streams)."""
+    plain_nc = await nats.connect(nats_url)
+    try:
+        js = jetstream(plain_nc, timeout=1.0)
+        ack = await js.publish(subjects.subjob_completed("j-plain"), b"x", headers={"Nats-Msg-Id": "p-1"})
+        assert ack.stream == subjects.STREAM_COMPLETIONS.name and not ack.duplicate
+        again = await js.publish(subjects.subjob_completed("j-plain"), b"x", headers={"Nats-Msg-Id": "p-1"})
+        assert again.duplicate and again.seq == ack.seq
+        with pytest.raises(nats.js.errors.NoStreamResponseError):
+            await js.publish("no.stream.listens.here", b"x")
+    finally:
+        await plain_nc.close()
 
 
 async def test_publish_raises_nats_py_errors(nc) -> None:
