@@ -65,20 +65,25 @@ def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
         c.stop()
 
 
+async def declare_settled(js: Any, replicas: int, timeout_s: float = 60.0) -> None:
+    """``ensure_jetstream`` on a cluster just started, tried again while its meta leader settles."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await ensure_jetstream(js, replicas=replicas)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def declare_replicated(url: str) -> dict[str, str]:
     """Every stream and bucket with three replicas; returns stream -> its leader's server name."""
     nc = await connect(url, "cluster-test")
     try:
         js = nc.jetstream()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                await ensure_jetstream(js, replicas=3)
-                break
-            except Exception:  # the meta leader may still be settling
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+        await declare_settled(js, replicas=3)
         leaders = {}
         for name in STREAMS:
             info = await js.stream_info(name)
@@ -355,15 +360,7 @@ def test_a_service_raises_one_copy_streams_to_three_and_they_outlive_a_server(
         nc = await connect(cluster.url, "one-copy-deployment")
         try:
             js = nc.jetstream()
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    await ensure_jetstream(js, replicas=1)
-                    break
-                except Exception:  # the meta leader may still be settling
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.5)
+            await declare_settled(js, replicas=1)
             slices, jobs = await stores(js)
             await slices.put(sl.slice_id, sl)
             await jobs.put(job.job_id, job)
