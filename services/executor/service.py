@@ -295,7 +295,23 @@ class ExecutorService(Service):
         keepalive = self.spawn(_keep_alive(msg))
         try:
             raw = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=limit)
-            result, carrier_out = decode(raw, tuple[RunResult, dict[str, str]])
+            try:
+                # From the slice's actor through Ray, not the bus: a training checkpoint in it can
+                # be far larger than a message may be (it goes on to the object store).
+                result, carrier_out = decode(raw, tuple[RunResult, dict[str, str]], max_bytes=None)
+            except DecodeError as e:
+                # Not the run's fault nor the slice's: running it again would read the same bytes.
+                log.error("subjob %s: the actor's result is unreadable: %s", sj.subjob_id, e)
+                now = time.time()
+                return RunResult(
+                    status="failed",
+                    units_done=0,
+                    peak_mem_mib=0.0,
+                    duration_s=round(now - started, 6),
+                    started_at=started,
+                    finished_at=now,
+                    error=f"the slice actor's result is unreadable: {e}",
+                ), carrier
             self.placements.append((sj.subjob_id, sj.slice_id, result.node_id))
             if ckpt.is_blob(result.output):
                 result = await self._store_checkpoint(sj, result)

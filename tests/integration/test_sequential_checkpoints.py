@@ -36,7 +36,7 @@ from services.clearer.service import ClearerService, ClearerSettings
 from services.executor.service import ExecutorService, ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
-from sja.bus.codec import decode, encode
+from sja.bus.codec import MAX_MESSAGE_BYTES, decode, encode
 from sja.bus.connection import connect
 from sja.bus.service import Service
 from sja.client import SjaClient
@@ -350,3 +350,23 @@ async def test_a_checkpoint_written_in_part_is_never_committed(
         assert [h.status for h in state.history].count("failed") == 1
         data = await committed(nc, state.accumulator)
         assert hashlib.sha256(data).hexdigest() == state.result["solution_sha256"]
+
+
+async def test_a_checkpoint_larger_than_a_message_goes_through_the_store(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A 1024 x 1024 grid is an 8 MiB checkpoint, twice what a message on the bus may hold: it comes
+    back from the slice's actor whole, is stored, and the next subjob starts from it."""
+    params = {"grid": 1024, "sweeps": 400, "seed": 4}
+    assert params["grid"] ** 2 * 8 >= 2 * MAX_MESSAGE_BYTES
+    async with running(nats_url, tmp_path, Actors()) as stack:
+        job = m.JobSpec(name="big", tenant="t", workload="jacobi", params=params)
+        job_id = (await stack.client.submit(job)).job_id
+        state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
+        assert state.status == "done", (state.status, state.error, [h.status for h in state.history])
+        assert state.result == run_in_one_piece("jacobi", params)
+        assert {h.status for h in state.history} == {"ok"}
+        ref = ckpt.unpack_ref(state.accumulator)
+        store = await stack.nc.jetstream().object_store(ckpt.BUCKET)
+        data = bytes((await store.get(ref.name)).data or b"")
+        assert len(data) == ref.size == params["grid"] ** 2 * 8 and ckpt.digest(data) == ref.sha256

@@ -44,10 +44,14 @@ def _decoder(typ: Any) -> msgspec.msgpack.Decoder[Any]:
     return msgspec.msgpack.Decoder(typ)
 
 
-def decode(data: bytes, typ: type[T]) -> T:
-    """Decode ``data`` as ``typ``; raise ``DecodeError`` naming the type and the bad field."""
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise DecodeError(_name(typ), f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+def decode(data: bytes, typ: type[T], max_bytes: int | None = MAX_MESSAGE_BYTES) -> T:
+    """Decode ``data`` as ``typ``; raise ``DecodeError`` naming the type and the bad field.
+
+    ``max_bytes`` bounds what is read from the bus; ``None`` for payloads that never travel on it
+    (a slice actor's result, whose checkpoint may be far larger: it goes to the object store).
+    """
+    if max_bytes is not None and len(data) > max_bytes:
+        raise DecodeError(_name(typ), f"message of {len(data)} bytes exceeds {max_bytes}")
     try:
         result: T = _decoder(typ).decode(data)  # type: ignore[arg-type]
     except msgspec.ValidationError as e:
