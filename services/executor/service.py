@@ -416,12 +416,33 @@ class ExecutorService(Service):
             error=r.error[:4000],
             executor_id=self.instance,
         )
+        payload = encode(c)
+        limit = self.nc.max_payload - COMPLETION_HEADROOM if self.nc is not None else len(payload)
+        if len(payload) > limit:
+            # Retrying could never publish it, and a subjob left unanswered would be judged lost
+            # and planned again for ever: the subjob fails instead, saying why.
+            log.error(
+                "subjob %s: completion of %d bytes is over the server's limit", sj.subjob_id, len(payload)
+            )
+            c = msgspec.structs.replace(
+                c,
+                status="failed",
+                units_done=0,
+                output_checkpoint=b"",
+                error=(
+                    f"the subjob's output ({len(r.output)} bytes) is larger than a message may be "
+                    f"({self.nc.max_payload if self.nc is not None else 0} bytes, the server's max_payload): "
+                    "a workload with large state returns it as a checkpoint blob, which goes to the "
+                    "object store"
+                ),
+            )
+            payload = encode(c)
         headers = dict(carrier)
         if not headers:
             propagate.inject(headers)
         headers["Nats-Msg-Id"] = f"{sj.subjob_id}:{sj.fence}"
         await self.jetstream.publish_until(
-            subjects.subjob_completed(sj.job_id), encode(c), headers, until=time.time() + COMPLETION_RETRY_S
+            subjects.subjob_completed(sj.job_id), payload, headers, until=time.time() + COMPLETION_RETRY_S
         )
 
     async def _free(self, sj: Subjob, held: slicelease.Held | None = None) -> None:
@@ -437,6 +458,10 @@ LOST_BECAUSE = {
 
 
 ACK_WAIT_S = 10.0
+
+COMPLETION_HEADROOM = 4096
+"""Bytes of a message left for its headers (trace context, de-duplication id) when a completion's
+size is checked against the server's ``max_payload``."""
 
 COMPLETION_RETRY_S = 60.0
 """How long a completion is tried again while ``SJA_COMPLETIONS`` cannot take it (no leader yet after

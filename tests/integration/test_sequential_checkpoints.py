@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -43,8 +43,8 @@ from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.execution.runner import run_subjob
 from sja.protocol import messages as m
+from sja.workloads import WORKLOADS, run_in_one_piece
 from sja.workloads import checkpoint as ckpt
-from sja.workloads import run_in_one_piece
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -370,3 +370,48 @@ async def test_a_checkpoint_larger_than_a_message_goes_through_the_store(
         store = await stack.nc.jetstream().object_store(ckpt.BUCKET)
         data = bytes((await store.get(ref.name)).data or b"")
         assert len(data) == ref.size == params["grid"] ** 2 * 8 and ckpt.digest(data) == ref.sha256
+
+
+class _BigOutput:
+    """A workload whose every subjob returns 2 MiB of output, not as a checkpoint blob."""
+
+    name: ClassVar[str] = "big-output"
+    sequential: ClassVar[bool] = False
+    framework: ClassVar[str] = "numpy"
+
+    def validate(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    def total_units(self, params: dict[str, Any]) -> int:
+        return 4
+
+    def declared_memory(self, params: dict[str, Any]) -> m.MemoryDecl:
+        return m.MemoryDecl(base_mib=8, per_unit_mib=1)
+
+    def declared_time(self, params: dict[str, Any]) -> m.TimeDecl:
+        return m.TimeDecl(warmup_s=0, per_unit_s=0.01)
+
+    def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
+        return bytes(2 * 1024 * 1024)
+
+    def merge(self, acc: bytes, partial: bytes) -> bytes:
+        return acc
+
+    def finalize(self, params: dict[str, Any], acc: bytes) -> dict[str, Any]:
+        return {}
+
+
+async def test_an_output_larger_than_a_message_fails_the_job_with_the_reason(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion the server could never take is not retried until the subjob is judged lost and
+    planned again (for ever): the subjob fails, saying why, and the job gives up after its failures."""
+    monkeypatch.setitem(WORKLOADS, _BigOutput.name, _BigOutput())
+    async with running(nats_url, tmp_path, Actors()) as stack:
+        job = m.JobSpec(name="big-out", tenant="t", workload="big-output")
+        job_id = (await stack.client.submit(job)).job_id
+        state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
+    assert state.status == "failed"
+    assert "larger than a message may be" in state.error and "(gave up)" in state.error
+    assert {h.status for h in state.history} == {"failed"}
+    assert len(state.history) == J.MAX_CONSECUTIVE_FAILURES
