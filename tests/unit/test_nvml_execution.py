@@ -12,13 +12,15 @@ from typing import Any, ClassVar
 import msgspec
 import pytest
 
+from sja.core import jobs as J
+from sja.core.planner import PlanLimits, plan_candidates
 from sja.execution.actor import actor_env, cuda_visible_devices, node_resource, node_resources, slice_resource
 from sja.execution.meters import NvmlProcessMeter, RssMeter
 from sja.execution.runner import is_oom, run_subjob
 from sja.inventory.declared import load_declared
 from sja.inventory.fake_nvml import FakeNvml
 from sja.inventory.nvml import discover
-from sja.protocol.messages import MemoryDecl, Subjob, TimeDecl
+from sja.protocol.messages import JobSpec, MemoryDecl, Subjob, TimeDecl, Window
 from sja.workloads import GPU, WORKLOADS, SpecError, run_in_one_piece, workload
 from sja.workloads import checkpoint as ckpt
 
@@ -300,3 +302,36 @@ def test_torch_subjob_on_the_cpu_is_measured_and_capped_after_the_fact() -> None
     assert r.peak_mem_mib > 30, "a 4000 x 2048 float64 activation is 62 MiB"
     capped = run_subjob(subjob("torch-infer", params, 4000, mem_cap_mib=8))
     assert capped.status == "oom" and "exceeded the slice's 8 MiB" in capped.error
+
+
+def test_gpu_jobs_are_declared_at_a_gpu_rate_and_can_start_on_a_quarter_of_a_gpu() -> None:
+    """At a CPU's rate a 2048-wide training step was declared 6.6 s, 26 s on a quarter of a GPU: no
+    window of the default horizon could hold even one, and the job stayed pending for ever."""
+    soft = discover(FakeNvml("h100-nomig"), node="n1", soft_slices="4").slices[0]
+    now = 1_000_000.0
+    window = Window(
+        slice_id=soft.slice_id,
+        node=soft.node,
+        pool=soft.pool,
+        gpu_model=soft.gpu_model,
+        profile=soft.profile,
+        mem_mib=soft.mem_mib,
+        compute_share=soft.compute_share,
+        start_s=now,
+        end_s=None,
+    )
+    limits = PlanLimits(mem_reserve_mib=1024.0, horizon_s=8.0)  # the agent's default horizon
+    jobs = {
+        "torch-train": {"steps": 3000, "batch_size": 512, "hidden": 2048},
+        "torch-infer": {"items": 400_000, "batch_size": 4096, "inputs": 512, "hidden": 2048},
+    }
+    for name, params in jobs.items():
+        w = workload(name)
+        for device in ("auto", "cuda"):
+            spec = JobSpec(name="g", tenant="t", workload=name, params={**params, "device": device})
+            state = J.new_job("g-1", spec, now, window_s=limits.horizon_s - limits.start_overhead_s)
+            req = J.plan_request(state, window, now, state.total_units)
+            assert plan_candidates(J.profile_of(state), req, limits, "jasda"), (name, device)
+        gpu = w.declared_time(w.validate({**params, "device": "cuda"}))
+        cpu = w.declared_time(w.validate({**params, "device": "cpu"}))
+        assert cpu.per_unit_s >= 100 * gpu.per_unit_s, (name, cpu, gpu)

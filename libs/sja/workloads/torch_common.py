@@ -10,6 +10,20 @@ from sja.workloads.base import SpecError
 
 DEVICES = ("auto", "cpu", "cuda")
 
+GPU_FLOPS = 2e12
+"""Floating-point operations a second a GPU is declared to sustain on these small fp32 models (a
+fraction of any data-centre GPU's rate: an H100 ran them far faster). A declaration only starts
+the job's time profile, which learns the real speed from the first subjobs; what it must not be is
+so slow that even one unit looks longer than a window: at a CPU's rate a 2048-wide training step
+would be declared 6.6 s, 26 s on a quarter of a GPU, and the job would never be planned."""
+
+
+def flops_per_s(device: str, cpu_flops: float) -> float:
+    """The rate a subjob on ``device`` is declared to run at: ``cpu_flops`` for ``cpu``, a GPU's
+    otherwise (``auto`` runs on the slice's GPU wherever there is one; on a slice with none, the
+    first subjobs may overrun their windows, are stopped at their cap and teach the profile)."""
+    return cpu_flops if device == "cpu" else GPU_FLOPS
+
 
 def import_torch() -> Any:
     # Imported by name: type checking must not need the optional dependency.

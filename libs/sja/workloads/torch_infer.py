@@ -15,7 +15,7 @@ import msgspec
 
 from sja.protocol.messages import MemoryDecl, TimeDecl
 from sja.workloads.base import check_known, int_param
-from sja.workloads.torch_common import device_param, import_torch, pick_device
+from sja.workloads.torch_common import device_param, flops_per_s, import_torch, pick_device
 
 _MIB = 1024 * 1024
 
@@ -58,7 +58,8 @@ class TorchInfer:
     def declared_time(self, params: dict[str, Any]) -> TimeDecl:
         i, h, c = params["inputs"], params["hidden"], params["classes"]
         flops = 2.0 * (i * h + h * h + h * c)
-        return TimeDecl(warmup_s=0.3, per_unit_s=max(flops / 1e9, 1e-6), rel_sd=0.5)
+        rate = flops_per_s(params["device"], 1e9)
+        return TimeDecl(warmup_s=0.3, per_unit_s=max(flops / rate, 1e-6), rel_sd=0.5)
 
     def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
         torch = import_torch()

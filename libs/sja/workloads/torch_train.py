@@ -19,7 +19,7 @@ import msgspec
 from sja.protocol.messages import MemoryDecl, TimeDecl
 from sja.workloads.base import check_known, int_param
 from sja.workloads.checkpoint import is_ref, pack_blob, summary_of, unpack_blob, where
-from sja.workloads.torch_common import device_param, import_torch, pick_device
+from sja.workloads.torch_common import device_param, flops_per_s, import_torch, pick_device
 
 _MIB = 1024 * 1024
 
@@ -73,7 +73,8 @@ class TorchTrain:
 
     def declared_time(self, params: dict[str, Any]) -> TimeDecl:
         flops = 6.0 * _param_count(params) * params["batch_size"]
-        return TimeDecl(warmup_s=0.5, per_unit_s=max(flops / 2e9, 1e-4), rel_sd=0.5)
+        rate = flops_per_s(params["device"], 2e9)
+        return TimeDecl(warmup_s=0.5, per_unit_s=max(flops / rate, 1e-4), rel_sd=0.5)
 
     def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
         torch = import_torch()
