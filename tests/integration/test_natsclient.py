@@ -156,3 +156,50 @@ async def test_flush_now_while_disconnected_keeps_the_data_for_the_reconnect(nat
         assert nc.pending_data_size == 0  # written on the reconnect, as the flusher would have
     finally:
         await nc.close()
+
+
+def record_bytes(nc: nats.aio.client.Client) -> bytearray:
+    """Everything the client writes to its socket, in order (``write`` and ``writelines``)."""
+    out = bytearray()
+    transport: Any = nc._transport
+    real_write, real_writelines = transport.write, transport.writelines
+
+    def write(data: bytes) -> None:
+        out.extend(data)
+        real_write(data)
+
+    def writelines(data: list[bytes]) -> None:
+        for chunk in data:
+            out.extend(chunk)
+        real_writelines(data)
+
+    transport.write, transport.writelines = write, writelines
+    return out
+
+
+async def test_flush_sends_what_is_queued_before_its_ping(nats_url: str) -> None:
+    """A subscription made just before ``flush()`` reaches the server before the PING, so the PONG
+    means the server has it: a request from another connection right after finds its responder.
+    (nats-py wrote the PING ahead of the queued SUB; a service answered "no responders" right
+    after its ``start()`` on a loaded machine.)"""
+    nc = await connect(nats_url, "responder")
+    requester = await nats.connect(nats_url)
+    try:
+        wire = record_bytes(nc)
+        for i in range(50):
+
+            async def answer(msg: Any) -> None:
+                await msg.respond(b"here")
+
+            subject = f"ready.{i}"
+            sub = await nc.subscribe(subject, queue="q", cb=answer)
+            await nc.flush(timeout=10)
+            sub_at = wire.rfind(f"SUB {subject} q ".encode())
+            ping_at = wire.rfind(b"PING\r\n")
+            assert 0 <= sub_at < ping_at, f"round {i}: the PING went out before the SUB"
+            reply = await requester.request(subject, b"?", timeout=10)
+            assert reply.data == b"here"
+            await sub.unsubscribe()
+    finally:
+        await nc.close()
+        await requester.close()

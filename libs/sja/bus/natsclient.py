@@ -23,6 +23,10 @@ loop's ready queue; ``Service.subscribe`` then hands it to a task of its own, at
 queue again. Under load that is two passes over every callback already due (completions folded in,
 grants materialized) before an offer is answered. An eager subscription's messages are handed to
 their callback by the read loop itself, in the order read.
+
+``flush()`` means what it says: nats-py writes its PING to the socket at once, ahead of the
+commands still queued for the flusher, so the PONG could come back before the server had read a
+subscription made just before; here what is queued is written first.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ _SPACE = re.compile(r"\s")
 
 
 class Client(nats.aio.client.Client):
-    """``nats.aio.client.Client`` whose flusher yields once before each write and which reads
-    header lines with less Python per line (see the module)."""
+    """``nats.aio.client.Client`` whose flusher yields once before each write, whose ``flush()``
+    writes what is queued before its PING, and which reads header lines with less Python per line
+    (see the module)."""
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
@@ -111,6 +116,14 @@ class Client(nats.aio.client.Client):
         self._transport.writelines(self._pending[:])
         self._pending = []
         self._pending_data_size = 0
+
+    async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
+        # nats-py writes the PING straight to the socket, ahead of the commands still pending (a
+        # SUB just made, a publish): its PONG, which ``flush()`` waits for, would then not mean
+        # that the server has them, and a request sent on another connection right after a
+        # service's ``start()`` could find no responder. What is pending goes first, in order.
+        self.flush_now()
+        await super()._send_ping(future)
 
     async def _flusher(self) -> None:
         # nats-py's ``Client._flusher`` with the one turn of the loop added.
