@@ -238,3 +238,21 @@ def test_uncounted_demand_offers_held_windows_at_once() -> None:
     assert pacer.due(ws, fences, 0.0) == []
     pacer.demand_changed()
     assert len(pacer.due(ws, fences, 0.01)) == 2
+
+
+def test_likely_winners_of_a_shared_batch_are_an_even_split_and_one_more_per_tenant() -> None:
+    """Ten windows among four tenants: at most ten jobs can win, so an agent holds back four of
+    each tenant (ten split evenly, rounded up, and one more), not ten of each."""
+    props = [proposal(i, "abcd"[i % 4], [(2.0, 1000.0, 1.0)], 1, float(i)) for i in range(60)]
+    got = likely_winners("fair", offer(0), props, 10, CFG)
+    per_tenant = {t: sum(1 for j in got if props[int(j[1:])].tenant == t) for t in "abcd"}
+    assert per_tenant == {"a": 4, "b": 4, "c": 4, "d": 4}
+    # The best of each tenant: the clearer's order within a tenant is the policy's own.
+    order = BID_ORDERS["fair"]
+    for t in "abcd":
+        mine = [p for p in props if p.tenant == t]
+        best = sorted(mine, key=lambda p: order.key(offer(0), p, CFG))[:4]
+        assert {p.job_id for p in best} == {j for j in got if props[int(j[1:])].tenant == t}
+    # One window: the one best of each tenant, as before; an overall order: ten in all.
+    assert len(likely_winners("fair", offer(0), props, 1, CFG)) == 4
+    assert len(likely_winners("efficiency", offer(0), props, 10, CFG)) == 10

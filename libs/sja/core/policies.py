@@ -686,14 +686,27 @@ def likely_winners(
     config: PolicyConfig | None = None,
 ) -> list[str]:
     """The jobs among ``proposals`` likely to win one of ``like_offers`` windows shaped like
-    ``offer``: the best ``like_offers`` per tenant (or overall) in the policy's order. Until the
-    batch is cleared an agent leaves them out of its next answers: the clearer would leave out a
-    job whose grant is on its way, and the bid would only take the place of one that can win.
-    Empty for a policy that cannot be foreseen."""
+    ``offer``: the best ``like_offers`` overall, in the policy's order; for a policy that ranks
+    each tenant's bids apart (``fair``, ``token``, ``jasda``), the best of each tenant for an even
+    split of the windows among the tenants bidding, and one more for a ledger that favours one
+    (``likely_per_tenant``). Until the batch is cleared an agent leaves them out of its next
+    answers: the clearer would leave out a job whose grant is on its way, and the bid would only
+    take the place of one that can win. Empty for a policy that cannot be foreseen."""
     order = BID_ORDERS.get(name)
     if order is None:
         return []
-    return [proposals[i].job_id for i in _best_per_part(order, offer, proposals, like_offers, config)]
+    k = like_offers
+    if order.per_tenant:
+        k = likely_per_tenant(like_offers, len({p.tenant for p in proposals}))
+    return [proposals[i].job_id for i in _best_per_part(order, offer, proposals, k, config)]
+
+
+def likely_per_tenant(like_offers: int, tenants: int) -> int:
+    """How many of each tenant's best bids may win one of ``like_offers`` windows when the clearer
+    shares them among ``tenants`` tenants. At most ``like_offers`` jobs win a batch's windows of one
+    shape: holding ``like_offers`` of every tenant back (``tenants`` times too many) left the
+    agent's later batches without bids while windows went unanswered."""
+    return min(like_offers, -(-like_offers // max(tenants, 1)) + 1)
 
 
 def _best_per_part(
