@@ -136,8 +136,11 @@ def ray_head(grpc_available: None) -> Iterator[tuple[str, dict[str, str], Path]]
         executor_env["SJA_RAY_ADDRESS"] = address.replace("ray-head:10001", f"127.0.0.1:{client_port}")
         yield executor_env["SJA_RAY_ADDRESS"], executor_env, log
     finally:
+        # As `docker stop` does: SIGTERM to the container's first process, `ray start --block` (the
+        # script execs it), which drains the node and stops the processes it started. A SIGTERM to
+        # the whole group would stop the GCS first, and `ray start` would then wait for it.
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
