@@ -31,7 +31,8 @@ first (``capped``: the duration ended the window):
 - ``grant_latency_p50/p99_ms``: ``cleared_at - opened_at`` of the round records (``SJA_ROUNDS``) of
   those grants: from the clearer receiving the offer to the grant (the compare-and-set included; ``_all``:
   every grant issued); ``offer_to_grant_*``:
-  from the advertiser issuing the offer (its window's start) to the grant; ``free_to_grant_*``: from the
+  from the advertiser issuing the offer (its window's start) to the grant (``_p99_ms_by_second``: the
+  p99 of each second of the window, which tells a pause from saturation); ``free_to_grant_*``: from the
   instant executor freeing a slice to that slice's next grant (what a real slice would idle through);
 - ``messages_per_grant``: nats-server ``/varz`` ``in_msgs + out_msgs`` deltas per grant (JetStream's
   API and replies included; this benchmark's own grant counter excluded);
@@ -199,6 +200,19 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def p99_by_second(samples: list[tuple[float, float]], t0: float, seconds: float) -> list[float]:
+    """The p99 of each whole second of the window starting at ``t0``, from ``(at, value)`` samples
+    (``nan`` for a second without one). A p99 of the window high because of one pause reads as one
+    high second; one high because the stack is saturated, as every second a little high."""
+    n = max(1, math.ceil(seconds))
+    buckets: list[list[float]] = [[] for _ in range(n)]
+    for at, value in samples:
+        i = int(at - t0)
+        if 0 <= i < n:
+            buckets[i].append(value)
+    return [round(pct(b, 99), 1) for b in buckets]
 
 
 async def raw_nats(url: str, n_msgs: int = 200_000, n_requests: int = 2000) -> dict[str, float]:
@@ -597,6 +611,9 @@ async def run(
         "grant_latency_all_p99_ms": round(pct(clear_all_ms, 99), 3),
         "offer_to_grant_p50_ms": round(pct(offer_ms, 50), 3),
         "offer_to_grant_p99_ms": round(pct(offer_ms, 99), 3),
+        "offer_to_grant_p99_ms_by_second": p99_by_second(
+            [(r.cleared_at, (r.cleared_at - r.window.start_s) * 1e3) for r in in_window], wall_start, window
+        ),
         "free_to_grant_p50_ms": round(pct(free_ms, 50), 3),
         "free_to_grant_p99_ms": round(pct(free_ms, 99), 3),
         "rounds_in_window": len(all_rounds),
