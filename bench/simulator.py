@@ -50,7 +50,6 @@ def main() -> None:
     ap.add_argument("--horizon-s", type=float, default=14400.0)
     ap.add_argument("--unit-s", type=float, default=600.0)
     ap.add_argument("--eps-mem", type=float, default=0.05)
-    ap.add_argument("--prior", default="window", choices=("core", "window"))
     ap.add_argument("--policy", default="efficiency")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -63,7 +62,6 @@ def main() -> None:
         horizon_s=args.horizon_s,
         unit_s=args.unit_s,
         eps_mem=args.eps_mem,
-        prior_typical=args.prior,
         bin_s=86400.0,
     )
 

@@ -11,6 +11,7 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import math
 import time
 
 from nats.aio.msg import Msg
@@ -22,7 +23,7 @@ from sja.bus.settings import BaseSettings
 from sja.bus.tracing import start_roots
 from sja.bus.watch import KvView
 from sja.core import leases
-from sja.core.windows import OfferPacer, WindowRequest, find_windows
+from sja.core.windows import OfferPacer, WindowRequest, find_windows, largest_by_pool
 from sja.protocol import subjects
 from sja.protocol.ids import new_id
 from sja.protocol.messages import MAX_BATCH_OFFERS, DemandChanged, Offer, OfferBatch, SliceState, Window
@@ -65,6 +66,7 @@ class AdvertiserService(Service):
         self.cfg = settings
         self.pools = {p for p in settings.pools.split(",") if p}
         self.view: KvView[SliceState] | None = None
+        self._largest: tuple[float, dict[str, int]] = (-math.inf, {})
         self.round = 0
         self.offers_published = 0
         self.pacer = OfferPacer(
@@ -173,6 +175,16 @@ class AdvertiserService(Service):
         self.lapsed += freed
         return freed
 
+    def _largest_by_pool(self, now: float) -> dict[str, int]:
+        """Each pool's largest slice (what windows carry as ``largest_mib``), read again once a
+        second: slices change memory only when a GPU is re-cut."""
+        assert self.view is not None
+        at, largest = self._largest
+        if now - at >= 1.0 or not largest:
+            largest = largest_by_pool(st for st, _ in self.view.entries.values())
+            self._largest = (now, largest)
+        return largest
+
     async def advertise_due(self, now: float) -> int:
         """Offer every free window that is new (slice just freed: its fence changed) or due again,
         one batch per pool."""
@@ -184,7 +196,11 @@ class AdvertiserService(Service):
         # slice id); windows are built for those only, not for every free slice on every pass.
         due_slices = self.pacer.due([slices[k] for k in self._free_order], self._free_fence, now)
         order = {s.slice_id: i for i, s in enumerate(due_slices)}
-        due = find_windows(due_slices, WindowRequest(now=now, horizon_s=self.cfg.horizon_s, open_ended=True))
+        largest = self._largest_by_pool(now)
+        due = find_windows(
+            due_slices,
+            WindowRequest(now=now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=largest),
+        )
         due.sort(key=lambda w: order[w.slice_id])
         by_pool: dict[str, list[Window]] = {}
         for w in due:

@@ -47,7 +47,7 @@ jobs = [
 ]
 out = {"compiled": accel.is_compiled(), "runs": {}}
 for policy in sys.argv[1:]:
-    cfg = SimConfig(prior_typical="window", horizon_s=3600.0, unit_s=60.0, eps_mem=0.2, policy=policy, seed=3)
+    cfg = SimConfig(horizon_s=3600.0, unit_s=60.0, eps_mem=0.2, policy=policy, seed=3)
     cluster = parse_cluster("1xA100-80GB:2g.20gb+2g.20gb+2g.20gb,1xA100-80GB:4g.40gb+3g.40gb,1xH100-80GB")
     engine = SjaEngine(cluster, jobs, cfg)
     engine.run()

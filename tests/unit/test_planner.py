@@ -17,6 +17,7 @@ from sja.core.planner import (
     largest_safe_size,
     materialize_size,
     plan_candidates,
+    plan_length,
     usable_memory,
     usable_time,
 )
@@ -153,11 +154,17 @@ def learned_cases(draw: st.DrawFn) -> Case:
 def assert_candidates_fit(case: Case, mode: str) -> None:
     req = case.req
     mem_cap = usable_memory(req.window, LIMITS)
-    length = usable_time(req.window, NOW, LIMITS)
+    length = plan_length(case.profile, req, LIMITS)
+    assert length >= usable_time(req.window, NOW, LIMITS)
     for c in plan_candidates(case.profile, req, LIMITS, mode):
         assert req.min_units <= c.size <= req.max_units
-        # P(peak > slice memory - reserve) <= eps_mem and P(duration > window) <= eps_time
-        assert c.p_fit_mem >= 1.0 - req.eps_mem, c
+        if case.profile.measuring:
+            # memory unknown: the smallest size, planned for the whole slice
+            assert c.size == req.min_units and c.mem_q_mib == mem_cap, c
+        else:
+            # P(peak > slice memory - reserve) <= eps_mem
+            assert c.p_fit_mem >= 1.0 - req.eps_mem, c
+        # P(duration > window) <= eps_time
         assert c.p_fit_time >= 1.0 - req.eps_time, c
         assert c.mem_q_mib <= mem_cap, c
         assert c.duration_q_s <= length, c

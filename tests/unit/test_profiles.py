@@ -42,7 +42,9 @@ def test_prior_centres_on_the_declaration() -> None:
     p = overestimating_profile()
     assert p.mem.mean(50) == pytest.approx(200.0 + 20.0 * 50)
     assert p.time.mean(50) == pytest.approx(1.0 + 0.1 * 50)
-    assert p.mem_quantile(50, Q) > p.mem.mean(50)
+    assert p.mem.upper(50, Q) > p.mem.mean(50)
+    # the declaration is a bound the job vouches for: the planner never asks for more
+    assert p.mem_quantile(50, Q) == pytest.approx(200.0 + 20.0 * 50)
     assert p.mem_quantile(50, 0.5) == pytest.approx(p.mem.mean(50))
     assert p.observations == 0
 
@@ -188,7 +190,10 @@ def test_fit_probabilities_are_monotone_in_the_cap() -> None:
     tprobs = [p.time_fit_probability(40, t, "3g.20gb", 3 / 7) for t in lengths]
     assert tprobs == sorted(tprobs)
     assert tprobs[0] == 0.0 and tprobs[-1] > 0.999
-    # the quantile and the fit probability agree
+    # the quantile and the fit probability agree (of the learned profile: within the declared
+    # bound the fit probability is 1)
+    assert p.mem_fit_probability(40, p.mem_quantile(40, Q)) == 1.0
+    p = dataclasses.replace(p, mem_bound=None)
     q = p.mem_quantile(40, Q)
     assert p.mem_fit_probability(40, q) == pytest.approx(Q, abs=1e-6)
     dq = p.duration_quantile(40, Q, "3g.20gb", 3 / 7)
@@ -319,7 +324,8 @@ def test_memory_prior_width_follows_the_declaration() -> None:
             TimeDecl(warmup_s=1.0, per_unit_s=1.0, rel_sd=0.3),
             typical_units=8,
         )
-        return p.mem_quantile(8, Q) / 10_000.0
+        assert p.mem_quantile(8, Q) == 10_000.0  # the declared bound caps the planner's quantile
+        return p.mem.upper(8, Q) / 10_000.0
 
     tight, default, loose = q95(0.1), q95(0.25), q95(0.8)
     assert tight < default < loose

@@ -534,9 +534,6 @@ def simulate(
     horizon_s: Annotated[float, typer.Option(help="Length of an offered window (virtual s).")] = 600.0,
     unit_s: Annotated[float, typer.Option(help="Seconds of a job's runtime per work unit.")] = 60.0,
     max_bidders: Annotated[int, typer.Option(help="Proposals collected per round (0: all jobs).")] = 32,
-    prior: Annotated[
-        str, typer.Option(help="core: the core's job prior; window: the proposed typical-size fix.")
-    ] = "core",
     speed_table: Annotated[
         Path | None, typer.Option(help="MISO mig_iter_time_summary.csv: measured slice speeds.")
     ] = None,
@@ -565,7 +562,6 @@ def simulate(
         horizon_s=horizon_s,
         unit_s=unit_s,
         max_bidders=max_bidders,
-        prior=prior,
         speed_table=speed_table,
         packing_demand=packing_demand,
         nodes=nodes,

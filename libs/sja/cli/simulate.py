@@ -45,7 +45,6 @@ def simulate_command(
     horizon_s: float = 600.0,
     unit_s: float = 60.0,
     max_bidders: int = 32,
-    prior: str = "core",
     speed_table: Path | None = None,
     packing_demand: float | None = None,
     nodes: Path | None = None,
@@ -73,7 +72,7 @@ def simulate_command(
             limit=limit,
             time_scale=time_scale,
             start_s=start_s,
-            cfg=_config(seed, overhead_s, eps_mem, horizon_s, unit_s, max_bidders, prior, speed_table),
+            cfg=_config(seed, overhead_s, eps_mem, horizon_s, unit_s, max_bidders, speed_table),
             out=out,
         )
     except SimulateError as e:
@@ -91,7 +90,6 @@ def _config(
     horizon_s: float,
     unit_s: float,
     max_bidders: int,
-    prior: str,
     speed_table: Path | None,
 ) -> SimConfig:
     if not 0.0 < eps_mem < 0.5:
@@ -100,15 +98,12 @@ def _config(
         raise SimulateError(f"--horizon-s must be positive, got {horizon_s}")
     if not unit_s > 0:
         raise SimulateError(f"--unit-s must be positive, got {unit_s}")
-    if prior not in ("core", "window"):
-        raise SimulateError(f"--prior must be 'core' or 'window', got {prior!r}")
     cfg = SimConfig(
         seed=seed,
         eps_mem=eps_mem,
         horizon_s=horizon_s,
         unit_s=unit_s,
         max_bidders=max_bidders,
-        prior_typical=prior,
     )
     if overhead_s is not None:
         if overhead_s < 0:
@@ -193,7 +188,7 @@ def _replay(
             "config": (
                 f"horizon {cfg.horizon_s:g} s, unit {cfg.unit_s:g} s, "
                 f"overhead {cfg.start_s:g}+{cfg.checkpoint_s:g} s, "
-                f"eps_mem {cfg.eps_mem:g}, eps_time {cfg.eps_time:g}, prior {cfg.prior_typical}, "
+                f"eps_mem {cfg.eps_mem:g}, eps_time {cfg.eps_time:g}, "
                 f"max_bidders {cfg.max_bidders}, reconfiguration {cfg.reconfig_s:g} s "
                 f"(repartitionable GPUs: {sum(1 for g in cluster.gpus if g.repartitionable)})"
             ),

@@ -18,7 +18,7 @@ from sja.core.planner import (
     largest_safe_size,
     materialize_size,
     plan_candidates,
-    usable_time,
+    plan_length,
 )
 from sja.core.policies import window_cost
 from sja.core.profiles import JobProfile
@@ -340,7 +340,7 @@ def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, a
     else:
         next_unit = start + size
     window = grant.window
-    time_cap = usable_time(window, now, limits) + limits.start_overhead_s
+    time_cap = plan_length(profile, req, limits) + limits.start_overhead_s
     seq = state.next_seq
     subjob = Subjob(
         subjob_id=f"{state.job_id}.s{seq}",
@@ -414,7 +414,7 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
     if c.status == "ok":
         acc = w.merge(acc, c.output_checkpoint) if not w.sequential else c.output_checkpoint
         units_done += c.units
-        profile.observe(c.units, c.peak_mem_mib, c.duration_s, profile_name, compute_share)
+        profile.observe(c.units, c.peak_mem_mib, c.duration_s, profile_name, compute_share, c.mem_cap_mib)
         failures = 0
     else:
         retry.append(UnitRange(start=flight.unit_start, count=flight.units))

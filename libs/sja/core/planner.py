@@ -5,6 +5,18 @@ per-subjob start overhead), a size ``k`` is *safe* when the job's ``1 - eps_mem`
 most ``M - reserve`` and its ``1 - eps_time`` duration quantile is at most ``T - overhead``, and no
 past OOM or timeout forbids it. SJA interest is "is there a safe ``k``"; JASDA proposes several safe
 sizes, each scored.
+
+Three rules make sure a job a rigid scheduler would run is never left waiting for ever:
+
+- the memory quantile is capped by the job's ceiling (its declaration, and the slices it completed
+  on: ``JobProfile.mem_ceiling``), so a job whose declared peak at ``min_units`` fits a slice's usable
+  memory is always safe there memory-wise;
+- an open-ended window (a free slice no reservation bounds) is as long as the planning horizon, or
+  as the job's smallest subjob needs at its ``1 - eps_time`` quantile when that is longer
+  (``plan_length``): a rigid scheduler would hold the slice for the whole job;
+- a job with no declared memory and no measured peak (``JobProfile.measuring``) is planned at its
+  smallest size only, on a slice at least as large as any of its pool (``Window.largest_mib``): a
+  measuring subjob, after which its measured peak plans it by quantile.
 """
 
 from __future__ import annotations
@@ -51,16 +63,41 @@ def usable_time(window: Window, now: float, limits: PlanLimits) -> float:
     return end - max(now, window.start_s) - limits.start_overhead_s
 
 
-def is_safe(profile: JobProfile, k: int, req: PlanRequest, limits: PlanLimits) -> bool:
+def plan_length(profile: JobProfile, req: PlanRequest, limits: PlanLimits) -> float:
+    """Seconds of the window a subjob may use (start overhead taken off). A bounded window gives
+    what is left of it; an open-ended one the planning horizon, or what the job's smallest subjob
+    needs at its ``1 - eps_time`` quantile when that is longer."""
+    w = req.window
+    length = usable_time(w, req.now, limits)
+    if w.end_s is None and req.min_units >= 1:
+        need = profile.duration_quantile(req.min_units, 1.0 - req.eps_time, w.profile, w.compute_share)
+        length = max(length, need)
+    return length
+
+
+def is_largest(window: Window) -> bool:
+    """Whether the window's slice is as large as any of its pool (``True`` when that is not known)."""
+    return window.largest_mib <= 0 or window.mem_mib >= window.largest_mib
+
+
+def is_safe(
+    profile: JobProfile, k: int, req: PlanRequest, limits: PlanLimits, length: float | None = None
+) -> bool:
+    """Whether size ``k`` fits the window with the stated probabilities (``length``: the window's
+    ``plan_length``, when the caller has it already)."""
     w = req.window
     mem_cap = usable_memory(w, limits)
-    length = usable_time(w, req.now, limits)
+    if length is None:
+        length = plan_length(profile, req, limits)
     if mem_cap <= 0 or length <= 0:
         return False
     bound = profile.max_size_under_bounds(mem_cap, length, w.compute_share)
     if bound is not None and k > bound:
         return False
-    if profile.mem_quantile(k, 1.0 - req.eps_mem) > mem_cap:
+    if profile.measuring:
+        if k > req.min_units or not is_largest(w):
+            return False
+    elif profile.mem_quantile(k, 1.0 - req.eps_mem) > mem_cap:
         return False
     return profile.duration_quantile(k, 1.0 - req.eps_time, w.profile, w.compute_share) <= length
 
@@ -72,11 +109,14 @@ def largest_safe_size(profile: JobProfile, req: PlanRequest, limits: PlanLimits)
     answer is re-checked so a non-monotone corner can only make the plan smaller, never unsafe.
     """
     lo, hi = req.min_units, req.max_units
-    if hi < lo or not is_safe(profile, lo, req, limits):
+    length = plan_length(profile, req, limits)
+    if hi < lo or not is_safe(profile, lo, req, limits, length):
         return None
+    if profile.measuring:
+        return lo
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if is_safe(profile, mid, req, limits):
+        if is_safe(profile, mid, req, limits, length):
             lo = mid
         else:
             hi = mid - 1
@@ -86,9 +126,11 @@ def largest_safe_size(profile: JobProfile, req: PlanRequest, limits: PlanLimits)
 def candidate(profile: JobProfile, k: int, req: PlanRequest, limits: PlanLimits) -> Candidate:
     w = req.window
     mem_cap = usable_memory(w, limits)
-    length = usable_time(w, req.now, limits)
+    length = plan_length(profile, req, limits)
     duration_mean = profile.duration_mean(k, w.profile, w.compute_share)
     mem_q = profile.mem_quantile(k, 1.0 - req.eps_mem)
+    if profile.measuring:  # unknown until measured: it may use all of the slice
+        mem_q = max(mem_cap, 0.0)
     p_mem = profile.mem_fit_probability(k, mem_cap)
     p_time = profile.time_fit_probability(k, length, w.profile, w.compute_share)
     fill_time = min(duration_mean / length, 1.0) if length > 0 else 0.0
@@ -117,7 +159,8 @@ def plan_candidates(profile: JobProfile, req: PlanRequest, limits: PlanLimits, m
         return [candidate(profile, k_max, req, limits)]
     sizes = _candidate_sizes(k_max, req.min_units, limits.candidate_fractions)
     # Quantiles need not be monotone in k after learning: every proposed size is checked itself.
-    cands = [candidate(profile, k, req, limits) for k in sizes if is_safe(profile, k, req, limits)]
+    length = plan_length(profile, req, limits)
+    cands = [candidate(profile, k, req, limits) for k in sizes if is_safe(profile, k, req, limits, length)]
     cands.sort(key=lambda c: (-c.score, -c.size))
     return cands
 

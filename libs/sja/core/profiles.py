@@ -24,6 +24,19 @@ It also sets a hard bound in ``JobProfile``: no size ``>= k`` is planned again u
 (an OOM) or into a window no longer than that length at that compute share (a timeout), until a
 completion at a size ``>= k`` within that cap or length shows the bound was noise (timeouts only;
 memory is nearly deterministic and an OOM bound stays).
+
+**Ceilings: what the job vouched for and what it showed.** The planner's memory quantile is never
+above the job's *memory ceiling* at that size (``JobProfile.mem_ceiling``), the smaller of
+
+- its declaration (``mem_bound``: ``base + per_unit * k``), a bound the user vouches for, as Slurm's
+  ``--mem`` or a Kubernetes memory limit: before any observation a job that declares most of a slice
+  is planned there at its declared size, not at a quantile of a prior around it;
+- the usable memory of a slice it completed a subjob of size ``>= k`` on (``proven``).
+
+So what the job learns only lowers its plans: a slice that holds its ceiling at a size always holds
+that size. A ceiling is dropped only when the job itself contradicts it: a measured peak above it,
+or an OOM under a cap at or above it (a declaration that was wrong is no longer a bound; the
+learned profile plans alone, as before).
 """
 
 from __future__ import annotations
@@ -457,6 +470,24 @@ class SpeedEstimate:
         self.n += 1
 
 
+PROVEN_KEPT = 8
+"""Proven (size, cap) pairs a profile keeps (the largest sizes win)."""
+
+UNKNOWN_MEMORY = MemoryDecl(base_mib=1024.0, per_unit_mib=0.0, rel_sd=2.0)
+"""The prior of a job that declares no memory: wide, and no bound (the job measures first)."""
+
+
+def _add_proven(proven: list[tuple[int, float]], size: int, cap: float) -> None:
+    """Adds "size ``<= size`` fits ``cap``" unless a pair with a size no smaller and a cap no larger
+    implies it; drops the pairs it implies; keeps the ``PROVEN_KEPT`` largest sizes."""
+    if any(s >= size and c <= cap for s, c in proven):
+        return
+    proven[:] = [(s, c) for s, c in proven if not (s <= size and c >= cap)]
+    proven.append((size, cap))
+    proven.sort(key=lambda sc: -sc[0])
+    del proven[PROVEN_KEPT:]
+
+
 def _add_bound(bounds: list[tuple[int, float]], size: int, limit: float) -> None:
     """Adds "size ``>= size`` exceeded ``limit``" unless a bound at a size no larger with a limit no
     smaller implies it; drops the bounds it implies."""
@@ -482,6 +513,12 @@ class JobProfile:
     ``>= k`` runs within it (durations are noisy: a stalled host, a slow neighbour can cause one
     timeout). A learned speed does not move the bound: on the very slice it overran, it is a fact."""
     observations: int = 0
+    mem_bound: tuple[float, float] | None = None
+    """(base, per unit) MiB: the declared peak ``base + per_unit * k`` the job vouches for (None: it
+    declared none, or a measurement contradicted it)."""
+    proven: list[tuple[int, float]] = field(default_factory=list)
+    """(size, cap): a subjob of this size completed within ``cap`` MiB of usable memory, so any size
+    no larger fits a cap no smaller (only the non-dominated pairs, at most ``PROVEN_KEPT``)."""
     _memo: dict[tuple[object, ...], float] | None = field(default=None, repr=False, compare=False)
     """Predictions already made, once ``freeze`` made the profile read-only (None: not remembered)."""
 
@@ -509,8 +546,17 @@ class JobProfile:
         return got
 
     @classmethod
-    def from_declaration(cls, mem: MemoryDecl, time: TimeDecl, typical_units: int) -> JobProfile:
+    def from_declaration(cls, mem: MemoryDecl | None, time: TimeDecl, typical_units: int) -> JobProfile:
+        """The prior a job starts from. ``mem`` is its declared peak memory, a bound it vouches for
+        (``mem_bound``); ``None``, or a declaration of nothing (0 MiB at every size), gives a wide
+        prior and no bound: the job is ``measuring`` until a first subjob's peak is measured."""
+        bound: tuple[float, float] | None = None
+        if mem is not None and (mem.base_mib > 0 or mem.per_unit_mib > 0):
+            bound = (float(mem.base_mib), float(mem.per_unit_mib))
+        else:
+            mem = UNKNOWN_MEMORY
         return cls(
+            mem_bound=bound,
             # Memory follows its declaration's confidence: a 50 % floor would make the planner ask
             # for 2.2x the declared peak at eps 0.05 before the first observation, and a job that
             # declares most of the largest slice could then never run and never learn.
@@ -530,14 +576,37 @@ class JobProfile:
 
     # --- predictions ------------------------------------------------------------------------------
 
+    @property
+    def measuring(self) -> bool:
+        """No declared bound and no measured peak yet: the job's memory is unknown, so its next
+        subjob is a measuring one (the smallest size, on the largest slice: see the planner)."""
+        return self.mem_bound is None and not self.proven and not any(b == 0.0 for _, _, b in self.mem.obs)
+
+    def mem_ceiling(self, k: int) -> float:
+        """The most memory a subjob of size ``k`` is planned for whatever the learned profile says:
+        the declared bound at ``k`` and the caps of completed subjobs no smaller (``inf``: none)."""
+        ceiling = math.inf
+        if self.mem_bound is not None:
+            ceiling = self.mem_bound[0] + self.mem_bound[1] * k
+        for size, cap in self.proven:
+            if size >= k and cap < ceiling:
+                ceiling = cap
+        return ceiling
+
     def mem_quantile(self, k: int, q: float) -> float:
-        """The ``q`` quantile of peak memory at ``k``, non-decreasing in ``k`` (``LinearPosterior.upper``)."""
-        return self._remembered(("mq", k, q), lambda: max(self.mem.upper(k, q), 0.0))
+        """The ``q`` quantile of peak memory at ``k``, non-decreasing in ``k`` (``LinearPosterior.upper``),
+        never above the ceiling at ``k`` (``mem_ceiling``)."""
+        return self._remembered(
+            ("mq", k, q), lambda: min(max(self.mem.upper(k, q), 0.0), self.mem_ceiling(k))
+        )
 
     def mem_fit_probability(self, k: int, cap_mib: float) -> float:
-        """P(peak <= cap) consistent with ``mem_quantile``: its q at which the quantile is the cap."""
+        """P(peak <= cap) consistent with ``mem_quantile``: its q at which the quantile is the cap
+        (1 where the ceiling at ``k`` is within the cap)."""
         if cap_mib < 0.0:
             return 0.0
+        if self.mem_ceiling(k) <= cap_mib:
+            return 1.0
         return self._remembered(("mp", k, cap_mib), lambda: self.mem.upper_cdf(k, cap_mib))
 
     def slowdown(self, profile: str, share: float) -> tuple[float, float]:
@@ -623,16 +692,41 @@ class JobProfile:
 
     # --- calibration ------------------------------------------------------------------------------
 
-    def observe(self, k: int, peak_mem_mib: float, duration_s: float, profile: str, share: float) -> None:
-        """A completed subjob: both measurements are exact observations."""
+    def observe(
+        self,
+        k: int,
+        peak_mem_mib: float,
+        duration_s: float,
+        profile: str,
+        share: float,
+        cap_mib: float = 0.0,
+    ) -> None:
+        """A completed subjob: both measurements are exact observations; ``cap_mib`` (the usable
+        memory it ran under, 0: unknown) proves that size fits that cap (``proven``)."""
         self._updating()
-        self.observe_memory(k, peak_mem_mib)
+        self.observe_memory(k, peak_mem_mib, cap_mib)
         self.observe_duration(k, duration_s, profile, share)
         self.observations += 1
 
-    def observe_memory(self, k: int, peak_mem_mib: float) -> None:
+    def observe_memory(self, k: int, peak_mem_mib: float, cap_mib: float = 0.0) -> None:
         self._updating()
+        self._contradict(k, peak_mem_mib, strict=True)
+        if cap_mib > 0.0 and peak_mem_mib <= cap_mib:
+            _add_proven(self.proven, k, cap_mib)
         self.mem.update(k, peak_mem_mib)
+
+    def _contradict(self, k: int, mib: float, *, strict: bool) -> None:
+        """The job needed more than ``mib`` at size ``k`` (``strict``: it needed exactly ``mib``, a
+        measured peak): drop the ceilings that said it would not."""
+        if self.mem_bound is not None:
+            at_k = self.mem_bound[0] + self.mem_bound[1] * k
+            if (mib > at_k) if strict else (mib >= at_k):
+                self.mem_bound = None
+        self.proven = [
+            (size, cap)
+            for size, cap in self.proven
+            if not (size >= k and ((mib > cap) if strict else (mib >= cap)))
+        ]
 
     def observe_duration(self, k: int, duration_s: float, profile: str, share: float) -> None:
         self._updating()
@@ -649,6 +743,7 @@ class JobProfile:
     def observe_oom(self, k: int, cap_mib: float, peak_seen_mib: float = 0.0) -> None:
         """Peak memory at size ``k`` exceeded ``cap_mib`` (censored from below)."""
         self._updating()
+        self._contradict(k, max(cap_mib, peak_seen_mib), strict=False)
         _add_bound(self.oom_bounds, k, cap_mib)
         self.mem.observe_censored(k, max(cap_mib, peak_seen_mib))
         self.observations += 1
@@ -671,6 +766,8 @@ class JobProfile:
             oom_bounds=list(self.oom_bounds),
             timeout_bounds=list(self.timeout_bounds),
             observations=self.observations,
+            mem_bound=self.mem_bound,
+            proven=list(self.proven),
         )
 
     # --- serialization ----------------------------------------------------------------------------
@@ -683,6 +780,8 @@ class JobProfile:
             oom_bounds=list(self.oom_bounds),
             timeout_bounds=list(self.timeout_bounds),
             observations=self.observations,
+            mem_bound=list(self.mem_bound) if self.mem_bound is not None else [],
+            proven=list(self.proven),
         )
 
     @classmethod
@@ -694,4 +793,8 @@ class JobProfile:
             oom_bounds=[(int(k), float(c)) for k, c in state.oom_bounds],
             timeout_bounds=[(int(k), float(c)) for k, c in state.timeout_bounds],
             observations=state.observations,
+            mem_bound=(float(state.mem_bound[0]), float(state.mem_bound[1]))
+            if len(state.mem_bound) == 2
+            else None,
+            proven=[(int(k), float(c)) for k, c in state.proven],
         )

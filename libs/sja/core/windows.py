@@ -29,13 +29,16 @@ class WindowRequest:
     """Also return windows that open when a running subjob is expected to end."""
     reservations: Mapping[str, float] | None = None
     """slice_id -> time a reservation starts: windows end there."""
+    largest_mib: Mapping[str, int] | None = None
+    """pool -> memory of its largest slice (``Window.largest_mib``); by default the largest among the
+    slices given to ``find_windows``."""
     open_ended: bool = False
     """A free slice that no reservation bounds gives an open-ended window (``end_s`` ``None``):
     the planner bounds it by the horizon from the moment it plans, so a window does not shrink
     while its offer, the clearing and the grant are on their way."""
 
 
-def window_of(s: SliceState, start: float, end: float | None) -> Window:
+def window_of(s: SliceState, start: float, end: float | None, largest_mib: int = 0) -> Window:
     return Window(
         slice_id=s.slice_id,
         node=s.node,
@@ -46,7 +49,17 @@ def window_of(s: SliceState, start: float, end: float | None) -> Window:
         compute_share=s.compute_share,
         start_s=start,
         end_s=end,
+        largest_mib=largest_mib,
     )
+
+
+def largest_by_pool(slices: Iterable[SliceState]) -> dict[str, int]:
+    """pool -> memory of its largest slice that is not offline."""
+    out: dict[str, int] = {}
+    for s in slices:
+        if s.status != "offline" and s.mem_mib > out.get(s.pool, 0):
+            out[s.pool] = s.mem_mib
+    return out
 
 
 def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Window]:
@@ -58,6 +71,8 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
     """
     out: list[Window] = []
     reservations = req.reservations or {}
+    slices = list(slices)
+    largest = dict(req.largest_mib) if req.largest_mib is not None else largest_by_pool(slices)
     for s in slices:
         if s.status == "free":
             start = req.now
@@ -73,7 +88,7 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
             end = min(start + req.horizon_s, reserved_at)
         elif req.open_ended and s.status == "free":
             end = None
-        out.append(window_of(s, start, end))
+        out.append(window_of(s, start, end, largest.get(s.pool, 0)))
     out.sort(key=lambda w: (w.start_s, w.slice_id))
     return out
 

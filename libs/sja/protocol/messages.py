@@ -139,6 +139,9 @@ class Window(Tokens, frozen=True, kw_only=True, gc=False):
     start_s: float
     end_s: float | None = None
     """``None``: open-ended; planners bound it by their own horizon."""
+    largest_mib: NonNegInt = 0
+    """Memory of the largest slice of the window's pool (0: not known): where a job whose memory is
+    unknown runs its measuring subjob."""
 
     @property
     def length_s(self) -> float | None:
@@ -481,6 +484,11 @@ class ProfileState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     oom_bounds: list[tuple[int, float]] = []
     timeout_bounds: list[tuple[int, float]] = []
     observations: int = 0
+    mem_bound: list[float] = []
+    """(base, per unit) MiB of the declared peak the job vouches for; empty: none (see
+    ``sja.core.profiles``)."""
+    proven: list[tuple[int, float]] = []
+    """(size, usable MiB) of completed subjobs: a size no larger fits a cap no smaller."""
 
 
 class UnitRange(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -75,6 +75,7 @@ from sja.protocol.messages import (
     SliceState,
     SubjobStatus,
     TimeDecl,
+    Window,
 )
 from sja.sim.cluster import slices_of
 from sja.sim.metrics import JobRecord, ScheduleRecorder
@@ -168,10 +169,6 @@ class SimConfig:
     bin_s: float = 3600.0
     """Width of the time bins of the utilization-over-time series."""
     lease_s: float = 30.0
-    prior_typical: str = "core"
-    """How a job's profile prior is scaled. ``core``: exactly ``core.jobs.new_job`` (typical subjob =
-    an eighth of the job). ``window``: the typical subjob is what fits one window at the declared speed,
-    the change proposed for ``new_job`` in ``docs/evaluation.md`` (results using it say so)."""
     reconfig_s: float = 5.0
     """Seconds a repartitionable GPU offers nothing while it is re-cut into another MIG layout
     (destroying and creating MIG instances, which needs the GPU idle, takes seconds; a cluster
@@ -239,6 +236,10 @@ class JobModel:
         """Mean real peak memory of a piece of ``units`` units (before noise)."""
         return self.true_mem_mib * ((1.0 - self.beta) + self.beta * units / self.k_ref)
 
+    def decl_peak(self, units: int) -> float:
+        """Declared peak memory of a piece of ``units`` units (the bound the job vouches for)."""
+        return self.decl_mem_mib * ((1.0 - self.beta) + self.beta * units / self.k_ref)
+
 
 def job_model(tj: TraceJob, cfg: SimConfig) -> JobModel:
     fraction = min(max(tj.gpu_fraction, 1e-3), 1.0)
@@ -282,10 +283,9 @@ def job_spec(m: JobModel, cfg: SimConfig) -> JobSpec:
 
 
 def sim_job(job_id: str, spec: JobSpec, now: float, cfg: SimConfig) -> JobState:
-    """A submitted job's state, as ``core.jobs.new_job`` makes it (see ``SimConfig.prior_typical``)."""
-    if cfg.prior_typical == "window":
-        return new_job(job_id, spec, now, window_s=cfg.horizon_s - cfg.start_s - cfg.checkpoint_s)
-    return new_job(job_id, spec, now)
+    """A submitted job's state, as ``core.jobs.new_job`` makes it in the gateway (its prior scaled
+    by what fits one planning window)."""
+    return new_job(job_id, spec, now, window_s=cfg.horizon_s - cfg.start_s - cfg.checkpoint_s)
 
 
 _BAD = re.compile(r"[^A-Za-z0-9_-]")
@@ -363,6 +363,19 @@ def repartition_kinds(cluster: SimCluster) -> dict[tuple[str, int, float], Slice
                 st = slice_state(s, 0)
                 kinds.setdefault((st.profile, st.mem_mib, st.compute_share), st)
     return kinds
+
+
+def unschedulable_reason(m: JobModel, largest_mib: int, cfg: SimConfig) -> dict[str, Any]:
+    """``{"unschedulable": True, "reason": ...}`` for a job whose declared peak at its smallest
+    subjob no slice of the cluster holds (what the gateway refuses at submission), else ``{}``."""
+    need = m.decl_peak(1)
+    usable = largest_mib - cfg.mem_reserve_mib
+    if need <= usable:
+        return {}
+    return {
+        "unschedulable": True,
+        "reason": f"declares {need:,.0f} MiB per GPU; the largest slice holds {usable:,.0f} MiB usable",
+    }
 
 
 def lognormal(rng: random.Random, sd: float) -> float:
@@ -457,8 +470,6 @@ class SjaEngine:
     """Runs SJA over a trace on a cluster. ``run()`` returns a ``SimResult``."""
 
     def __init__(self, cluster: SimCluster, jobs: Sequence[TraceJob], cfg: SimConfig) -> None:
-        if cfg.prior_typical not in ("core", "window"):
-            raise ValueError(f"prior_typical must be 'core' or 'window', got {cfg.prior_typical!r}")
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown SJA policy {cfg.policy!r} (known: {', '.join(sorted(POLICIES))})")
         if not cluster.slices:
@@ -507,6 +518,9 @@ class SjaEngine:
                 {k for k, st in self.kind_states.items() if st.gpu_model == cut.gpu.model}
             )
         self.kinds: list[WindowKind] = sorted({s.kind for s in self.slices} | set(self.kind_states))
+        largest = max(k[1] for k in self.kinds)
+        self.largest_by_pool = {"sim": largest}
+        """The largest slice any GPU offers (a repartitionable GPU's whole profile included)."""
         self.recorder = ScheduleRecorder(
             mem_capacity_mib=mem_capacity(cluster),
             compute_capacity=compute_capacity(cluster),
@@ -526,6 +540,7 @@ class SjaEngine:
                     duration_s=tj.duration_s,
                     work_gpu_s=m.work_gpu_s,
                     critical_path_s=m.work_gpu_s / (m.fraction * parallel),
+                    **unschedulable_reason(m, largest, cfg),
                 )
             )
         self.jobs: dict[str, _Job] = {}
@@ -623,7 +638,9 @@ class SjaEngine:
         now = self.now
         self.round_no += 1
         self.counters["rounds"] += 1
-        req = WindowRequest(now=now, horizon_s=self.cfg.horizon_s)
+        req = WindowRequest(
+            now=now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
+        )
         windows = find_windows([s.state], req)
         if not windows:
             return False
@@ -726,6 +743,9 @@ class SjaEngine:
         rate = min(s.speed, m.fraction)
         compute = units * cfg.unit_s * m.fraction / rate * lognormal(self.rng, cfg.time_noise_sd)
         peak = m.true_peak(units) * lognormal(self.rng, cfg.mem_noise_sd)
+        if m.true_mem_mib <= m.decl_mem_mib:
+            # An honest declaration is a bound (a memory limit the job keeps): noise stays under it.
+            peak = min(peak, m.decl_peak(units))
         compute_cap = max(time_cap_s - self.limits.start_overhead_s, 0.0)
         useful = 0.0
         status: SubjobStatus
@@ -797,6 +817,10 @@ class SjaEngine:
         if job.state.status in ("done", "failed", "cancelled"):
             if job.state.status == "done":
                 self.recorder.finish_job(job.model.trace.job_id, self.now)
+            else:
+                rec = self.recorder.jobs[job.model.trace.job_id]
+                rec.failed = True
+                rec.reason = job.state.error or job.state.status
             job.version += 1
             job.proposals.clear()
         else:
@@ -848,7 +872,10 @@ class SjaEngine:
         if kind in offers:
             return offers[kind]
         st = self.kind_states[kind]
-        window = find_windows([st], WindowRequest(now=self.now, horizon_s=self.cfg.horizon_s))[0]
+        req = WindowRequest(
+            now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
+        )
+        window = find_windows([st], req)[0]
         offers[kind] = Offer(
             offer_id="repartition",
             round=self.round_no,
@@ -983,6 +1010,10 @@ class SjaEngine:
             self._repartition()
 
     def run(self, progress: Progress | None = None) -> SimResult:
+        """Replay every arrival and completion. The loop does not end while a job that can still run
+        waits: with nothing left to happen, every waiting job is asked again for every free slice
+        (``_wake``); a job still waiting after that is recorded with the reason (it never happens
+        under the planner's rules, see ``core.planner``, and the tests hold it)."""
         arrivals = self.models
         next_arrival = 0
         events = 0
@@ -990,31 +1021,35 @@ class SjaEngine:
         stranded = 0.0
         next_progress = PROGRESS_EVERY
         last_t = arrivals[0].trace.submit_s if arrivals else 0.0
-        while next_arrival < len(arrivals) or self.events:
-            t_arr = arrivals[next_arrival].trace.submit_s if next_arrival < len(arrivals) else math.inf
-            t_evt = self.events[0][0] if self.events else math.inf
-            t = min(t_arr, t_evt)
-            self.recorder.add_stranded(stranded, t - last_t)
-            self.now = last_t = t
-            # Completions first (they free slices), then arrivals, all at time t; then one dispatch.
-            while self.events and self.events[0][0] <= t:
-                _, _, item = heapq.heappop(self.events)
-                events += 1
-                if isinstance(item, _Recut):
-                    self._finish_recut(item)
-                    continue
-                self._complete(item)
-                if item.job.state.status in ("done", "failed", "cancelled"):
-                    jobs_done += 1
-            while next_arrival < len(arrivals) and arrivals[next_arrival].trace.submit_s <= t:
-                self._arrive(arrivals[next_arrival], next_arrival)
-                next_arrival += 1
-                events += 1
-            self._dispatch()
-            stranded = self.idle_mem if self.waiting > 0 else 0.0
-            if progress is not None and events >= next_progress:
-                progress(events, jobs_done)
-                next_progress = events + PROGRESS_EVERY
+        while True:
+            while next_arrival < len(arrivals) or self.events:
+                t_arr = arrivals[next_arrival].trace.submit_s if next_arrival < len(arrivals) else math.inf
+                t_evt = self.events[0][0] if self.events else math.inf
+                t = min(t_arr, t_evt)
+                self.recorder.add_stranded(stranded, t - last_t)
+                self.now = last_t = t
+                # Completions first (they free slices), then arrivals, all at time t; then one dispatch.
+                while self.events and self.events[0][0] <= t:
+                    _, _, item = heapq.heappop(self.events)
+                    events += 1
+                    if isinstance(item, _Recut):
+                        self._finish_recut(item)
+                        continue
+                    self._complete(item)
+                    if item.job.state.status in ("done", "failed", "cancelled"):
+                        jobs_done += 1
+                while next_arrival < len(arrivals) and arrivals[next_arrival].trace.submit_s <= t:
+                    self._arrive(arrivals[next_arrival], next_arrival)
+                    next_arrival += 1
+                    events += 1
+                self._dispatch()
+                stranded = self.idle_mem if self.waiting > 0 else 0.0
+                if progress is not None and events >= next_progress:
+                    progress(events, jobs_done)
+                    next_progress = events + PROGRESS_EVERY
+            if not self._wake():
+                break
+        self._record_stuck()
         self.counters["events"] = events
         self.counters["jobs_done"] = jobs_done
         self.recorder.end_s = last_t
@@ -1024,7 +1059,46 @@ class SjaEngine:
             policy=f"sja:{self.cfg.policy}", recorder=self.recorder, counters=dict(self.counters)
         )
 
+    def _unfinished(self) -> list[_Job]:
+        return [j for j in self.jobs.values() if j.state.status not in ("done", "failed", "cancelled")]
+
+    def _wake(self) -> bool:
+        """Nothing is left to happen while jobs wait: ask every waiting job again for every free
+        slice. Returns whether a subjob started (the loop goes on)."""
+        waiting = self._unfinished()
+        if not waiting:
+            return False
+        self.counters["wakes"] = self.counters.get("wakes", 0) + 1
+        for job in waiting:
+            self._touch(job)
+        for s in self.slices:
+            if s.state.status == "free" and not s.retired:
+                self._set_idle(s, False)
+                self.fresh.add(s.idx)
+        self._dispatch()
+        return bool(self.events)
+
+    def _record_stuck(self) -> None:
+        """Give every job still waiting at the end its reason (what its planner says of the largest
+        slice)."""
+        for job in self._unfinished():
+            rec = self.recorder.jobs[job.model.trace.job_id]
+            largest = max(self.slices, key=lambda s: (s.state.mem_mib, s.state.compute_share))
+            req = WindowRequest(
+                now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
+            )
+            window = find_windows([msgspec.structs.replace(largest.state, status="free")], req)[0]
+            p = propose(job.state, _offer_of(window, self.now), self.now, self.limits)
+            rec.reason = (
+                f"never planned: no safe subjob even on the largest slice ({largest.state.profile}, "
+                f"{largest.state.mem_mib} MiB)"
+                if p is None
+                else f"left waiting with a plan for {largest.state.profile} (a simulator defect)"
+            )
+
     def _arrive(self, m: JobModel, idx: int) -> None:
+        if self.recorder.jobs[m.trace.job_id].unschedulable:
+            return  # refused at submission, as the gateway refuses it
         state = sim_job(f"j{idx}", job_spec(m, self.cfg), self.now, self.cfg)
         job = _Job(idx=idx, model=m, state=state)
         self.jobs[state.job_id] = job
@@ -1032,6 +1106,19 @@ class SjaEngine:
         self._touch(job)
         self._update_waiting(False, job)
         self.demand_epoch += 1
+
+
+def _offer_of(window: Window, now: float) -> Offer:
+    return Offer(
+        offer_id="check",
+        round=0,
+        window=window,
+        slice_fence=0,
+        slice_revision=0,
+        issued_at=now,
+        reply_by=now,
+        reply_to="sim",
+    )
 
 
 def run_sja(

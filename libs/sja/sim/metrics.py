@@ -54,6 +54,10 @@ class JobRecord:
     finish_s: float | None = None
     unschedulable: bool = False
     """No resource of the cluster can ever hold it under this scheduler."""
+    failed: bool = False
+    """The scheduler gave up on it (``reason`` says why)."""
+    reason: str = ""
+    """Why it is unschedulable, failed, or was left unfinished when the simulation ended."""
 
 
 @dataclass

@@ -53,8 +53,10 @@ OPENB_GPU_MEM_MIB: dict[str, int] = {
 OPENB_DEFAULT_GPU_MODEL = "V100M32"
 """GPU whose memory sizes an openb pod without ``gpu_spec`` (the declared memory of a whole GPU)."""
 
-FRACTION_GPU_MEM_MIB = A100_40GB.total_mem_mib
-"""GPU memory that a modeled fraction is a share of (ms-itp and generic CSV): an A100-40GB, 40960 MiB."""
+FRACTION_GPU_MEM_MIB = max(p.mem_mib for p in A100_40GB.profiles) - 256
+"""GPU memory that a modeled fraction is a share of (ms-itp and generic CSV): what one A100-40GB gives
+a job, its whole 7g.40gb instance less the 256 MiB driver reserve (39,936 MiB). A job asking for a
+whole such GPU declares exactly what one holds."""
 
 # Empirical distribution of gpu_milli over the single-GPU pods (num_gpu == 1, every pod phase) of
 # openb_pod_list_default.csv, 6,989 pods: (gpu_milli, count). Bundled rather than read at run time so a

@@ -20,7 +20,7 @@ from sja.sim.model import TraceJob
 from sja.sim.runner import metrics_of, parse_policies, run_policy
 
 CLUSTER = "2xA100-80GB:4g.40gb+2g.20gb+1g.20gb"
-CFG = SimConfig(prior_typical="window", horizon_s=600.0, unit_s=60.0, eps_mem=0.2)
+CFG = SimConfig(horizon_s=600.0, unit_s=60.0, eps_mem=0.2)
 
 
 def trace(n: int = 8, mem: float = 8000.0) -> list[TraceJob]:
@@ -72,12 +72,15 @@ def test_every_unit_completes_exactly_once_and_atomization_costs_time() -> None:
 
 
 def test_zero_overhead_is_cheaper_than_the_default() -> None:
+    # The overhead is paid per subjob on the slice: the same work holds slices longer with it. (The
+    # makespan of a greedy online schedule is not monotone in it: a placement made a moment
+    # earlier or later changes every later one.)
     jobs = trace()
     free = summarize(run(jobs, dataclasses.replace(CFG, start_s=0.0, checkpoint_s=0.0)).recorder)
     paid = summarize(run(jobs).recorder)
+    assert free["jobs_finished"] == paid["jobs_finished"] == len(jobs)
     assert free["overhead_s"] == 0.0
-    assert paid["overhead_s"] > 0.0
-    assert paid["makespan_s"] >= free["makespan_s"]
+    assert paid["overhead_s"] >= 15.0 * paid["subjobs"] - 5.0 * (paid["oom_count"] + paid["timeout_count"])
 
 
 def test_an_oom_is_replanned_and_the_job_still_finishes() -> None:
@@ -118,12 +121,11 @@ def test_bounded_and_unbounded_bidding_both_finish_everything() -> None:
         assert_units_exactly_once(engine)
 
 
-def test_core_prior_cannot_cut_long_jobs_into_short_windows() -> None:
-    # Documents a limit of the core's prior (docs/evaluation.md): new_job scales the profile prior by
-    # an eighth of the job, so a 100-hour job's one-unit quantile exceeds a 10-minute window.
+def test_a_long_job_is_cut_into_short_windows() -> None:
+    # The prior is scaled by what fits one planning window (as the gateway makes it): a 100-hour
+    # job's one-unit subjob fits a 10-minute window.
     long_job = TraceJob(job_id="long", submit_s=0.0, duration_s=100 * 3600.0, num_gpus=1, mem_mib=8000.0)
-    cfg = dataclasses.replace(CFG, prior_typical="core")
-    m = job_model(long_job, cfg)
+    m = job_model(long_job, CFG)
     cluster = parse_cluster("1xA100-80GB")
     window = find_windows(slice_states(cluster), WindowRequest(now=0.0, horizon_s=600.0))[0]
     offer = Offer(
@@ -136,10 +138,8 @@ def test_core_prior_cannot_cut_long_jobs_into_short_windows() -> None:
         reply_by=0.0,
         reply_to="x",
     )
-    limits = cfg.limits()
-    assert propose(sim_job("j0", job_spec(m, cfg), 0.0, cfg), offer, 0.0, limits) is None
-    fixed = dataclasses.replace(cfg, prior_typical="window")
-    assert propose(sim_job("j0", job_spec(m, fixed), 0.0, fixed), offer, 0.0, limits) is not None
+    p = propose(sim_job("j0", job_spec(m, CFG), 0.0, CFG), offer, 0.0, CFG.limits())
+    assert p is not None and p.candidates[0].size >= 1
 
 
 def test_policy_names() -> None:
@@ -170,7 +170,6 @@ def test_simulate_command_writes_metrics_and_a_report(tmp_path: Path) -> None:
         policies="fifo,easy,bestfit,sja,sja:fair",
         json_out=out,
         report_dir=tmp_path / "report",
-        prior="window",
         console=Console(file=io.StringIO()),
     )
     assert code == 0

@@ -30,7 +30,7 @@ SMALL = SliceDemand(9000.0, 1 / 7)
 """Fits a 1g.10gb slice of an A100-80GB and uses no more than its compute."""
 SEVEN_1G = ("1g.10gb",) * 7
 
-CFG = SimConfig(prior_typical="window", horizon_s=3600.0, unit_s=60.0, eps_mem=0.05)
+CFG = SimConfig(horizon_s=3600.0, unit_s=60.0, eps_mem=0.05)
 
 
 def small_jobs(n: int = 14) -> list[TraceJob]:
@@ -251,7 +251,6 @@ def test_cli_selects_repartitioning_through_the_cluster_spec(tmp_path: Path) -> 
             policies="bestfit,sja",
             json_out=out,
             report_dir=tmp_path / "report",
-            prior="window",
             horizon_s=3600.0,
             console=Console(file=io.StringIO()),
         )
