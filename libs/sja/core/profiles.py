@@ -743,7 +743,8 @@ class JobProfile:
     def observe_oom(self, k: int, cap_mib: float, peak_seen_mib: float = 0.0) -> None:
         """Peak memory at size ``k`` exceeded ``cap_mib`` (censored from below)."""
         self._updating()
-        self._contradict(k, max(cap_mib, peak_seen_mib), strict=False)
+        self._contradict(k, cap_mib, strict=False)
+        self._contradict(k, peak_seen_mib, strict=True)
         _add_bound(self.oom_bounds, k, cap_mib)
         self.mem.observe_censored(k, max(cap_mib, peak_seen_mib))
         self.observations += 1
