@@ -137,7 +137,7 @@ def _replay(
     out: Console,
 ) -> int:
     from sja.sim.cluster import parse_cluster
-    from sja.sim.runner import metrics_of, parse_policies, run_policy
+    from sja.sim.runner import comparability, compare, metrics_of, parse_policies, run_policy
     from sja.sim.trace import load_trace
 
     names = parse_policies(policies_text)
@@ -170,8 +170,17 @@ def _replay(
             fn: ProgressFn = tick
             results[name] = run_policy(name, cluster, jobs, cfg, fn)
             metrics[name] = metrics_of(results[name], jobs)
-    from sja.sim.report import metrics_table, write_report
+    compare(results, metrics)
+    from sja.sim.report import COMPLETION_METRICS, metrics_table, write_report
 
+    warning = comparability(metrics)
+    if warning:
+        out.print(f"[bold red]{warning}[/]", soft_wrap=True)
+    out.print(metrics_table(metrics, COMPLETION_METRICS), soft_wrap=True)
+    for name, m in metrics.items():
+        for kind, why in (m.get("reasons") or {}).items():
+            for text, n in why.items():
+                out.print(f"  {name}, {kind} ({n:,}): {text}", soft_wrap=True, markup=False)
     out.print(metrics_table(metrics), soft_wrap=True)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

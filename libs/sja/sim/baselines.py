@@ -8,9 +8,13 @@
   the head will not need then.
 - ``bestfit`` — static MIG: each single-GPU job goes to the smallest free slice of the fixed layout
   whose usable memory holds its declared memory, and runs slower on a slice with less compute than it
-  asked for; a job whose declaration no slice holds, and a multi-GPU job, takes that many entirely
-  free GPUs (all their slices). The queue is scanned in submission order and every job that fits is
-  placed (no head-of-line blocking, no reservation), as a Kubernetes-style pod scheduler does.
+  asked for. A process sees one MIG instance, so only a GPU that is one slice (MIG off) or that may be
+  re-cut (repartitionable) can give a job its whole memory: a job whose declaration no slice holds
+  takes such an entirely free GPU, and a multi-GPU job takes that many entirely free such GPUs, or
+  else one free slice holding its declaration on each of that many GPUs (a gang of MIG devices). A
+  job no placement can ever hold is unschedulable. The queue is scanned in submission order and every
+  job that fits is placed (no head-of-line blocking, no reservation), as a Kubernetes-style pod
+  scheduler does.
 
 **Repartitioning** (``bestfit`` only; ``fifo`` and ``easy`` give whole GPUs, whatever their layout):
 a GPU marked repartitionable whose slices are all free may be re-cut before the queue is scanned.
@@ -188,6 +192,12 @@ class RigidScheduler:
                     work_gpu_s=m.work_gpu_s,
                     critical_path_s=tj.duration_s,
                     unschedulable=not self.can_ever_run(m),
+                    reason=""
+                    if self.can_ever_run(m)
+                    else (
+                        f"needs {self.need_of(m)} GPU(s) of {m.true_mem_mib:,.0f} MiB; the cluster has "
+                        f"{len(self.gpu_units)}, the largest holding {self.max_gpu_usable:,.0f} MiB usable"
+                    ),
                 )
             )
 
@@ -475,8 +485,41 @@ class BestFitMigScheduler(RigidScheduler):
         self.by_fit: list[int] = []
         self.units_changed()
         self.max_slice_usable = max(u.mem_mib for u in self.units) - self.reserve
+        poolable = [g for g in self.gpu_units if self.poolable(g)]
+        self.max_pool_usable = max((self.pool_usable(g) for g in poolable), default=0.0)
+        """Most memory an entirely free GPU gives one job (0: no GPU can be pooled)."""
         if self.cuts:  # a re-cut can make the largest profile out of any repartitionable GPU
-            self.max_slice_usable = max(self.max_slice_usable, self.max_gpu_usable)
+            self.max_slice_usable = max(self.max_slice_usable, self.max_pool_usable)
+        for m in self.models:
+            rec = self.recorder.jobs[m.trace.job_id]
+            if not rec.unschedulable and not self.can_place_ever(m):
+                rec.unschedulable = True
+                rec.reason = (
+                    f"declares {m.decl_mem_mib:,.0f} MiB per GPU on {self.need_of(m)} GPU(s); the largest "
+                    f"slice holds {self.max_slice_usable:,.0f} MiB usable and MIG instances do not pool"
+                )
+
+    def poolable(self, g: int) -> bool:
+        """Whether one job can have GPU ``g``'s whole memory: it is one slice, or it may be re-cut."""
+        return len(self.gpu_units[g]) == 1 or g in self.cuts
+
+    def pool_usable(self, g: int) -> float:
+        if g in self.cuts:
+            whole = max(gpu_model(self.cuts[g].gpu.model).profiles, key=lambda p: p.mem_mib)
+            return whole.mem_mib - self.reserve
+        return self.gpu_mem[g] - self.reserve
+
+    def can_place_ever(self, m: JobModel) -> bool:
+        """Whether some placement of this scheduler can hold the job's declaration."""
+        need, decl = self.need_of(m), m.decl_mem_mib
+        if need == 1:
+            return decl <= self.max_slice_usable or self.max_pool_usable > 0.0
+        hosts = sum(
+            1
+            for g, us in self.gpu_units.items()
+            if self.poolable(g) or any(self.units[u].mem_mib - self.reserve >= decl for u in us)
+        )
+        return hosts >= need
 
     def units_changed(self) -> None:
         self.by_fit = sorted(
@@ -494,13 +537,25 @@ class BestFitMigScheduler(RigidScheduler):
                     return True
             if w.decl_mem_mib <= self.max_slice_usable:
                 return False  # a slice could hold it once one frees: wait for it
-        # No slice holds it, or it wants several GPUs: that many entirely free GPUs.
-        free = self.free_gpus(min(w.decl_mem_mib, self.max_gpu_usable))
-        if len(free) < w.need:
+        # No slice holds it, or it wants several GPUs: that many entirely free GPUs that can be
+        # pooled, or else (several GPUs) a free slice holding it on each of that many GPUs.
+        free = [g for g in self.free_gpus(min(w.decl_mem_mib, self.max_pool_usable)) if self.poolable(g)]
+        taken: list[int] = []
+        if len(free) >= w.need:
+            taken = [u for g in free[: w.need] for u in self.gpu_units[g]]
+        elif w.need > 1:
+            per_gpu: dict[int, int] = {}
+            for i in free_by_fit:
+                u = self.units[i]
+                if u.mem_mib - self.reserve >= w.decl_mem_mib:
+                    per_gpu.setdefault(u.gpu, i)
+            if len(per_gpu) >= w.need:
+                taken = sorted(per_gpu.values(), key=free_by_fit.index)[: w.need]
+        if not taken:
             return False
-        taken = [u for g in free[: w.need] for u in self.gpu_units[g]]
         self.start(w, taken)
-        free_by_fit[:] = [i for i in free_by_fit if i not in set(taken)]
+        taken_set = set(taken)
+        free_by_fit[:] = [i for i in free_by_fit if i not in taken_set]
         return True
 
     def schedule(self) -> None:

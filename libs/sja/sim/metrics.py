@@ -11,11 +11,17 @@ Definitions (also in ``docs/evaluation.md``):
 - **makespan lower bound** — ``max(total work / compute capacity, max_j (submit_j - t0 + cp_j))`` where
   ``cp_j`` is job ``j``'s critical path: its trace duration divided by the parallelism the scheduler may
   give it beyond its request (1 for the rigid baselines). Neither term can be beaten by any schedule.
-- **utilization** — completed work (GPU-seconds at full-GPU speed) over compute capacity times makespan.
-  Every policy completes the same work when every job finishes, so this is the inverse of the makespan;
+- **utilization** — the share of the cluster's compute, from the first submission to the end of the
+  run, that did work which completed (GPU-seconds at full-GPU speed over capacity times that span):
+  the same for every policy, and when every job finishes, the inverse of the makespan.
   ``alloc_utilization`` (slice compute share held, overheads and lost work included) and
   ``mem_utilization`` (real peak memory held over memory capacity) show how the capacity was spent.
-- **wait** — first start minus submission; **JCT** — finish minus submission (finished jobs only).
+- **completion** — ``jobs_finished``, ``jobs_failed`` (given up, with a reason), ``jobs_unfinished``
+  (still waiting or running when the run ended) and ``jobs_unschedulable`` (no placement of the
+  scheduler can ever hold them, with a reason). ``makespan_s`` is ``None`` while a job is unfinished.
+- **wait** — first start minus submission; **JCT** — finish minus submission, over finished jobs;
+  ``sja.sim.runner.run_comparison`` adds ``*_common`` figures over the jobs every compared policy
+  finished, the only JCTs that compare runs whose finished sets differ.
 - **slowdown** — JCT over the job's trace duration.
 - **fragmentation** — time-averaged fraction of the cluster's memory (over the whole simulated span)
   that was free while jobs were waiting, but in slices no waiting job could use (for SJA: free slices
@@ -218,12 +224,14 @@ def summarize(rec: ScheduleRecorder, extra: dict[str, Any] | None = None) -> dic
         makespan = max(j.finish_s for j in finished if j.finish_s is not None) - t0
     else:
         makespan = 0.0
-    span_compute = rec.compute_capacity * makespan
-    span_mem = rec.mem_capacity_mib * makespan
-    # Stranded memory is integrated over the whole simulation, which outlasts the makespan when some
-    # job never finishes.
+    # Every ratio is over the whole simulated span (first submission to the last event), which
+    # outlasts the makespan when some job never finishes: the same denominator for every policy.
     t_first = min((j.submit_s for j in jobs if not j.unschedulable), default=0.0)
-    simulated_mem = rec.mem_capacity_mib * max(makespan, rec.end_s - t_first)
+    span = max(makespan, rec.end_s - t_first)
+    span_compute = rec.compute_capacity * span
+    span_mem = rec.mem_capacity_mib * span
+    simulated_mem = span_mem
+    unfinished = sum(1 for j in jobs if j.finish_s is None and not j.unschedulable and not j.failed)
     by_tenant: dict[str, list[float]] = {}
     for j in finished:
         if j.finish_s is not None and j.finish_s > j.submit_s:
@@ -232,7 +240,8 @@ def summarize(rec: ScheduleRecorder, extra: dict[str, Any] | None = None) -> dic
     out: dict[str, Any] = {
         "jobs": len(jobs),
         "jobs_finished": len(finished),
-        "jobs_unfinished": sum(1 for j in jobs if j.finish_s is None and not j.unschedulable),
+        "jobs_failed": sum(1 for j in jobs if j.failed),
+        "jobs_unfinished": unfinished,
         "jobs_unschedulable": sum(1 for j in jobs if j.unschedulable),
         "utilization": rec.useful_gpu_s / span_compute if span_compute > 0 else 0.0,
         "alloc_utilization": rec.alloc_time / span_compute if span_compute > 0 else 0.0,
@@ -247,7 +256,7 @@ def summarize(rec: ScheduleRecorder, extra: dict[str, Any] | None = None) -> dic
         "p99_wait_s": percentile(wait, 99),
         "mean_slowdown": float(np.mean(slowdown)) if slowdown else math.nan,
         "p95_slowdown": percentile(slowdown, 95),
-        "makespan_s": makespan,
+        "makespan_s": makespan if unfinished == 0 else math.nan,
         "makespan_lower_bound_s": makespan_lower_bound(jobs, rec.compute_capacity),
         "fragmentation": rec.stranded_mem_time / simulated_mem if simulated_mem > 0 else 0.0,
         "oom_count": rec.oom_count,
@@ -266,6 +275,41 @@ def summarize(rec: ScheduleRecorder, extra: dict[str, Any] | None = None) -> dic
     if extra:
         out.update(extra)
     return out
+
+
+def reasons(rec: ScheduleRecorder, limit: int = 5) -> dict[str, dict[str, int]]:
+    """The most common reasons, with their counts, for unschedulable, failed and unfinished jobs."""
+    out: dict[str, dict[str, int]] = {}
+    for j in rec.jobs.values():
+        if j.unschedulable:
+            kind = "unschedulable"
+        elif j.failed:
+            kind = "failed"
+        elif j.finish_s is None:
+            kind = "unfinished"
+        else:
+            continue
+        bucket = out.setdefault(kind, {})
+        why = j.reason or "no reason recorded"
+        bucket[why] = bucket.get(why, 0) + 1
+    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])[:limit]) for k, v in out.items()}
+
+
+def finished_ids(rec: ScheduleRecorder) -> set[str]:
+    return {j.job_id for j in rec.jobs.values() if j.finish_s is not None}
+
+
+def common_jct(rec: ScheduleRecorder, common: set[str]) -> dict[str, float]:
+    """Mean and p95 JCT and wait over the jobs of ``common`` (finished under every compared policy)."""
+    jobs = [j for j in rec.jobs.values() if j.job_id in common and j.finish_s is not None]
+    jct = [j.finish_s - j.submit_s for j in jobs if j.finish_s is not None]
+    wait = [j.first_start_s - j.submit_s for j in jobs if j.first_start_s is not None]
+    return {
+        "jobs_common": len(jobs),
+        "mean_jct_common_s": float(np.mean(jct)) if jct else math.nan,
+        "p95_jct_common_s": percentile(jct, 95),
+        "mean_wait_common_s": float(np.mean(wait)) if wait else math.nan,
+    }
 
 
 def jct_values(rec: ScheduleRecorder) -> list[float]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from sja.sim.engine import SimResult
 from sja.sim.metrics import jct_values
+from sja.sim.runner import comparability
 
 BAR_METRICS: tuple[tuple[str, str], ...] = (
     ("utilization", "utilization (useful work / capacity x makespan)"),
@@ -21,10 +22,20 @@ BAR_METRICS: tuple[tuple[str, str], ...] = (
     ("overhead_s", "atomization overhead (slice-s)"),
 )
 
-TABLE_METRICS: tuple[str, ...] = (
+COMPLETION_METRICS: tuple[str, ...] = (
     "jobs_finished",
+    "jobs_failed",
     "jobs_unfinished",
     "jobs_unschedulable",
+)
+
+TABLE_METRICS: tuple[str, ...] = (
+    "jobs_finished",
+    "jobs_failed",
+    "jobs_unfinished",
+    "jobs_unschedulable",
+    "mean_jct_common_s",
+    "p95_jct_common_s",
     "utilization",
     "alloc_utilization",
     "mem_utilization",
@@ -79,13 +90,15 @@ def write_report(
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, r in results.items():
+        # Over every job the scheduler could run: a curve that ends below 1 left jobs unfinished.
         jct = jct_values(r.recorder)
-        if jct:
-            ys = [(i + 1) / len(jct) for i in range(len(jct))]
+        total = sum(1 for j in r.recorder.jobs.values() if not j.unschedulable)
+        if jct and total:
+            ys = [(i + 1) / total for i in range(len(jct))]
             ax.step(jct, ys, where="post", label=name)
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (s)")
-    ax.set_ylabel("fraction of finished jobs")
+    ax.set_ylabel("fraction of schedulable jobs finished")
     ax.set_title("JCT CDF")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -124,6 +137,15 @@ def write_report(
 
     synthetic = sorted({f for m in metrics.values() for f in m.get("synthetic_fields", [])})
     lines = ["# Simulation report", ""]
+    warning = comparability(metrics)
+    if warning:
+        lines += [f'<p style="color:red"><b>{warning}</b></p>', ""]
+    lines += ["## Completion", "", metrics_table(metrics, COMPLETION_METRICS), ""]
+    for name, m in metrics.items():
+        for kind, why in (m.get("reasons") or {}).items():
+            for text, n in why.items():
+                lines.append(f"- {name}, {kind} ({n:,}): {text}")
+    lines.append("")
     for k, v in meta.items():
         lines.append(f"- **{k}**: {v}")
     if synthetic:

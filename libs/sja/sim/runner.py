@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sja.core.policies import POLICIES
 from sja.sim.baselines import BASELINES, run_baseline
 from sja.sim.engine import Progress, SimConfig, SimResult, run_sja
-from sja.sim.metrics import summarize
+from sja.sim.metrics import common_jct, finished_ids, reasons, summarize
 from sja.sim.model import SimCluster, TraceJob
 
 DEFAULT_SJA_POLICY = "efficiency"
@@ -110,4 +110,35 @@ def run_comparison(
         progress = progress_for(name) if progress_for is not None else None
         results[name] = run_policy(name, cluster, jobs, cfg, progress)
         metrics[name] = metrics_of(results[name], jobs)
+    compare(results, metrics)
     return results, metrics
+
+
+def compare(results: Mapping[str, SimResult], metrics: dict[str, dict[str, Any]]) -> None:
+    """Add to each policy's metrics what makes runs comparable: ``comparable`` (every policy finished
+    the same jobs), the JCT and wait over the jobs every policy finished (``*_common``), and the
+    reasons jobs were left out (``reasons``)."""
+    finished = {name: finished_ids(r.recorder) for name, r in results.items()}
+    common = set.intersection(*finished.values()) if finished else set()
+    same = len({frozenset(f) for f in finished.values()}) <= 1
+    for name, r in results.items():
+        metrics[name]["comparable"] = same
+        metrics[name].update(_finite(common_jct(r.recorder, common)))
+        metrics[name]["reasons"] = reasons(r.recorder)
+
+
+def comparability(metrics: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line saying why the runs' JCTs do not compare ("" when they do)."""
+    if all(m.get("comparable", True) for m in metrics.values()):
+        return ""
+    parts = [
+        f"{name} finished {m['jobs_finished']:,} (unfinished {m['jobs_unfinished']:,}, failed "
+        f"{m.get('jobs_failed', 0):,}, unschedulable {m['jobs_unschedulable']:,})"
+        for name, m in metrics.items()
+    ]
+    common = next(iter(metrics.values())).get("jobs_common", 0)
+    return (
+        "NOT COMPARABLE: the policies finished different sets of jobs; mean_jct_s and mean_wait_s are "
+        f"over different jobs. Compare *_common (the {common:,} jobs every policy finished). "
+        + "; ".join(parts)
+    )

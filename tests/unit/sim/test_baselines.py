@@ -87,12 +87,21 @@ def test_jobs_larger_than_the_cluster_are_unschedulable_for_rigid_baselines() ->
     assert m["jobs_finished"] == 1
 
 
-def test_bestfit_gives_a_declaration_no_slice_holds_an_entire_gpu_at_full_speed() -> None:
-    cluster = parse_cluster("2xA100-80GB:4g.40gb+2g.20gb+1g.20gb")
+def test_bestfit_gives_a_declaration_no_slice_holds_an_entire_gpu_only_where_one_can_have_it() -> None:
+    # A process sees one MIG instance: on a fixed layout no job has a GPU's whole memory.
     trace = [
         TraceJob(job_id="whole", submit_s=0, duration_s=10, num_gpus=1, mem_mib=60000.0),
         TraceJob(job_id="two", submit_s=1, duration_s=10, num_gpus=2, mem_mib=8000.0),
     ]
-    s = starts(run_baseline("bestfit", cluster, trace, CFG))
-    assert s["whole"] == (0, 10)  # all three slices of one GPU, as one full-speed GPU
-    assert s["two"] == (10, 20)  # needs both GPUs entirely free
+    fixed = run_baseline("bestfit", parse_cluster("2xA100-80GB:4g.40gb+2g.20gb+1g.20gb"), trace, CFG)
+    s = starts(fixed)
+    assert s["whole"] == (None, None)
+    rec = fixed.recorder.jobs["whole"]
+    assert rec.unschedulable and "largest slice holds 39,936 MiB" in rec.reason
+    # a gang of MIG devices: the smallest slice holding 8 GB on each GPU (1g.20gb: a seventh of the
+    # compute, so 7x the trace's duration)
+    assert s["two"] == (1, 71)
+    # MIG off (one slice per GPU), or a GPU that may be re-cut: an entire GPU at full speed.
+    for spec in ("2xA100-80GB", "2xA100-80GB:4g.40gb+2g.20gb+1g.20gb~repart=0"):
+        s = starts(run_baseline("bestfit", parse_cluster(spec), trace, CFG))
+        assert s["whole"] == (0, 10), spec
