@@ -27,17 +27,9 @@ from sja.bus.settings import BaseSettings
 from sja.bus.tracing import ROOT, child_span, extract, inject, is_sampled, item_contexts, publish
 from sja.core import jobs as J
 from sja.core import leases
-from sja.core.bidbook import BidBook
+from sja.core.bidder import Bidder
 from sja.core.planner import PlanLimits
-from sja.core.policies import (
-    BID_ORDERS,
-    POLICIES,
-    PolicyConfig,
-    bid_for,
-    likely_winners,
-    shortlist,
-    shortlist_size,
-)
+from sja.core.policies import POLICIES, PolicyConfig
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
@@ -68,8 +60,6 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.agent")
 
 JOBS_CONSUMER = "agents"
-PLAN_CACHE_LIMIT = 64
-"""Window shapes (and policies) a job's plans are remembered for at its current state."""
 MAX_POOLS = 10_000
 """Pools whose policy an agent remembers (bounded against outcomes naming made-up pools)."""
 MAX_AGENTS_SEEN = 10_000
@@ -132,23 +122,15 @@ class AgentService(Service):
             horizon_s=settings.horizon_s,
         )
         self.owned: dict[str, tuple[JobState, int]] = {}
-        self._plans: dict[str, dict[tuple[object, ...], Proposal | None]] = {}
-        """job id -> its answer per window shape and policy at its current state (dropped when the
-        job moves to another state, ``_own``)."""
         self.policy_config = PolicyConfig(horizon_s=settings.horizon_s)
+        self.bidder = Bidder(self.limits, self.policy_config)
+        """What the jobs this agent owns bid (``core.bidder``): memoized plans, shortlists, the jobs
+        that sit out."""
         self.policy_of: dict[str, str] = {}
         """pool -> the policy its clearer clears with, as the last outcome from it said."""
-        self._bidding: dict[str, tuple[float, list[str]]] = {}
-        """Batches answered and not yet cleared: key -> (when, the jobs likely to win there)."""
-        self._likely: dict[str, int] = {}
-        """job id -> open batches where it is likely to win (it sits out the batches meanwhile)."""
-        self.books: dict[str, BidBook] = {}
-        """policy -> this agent's jobs ranked by the policy's bid order (static orders only)."""
         self.locks: dict[str, asyncio.Lock] = {}
         self._best_window: Window | None = None
         """The largest window offered since start (see ``J.hopeless``)."""
-        self._granted: dict[str, int] = {}
-        """job id -> grants received and still being materialized (the job bids no more meanwhile)."""
         self._ready_new = 0
         """Windows this agent's jobs became able to take since the last ``DemandChanged``."""
         self._demand = asyncio.Event()
@@ -597,22 +579,13 @@ class AgentService(Service):
             # The same state written again (completions flushed): only the revision moved, and a
             # job's proposals depend on its state alone, so its plans and ranking still hold.
             return
-        self._plans.pop(state.job_id, None)
-        self._changed(state.job_id)
-
-    def _changed(self, job_id: str) -> None:
-        """The job's bid may have changed: the books rank it again."""
-        if job_id in self.owned:
-            for book in self.books.values():
-                book.mark(job_id)
+        self.bidder.own(state)
 
     def _disown(self, job_id: str) -> None:
         self.owned.pop(job_id, None)
-        self._plans.pop(job_id, None)
+        self.bidder.drop(job_id)
         J.forget_profile(job_id)
         self._job_traces.pop(job_id, None)
-        for book in self.books.values():
-            book.drop(job_id)
 
     # --- the job-level span ------------------------------------------------------------------------
 
@@ -715,7 +688,7 @@ class AgentService(Service):
             log.warning("ignoring offer %s with reply subject %r", offers[0].offer_id, reply_to)
             return
         now = time.time()
-        self._expire_bidding(now)
+        self.bidder.expire(now)
         self._saw_window(offers)
         ctx = extract(msg)
         if batch is None:
@@ -727,7 +700,7 @@ class AgentService(Service):
                 attributes={"sja.offer_id": offers[0].offer_id, "sja.agent": self.agent_id},
             ) as span:
                 proposals = self.proposals_for(offers[0], now, 1)
-                self._bid(offers[0].offer_id, now, [(offers[0], 1, proposals)])
+                self.bidder.answered(offers[0].offer_id, now, [(offers[0], 1, proposals, self._policy(pool))])
                 if span.is_recording():
                     span.set_attributes(_reply_attributes(proposals))
                 reply = Reply(offer_id=offers[0].offer_id, agent_id=self.agent_id, proposals=proposals)
@@ -738,14 +711,14 @@ class AgentService(Service):
         # Offers of one shape get one answer: the reply grows with jobs x shapes, not x offers.
         groups: dict[tuple[object, ...], list[Offer]] = {}
         for o in offers:
-            groups.setdefault(self.shape(o, now), []).append(o)
+            groups.setdefault(self.bidder.shape(o), []).append(o)
         out = []
-        sent: list[tuple[Offer, int, list[Proposal]]] = []
+        sent: list[tuple[Offer, int, list[Proposal], str]] = []
         for like in groups.values():
             proposals = self.proposals_for(like[0], now, len(like))
             out.append(ReplyGroup(offer_ids=[o.offer_id for o in like], proposals=proposals))
-            sent.append((like[0], len(like), proposals))
-        self._bid(batch.batch_id, now, sent)
+            sent.append((like[0], len(like), proposals, self._policy(pool)))
+        self.bidder.answered(batch.batch_id, now, sent)
         token = otel_context.attach(ctx)
         try:
             await publish(
@@ -794,96 +767,17 @@ class AgentService(Service):
                 best = msgspec.structs.replace(w, end_s=None)
         self._best_window = best
 
-    def _bid(self, key: str, now: float, sent: list[tuple[Offer, int, list[Proposal]]]) -> None:
-        """Remember the jobs likely to win in the batch just answered (``policies.likely_winners``)
-        until its outcome comes."""
-        likely: list[str] = []
-        for offer, like, proposals in sent:
-            policy = self.policy_of.get(offer.window.pool, "")
-            if policy and proposals:
-                likely.extend(likely_winners(policy, offer, proposals, like, self.policy_config))
-        if not likely:
-            return
-        self._bidding[key] = (now, likely)
-        for job_id in likely:
-            _count(self._likely, job_id, +1)
-            self._changed(job_id)
-
-    def _cleared(self, key: str) -> None:
-        """A batch's outcome came: its likely winners bid again (the winners hold grants now)."""
-        got = self._bidding.pop(key, None)
-        if got is None:
-            return
-        for job_id in got[1]:
-            _count(self._likely, job_id, -1)
-            self._changed(job_id)
-
-    def _expire_bidding(self, now: float) -> None:
-        """Batches whose outcome never came (lost, or not for this agent) stop holding jobs back."""
-        while self._bidding:
-            key, (at, _) = next(iter(self._bidding.items()))
-            if not J.bidding_expired(at, now):
-                break
-            self._cleared(key)
-
-    def shape(self, offer: Offer, now: float) -> tuple[object, ...]:
-        """What a job's answer to an offer depends on besides the job's state: the slice's kind and
-        the window's length as offered."""
-        w = offer.window
-        length = (w.end_s - w.start_s) if w.end_s is not None else self.limits.horizon_s
-        return (w.profile, w.mem_mib, w.compute_share, round(length, 3))
+    def _policy(self, pool: str) -> str:
+        return self.policy_of.get(pool, "")
 
     def proposals_for(self, offer: Offer, now: float, like_offers: int = 1) -> list[Proposal]:
         """The proposals this agent sends for ``like_offers`` windows shaped like ``offer``: once the
         pool's policy is known (from its clearer's outcomes), only the bids that could win one of
-        them (``policies.shortlist``), else every owned job's proposal.
-
-        A job's answer depends only on its state and the window's shape, so it is memoized per
-        (job state, window shape): offers of like slices cost one planning per job state,
-        not one per offer; and under a policy whose bid order does not depend on time the jobs
-        stay ranked between batches (``BidBook``), so a batch costs the jobs that changed since.
-
-        The answer is for the window as offered (planned from its start, not from the moment the
-        offer arrived, so that it does not change with the offer's delay). Materialization
-        re-plans with the time actually left and never cuts more than the proposal, so a memoized
-        answer can never make a subjob unsafe."""
-        shape = self.shape(offer, now)
-        plan_now = J.plan_time(now, offer.window.start_s)
-
-        policy = self.policy_of.get(offer.window.pool, "")
-
-        def proposal_of(job_id: str) -> Proposal | None:
-            got = self.owned.get(job_id)
-            if got is None:
-                return None
-            state, _rev = got
-            plans = self._plans.get(job_id)
-            if plans is None:
-                plans = self._plans[job_id] = {}
-            key = (shape, policy)
-            if key in plans:
-                p = plans[key]
-            else:
-                p = J.propose(state, offer, plan_now, self.limits)
-                if p is not None and policy:
-                    p = bid_for(policy, offer, p, self.policy_config)
-                if len(plans) >= PLAN_CACHE_LIMIT:
-                    plans.clear()
-                plans[key] = p
-            if p is not None and J.sits_out(p, self._granted.get(job_id, 0), self._likely.get(job_id, 0)):
-                return None
-            return p
-
-        order = BID_ORDERS.get(policy)
-        if order is not None and order.static:
-            book = self.books.get(policy)
-            if book is None:
-                book = self.books[policy] = BidBook(order, self.policy_config)
-                for job_id in self.owned:
-                    book.mark(job_id)
-            return book.best(shape, offer, shortlist_size(like_offers), proposal_of)
-        out = [p for p in map(proposal_of, list(self.owned)) if p is not None]
-        return shortlist(policy, offer, out, like_offers, self.policy_config) if policy else out
+        them, else every owned job's proposal (``core.bidder.Bidder``). The answer is for the
+        window as offered (planned from its start, not from the moment the offer arrived);
+        materialization re-plans with the time actually left and never cuts more than the
+        proposal, so a memoized answer can never make a subjob unsafe."""
+        return self.bidder.proposals_for(offer, now, like_offers, self._policy(offer.window.pool))
 
     async def on_outcome(self, msg: Msg) -> None:
         outcome = decode(msg.data, Outcome)
@@ -891,7 +785,7 @@ class AgentService(Service):
             if outcome.pool not in self.policy_of and len(self.policy_of) >= MAX_POOLS:
                 self.policy_of.clear()
             self.policy_of[outcome.pool] = outcome.policy
-        self._cleared(outcome.offer_id)
+        self.bidder.cleared(outcome.offer_id)
         if log.isEnabledFor(logging.DEBUG):
             for v in outcome.verdicts:
                 if not v.won:
@@ -906,8 +800,7 @@ class AgentService(Service):
             contexts = item_contexts(got.trace_contexts, len(got.grants), extract(msg))
             todo = list(zip(got.grants, contexts, strict=True))
         for grant, ctx in todo:
-            _count(self._granted, grant.job_id, +1)
-            self._changed(grant.job_id)
+            self.bidder.grant_started(grant.job_id)
             self._job_granted(grant.job_id, ctx)
         try:
             if len(todo) == 1:
@@ -916,8 +809,7 @@ class AgentService(Service):
                 await asyncio.gather(*(self._materialize_logged(g, ctx) for g, ctx in todo))
         finally:
             for grant, _ in todo:
-                _count(self._granted, grant.job_id, -1)
-                self._changed(grant.job_id)
+                self.bidder.grant_done(grant.job_id)
 
     async def _materialize_logged(self, grant: Grant, ctx: otel_context.Context) -> None:
         """One grant of a batch: its failure is logged and does not stop the others."""
@@ -1129,12 +1021,3 @@ def _reply_attributes(proposals: list[Proposal]) -> dict[str, AttributeValue]:
         attributes["sja.score"] = best[0]
         attributes["sja.job_id"] = best[1]
     return attributes
-
-
-def _count(counts: dict[str, int], key: str, delta: int) -> None:
-    """Add ``delta`` to a count, dropping it at zero (the dict holds only jobs counted)."""
-    n = counts.get(key, 0) + delta
-    if n > 0:
-        counts[key] = n
-    else:
-        counts.pop(key, None)

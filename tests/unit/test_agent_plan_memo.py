@@ -48,29 +48,29 @@ def test_writing_the_same_state_again_keeps_its_plans_but_a_new_state_renews_the
     agent = AgentService(AgentSettings(instance="agent-a"))
     state = job()
     agent._own(state, 1)
-    for book in agent.books.values():
+    for book in agent.bidder.books.values():
         assert "j1" in book.jobs
     now = 1001.0
     agent.proposals_for(offer_for(window(now), now, 0), now)
-    plans = agent._plans["j1"]
+    plans = agent.bidder.plans["j1"]
     assert len(plans) == 1
 
     # Completions flushed: the job is written as it stands, and only its revision moves.
     agent._own(state, 2)
     assert agent.owned["j1"] == (state, 2)
-    assert agent._plans["j1"] is plans, "the same state keeps its plans"
+    assert agent.bidder.plans["j1"] is plans, "the same state keeps its plans"
 
     moved = msgspec.structs.replace(state, grants_seen=state.grants_seen + 1)
     agent._own(moved, 3)
     assert agent.owned["j1"] == (moved, 3)
-    assert "j1" not in agent._plans, "a changed state is planned again"
+    assert "j1" not in agent.bidder.plans, "a changed state is planned again"
 
     # An equal state decoded afresh (a reload after a conflict) is planned again too: only the
     # very object this agent planned with is known to be unchanged.
     agent.proposals_for(offer_for(window(now), now, 1), now)
-    assert len(agent._plans["j1"]) == 1
+    assert len(agent.bidder.plans["j1"]) == 1
     agent._own(msgspec.structs.replace(moved), 4)
-    assert "j1" not in agent._plans
+    assert "j1" not in agent.bidder.plans
 
 
 def test_a_job_holds_only_its_current_states_plans_and_none_once_disowned() -> None:
@@ -81,12 +81,12 @@ def test_a_job_holds_only_its_current_states_plans_and_none_once_disowned() -> N
     small, large = window(now), window(now, mem_mib=9984, profile="1g.10gb")
     for n, w in enumerate((small, large, small)):
         agent.proposals_for(offer_for(w, now, n), now)
-    assert len(agent._plans["j1"]) == 2, "one plan per window shape"
+    assert len(agent.bidder.plans["j1"]) == 2, "one plan per window shape"
 
     moved = msgspec.structs.replace(state, grants_seen=state.grants_seen + 1)
     agent._own(moved, 2)
     agent.proposals_for(offer_for(small, now, 3), now)
-    assert len(agent._plans["j1"]) == 1, "the earlier state's plans are gone"
+    assert len(agent.bidder.plans["j1"]) == 1, "the earlier state's plans are gone"
 
     agent._disown("j1")
-    assert "j1" not in agent._plans
+    assert "j1" not in agent.bidder.plans

@@ -533,7 +533,6 @@ def simulate(
     eps_mem: Annotated[float, typer.Option(help="Jobs' memory violation target.")] = 0.05,
     horizon_s: Annotated[float, typer.Option(help="Length of an offered window (virtual s).")] = 600.0,
     unit_s: Annotated[float, typer.Option(help="Seconds of a job's runtime per work unit.")] = 60.0,
-    max_bidders: Annotated[int, typer.Option(help="Proposals collected per round (0: all jobs).")] = 32,
     speed_table: Annotated[
         Path | None, typer.Option(help="MISO mig_iter_time_summary.csv: measured slice speeds.")
     ] = None,
@@ -561,7 +560,6 @@ def simulate(
         eps_mem=eps_mem,
         horizon_s=horizon_s,
         unit_s=unit_s,
-        max_bidders=max_bidders,
         speed_table=speed_table,
         packing_demand=packing_demand,
         nodes=nodes,

@@ -44,7 +44,6 @@ def simulate_command(
     eps_mem: float = 0.05,
     horizon_s: float = 600.0,
     unit_s: float = 60.0,
-    max_bidders: int = 32,
     speed_table: Path | None = None,
     packing_demand: float | None = None,
     nodes: Path | None = None,
@@ -72,7 +71,7 @@ def simulate_command(
             limit=limit,
             time_scale=time_scale,
             start_s=start_s,
-            cfg=_config(seed, overhead_s, eps_mem, horizon_s, unit_s, max_bidders, speed_table),
+            cfg=_config(seed, overhead_s, eps_mem, horizon_s, unit_s, speed_table),
             out=out,
         )
     except SimulateError as e:
@@ -89,7 +88,6 @@ def _config(
     eps_mem: float,
     horizon_s: float,
     unit_s: float,
-    max_bidders: int,
     speed_table: Path | None,
 ) -> SimConfig:
     if not 0.0 < eps_mem < 0.5:
@@ -103,7 +101,6 @@ def _config(
         eps_mem=eps_mem,
         horizon_s=horizon_s,
         unit_s=unit_s,
-        max_bidders=max_bidders,
     )
     if overhead_s is not None:
         if overhead_s < 0:
@@ -198,7 +195,7 @@ def _replay(
                 f"horizon {cfg.horizon_s:g} s, unit {cfg.unit_s:g} s, "
                 f"overhead {cfg.start_s:g}+{cfg.checkpoint_s:g} s, "
                 f"eps_mem {cfg.eps_mem:g}, eps_time {cfg.eps_time:g}, "
-                f"max_bidders {cfg.max_bidders}, reconfiguration {cfg.reconfig_s:g} s "
+                f"reconfiguration {cfg.reconfig_s:g} s "
                 f"(repartitionable GPUs: {sum(1 for g in cluster.gpus if g.repartitionable)})"
             ),
         }

@@ -1,11 +1,13 @@
 """Discrete-event simulation of SJA in virtual time, driving the same decision core as the services.
 
-One round per offer, exactly as the live stack runs it: a freed slice becomes a window
-(``core.windows.find_windows``) and an ``Offer``; the jobs that can take work reply with
-``core.jobs.propose``; ``core.policies.clear`` picks a winner with the clearer's ``Ledger``; the slice is
-leased (``core.leases.grant``), the winner materializes its subjob (``core.jobs.materialize``), the subjob
-runs for a modeled duration, and its ``Completion`` is folded back with ``core.jobs.apply_completion``
-(which calibrates the job's profiles). Rounds clear instantly in virtual time, or after a configurable
+One batch of offers per instant, as the live stack runs them: the slices freed at an instant (and the
+idle ones some changed job may now want) become windows (``core.windows.find_windows``) and
+``Offer``s; the jobs bid through the agent's own bidder (``core.bidder.Bidder``: memoized proposals,
+the policy's shortlist of the bids that could win); ``core.policies.clear_batch`` clears the batch
+with the clearer's ``Ledger``; each won slice is leased (``core.leases.grant``), the winner
+materializes its subjob (``core.jobs.materialize``), the subjob runs for a modeled duration, and its
+``Completion`` is folded back with ``core.jobs.apply_completion`` (which calibrates the job's
+profiles). Rounds clear instantly in virtual time, or after a configurable
 negotiation latency. There is no bus, no asyncio and no wall clock.
 
 What the simulator models, and the live stack measures:
@@ -23,13 +25,9 @@ What the simulator models, and the live stack measures:
   real peak above the slice's memory cap is an OOM: the work is lost, the completion says ``oom`` and
   the core re-plans the range.
 
-For speed the engine asks only jobs that can take work: a per-slice-kind queue of candidate bidders
-holds jobs whose state changed since they last declined that kind of window, so a job that cannot fit
-a 1g slice is not asked again until a completion changes its profile. Proposals are memoized per
-(job state, window kind): ``propose`` is a pure function of both, since a window always starts now.
-With ``max_bidders > 0`` a round collects at most that many proposals, taken in the policy's natural
-order (submission order; least attained tenant first under ``fair``); ``max_bidders = 0`` asks every
-job, as the live agents do.
+A batch's outcome comes at once in virtual time, so the bidder's likely winners never sit out a later
+batch; everything else about bidding is the agent's. A slice offered and not taken is offered again
+only once some job changed since (a completion, an arrival, a grant).
 
 **Repartitioning.** A GPU marked repartitionable in the cluster spec may be re-cut into another MIG
 layout, only while every one of its slices is free and was offered without a taker (nothing runs on
@@ -58,10 +56,11 @@ import msgspec
 
 from sja import workloads
 from sja.core import leases
+from sja.core.bidder import Bidder
 from sja.core.jobs import apply_completion, can_take_more, materialize, new_job, propose
 from sja.core.mig import CATALOGUE, GpuModel, gpu_model
 from sja.core.planner import PlanLimits
-from sja.core.policies import POLICIES, Bid, Ledger, PolicyConfig, clear, grant_cost
+from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
 from sja.core.repartition import SliceDemand, layout_value, plan_repartitions
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import (
@@ -156,8 +155,6 @@ class SimConfig:
     decl_time_rel_sd: float = 0.3
     parallel_per_gpu: float = 1.0
     """SJA: subjobs a job may run at once per GPU it asked for (``max_parallel``, capped at 64)."""
-    max_bidders: int = 32
-    """Proposals collected per round (0: every job that can take work is asked)."""
     negotiation_latency_s: float = 0.0
     """Virtual time between an offer and the start of the subjob it grants (the slice is held)."""
     oom_detect_s: float = 30.0
@@ -408,7 +405,6 @@ REPART_DEMAND_ITEMS = 64
 WindowKind = tuple[str, int, float]
 """(profile, memory, compute share): windows of one kind get the same proposals from a job."""
 
-_FAIR_LIKE = frozenset({"fair", "token", "jasda"})
 
 
 @dataclass
@@ -416,8 +412,6 @@ class _Job:
     idx: int
     model: JobModel
     state: JobState
-    version: int = 0
-    proposals: dict[WindowKind, Proposal | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -544,11 +538,11 @@ class SjaEngine:
                 )
             )
         self.jobs: dict[str, _Job] = {}
-        # Bidder queues: kind -> partition (tenant under fair-like policies, else "") -> heap of
-        # (rank key, job index, job version). Entries of an older version are stale and skipped.
-        self.queues: dict[WindowKind, dict[str, list[tuple[tuple[float, ...], int, int]]]] = {
-            k: {} for k in self.kinds
-        }
+        self.bidder = Bidder(self.limits, self.policy_config)
+        """The jobs' bids, as an agent makes them (one agent for every job)."""
+        self.changed_since: set[WindowKind] = set()
+        """Kinds of window an idle slice of which some job may take now (a job changed since the
+        last batch offered it)."""
         self.by_idx: dict[int, _Job] = {}
         self.events: list[tuple[float, int, _Running | _Recut]] = []
         self.seq = 0
@@ -560,7 +554,7 @@ class SjaEngine:
             "events": 0,
             "rounds": 0,
             "rounds_without_winner": 0,
-            "proposals_computed": 0,
+            "batches": 0,
             "declined_grants": 0,
             "repartitions": 0,
         }
@@ -574,10 +568,8 @@ class SjaEngine:
 
     # --- bidder queues ---------------------------------------------------------------------------
 
-    def _partition(self, job: _Job) -> str:
-        return job.state.spec.tenant if self.cfg.policy in _FAIR_LIKE else ""
-
     def _rank(self, job: _Job) -> tuple[float, ...]:
+        """The policy's natural order of waiting jobs (the demand a re-cut serves first)."""
         st = job.state
         if self.cfg.policy == "fair":
             return (self.ledger.job_attained.get(st.job_id, 0.0), st.submitted_at)
@@ -586,55 +578,23 @@ class SjaEngine:
             return (deadline, st.submitted_at)
         return (st.submitted_at,)
 
-    def _touch(self, job: _Job) -> None:
-        """The job's state changed: forget its proposals and queue it for every kind of window."""
-        job.version += 1
-        job.proposals.clear()
-        if not can_take_more(job.state):
+    def _set_state(self, job: _Job, state: JobState) -> None:
+        """The job moved to ``state``: the bidder plans and ranks it again, and idle slices of every
+        kind may be offered again."""
+        job.state = state
+        if state.status in ("done", "failed", "cancelled"):
+            self.bidder.drop(state.job_id)
             return
-        entry = (self._rank(job), job.idx, job.version)
-        part = self._partition(job)
-        for kind in self.kinds:
-            heapq.heappush(self.queues[kind].setdefault(part, []), entry)
+        self.bidder.own(state)
+        if can_take_more(state):
+            self.changed_since.update(self.kinds)
 
-    def _proposal(self, job: _Job, kind: WindowKind, offer: Offer) -> Proposal | None:
-        if kind not in job.proposals:
-            job.proposals[kind] = propose(job.state, offer, self.now, self.limits)
-            self.counters["proposals_computed"] += 1
-        return job.proposals[kind]
+    def _proposal(self, job: _Job, offer: Offer) -> Proposal | None:
+        return self.bidder.proposal(job.state.job_id, offer, self.now, self.cfg.policy)
 
-    def _collect_bids(self, kind: WindowKind, offer: Offer) -> list[Bid]:
-        """Proposals for an offer from the jobs queued for its kind, in the policy's natural order."""
-        parts = self.queues[kind]
-        limit = self.cfg.max_bidders if self.cfg.max_bidders > 0 else math.inf
-        if self.cfg.policy in _FAIR_LIKE:
-            order = sorted((p for p in parts if parts[p]), key=lambda t: (self.ledger.normalized(t), t))
-        else:
-            order = [p for p in parts if parts[p]]
-        bids: list[Bid] = []
-        keep: list[tuple[str, tuple[tuple[float, ...], int, int]]] = []
-        for part in order:
-            heap = parts[part]
-            while heap and len(bids) < limit:
-                entry = heapq.heappop(heap)
-                job = self.by_idx[entry[1]]
-                if entry[2] != job.version or not can_take_more(job.state):
-                    continue  # stale, or queued again when it can take work
-                p = self._proposal(job, kind, offer)
-                if p is None:
-                    continue  # cannot fit this kind until its state changes
-                bids.append(Bid(agent_id="sim", proposal=p))
-                keep.append((part, entry))
-            if len(bids) >= limit:
-                break
-        for part, entry in keep:
-            heapq.heappush(parts[part], entry)
-        return bids
+        # --- rounds ------------------------------------------------------------------------------------
 
-    # --- rounds ------------------------------------------------------------------------------------
-
-    def _offer_round(self, s: _Slice) -> bool:
-        """One round for a free slice. Returns whether a subjob started on it."""
+    def _offer(self, s: _Slice) -> Offer | None:
         now = self.now
         self.round_no += 1
         self.counters["rounds"] += 1
@@ -643,8 +603,8 @@ class SjaEngine:
         )
         windows = find_windows([s.state], req)
         if not windows:
-            return False
-        offer = Offer(
+            return None
+        return Offer(
             offer_id=f"o{self.round_no}",
             round=self.round_no,
             window=windows[0],
@@ -654,14 +614,51 @@ class SjaEngine:
             reply_by=now + self.cfg.negotiation_latency_s,
             reply_to="sim",
         )
-        bids = self._collect_bids(s.kind, offer)
-        decision = clear(self.cfg.policy, offer, bids, self.ledger, config=self.policy_config)
-        if decision.winner is None or decision.candidate is None:
-            self._set_idle(s, True)
-            self.counters["rounds_without_winner"] += 1
-            return False
+
+    def _batch(self, batch: list[_Slice]) -> int:
+        """One batch of offers: bids from the bidder per kind of window (the shortlist for as many
+        windows of that kind as the batch has), cleared by ``core.policies.clear_batch``; returns how
+        many subjobs started."""
+        self.counters["batches"] += 1
+        offers: list[tuple[Offer, _Slice]] = []
+        for s in batch:
+            o = self._offer(s)
+            if o is not None:
+                offers.append((o, s))
+        if not offers:
+            return 0
+        like: dict[WindowKind, int] = {}
+        for _, s in offers:
+            like[s.kind] = like.get(s.kind, 0) + 1
+        bids: dict[WindowKind, list[Bid]] = {}
+        for o, s in offers:
+            if s.kind not in bids:
+                props = self.bidder.proposals_for(o, self.now, like[s.kind], self.cfg.policy)
+                bids[s.kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+        slice_of = {o.offer_id: s for o, s in offers}
+        decisions = clear_batch(
+            self.cfg.policy,
+            [o for o, _ in offers],
+            lambda o: bids[slice_of[o.offer_id].kind],
+            self.ledger,
+            config=self.policy_config,
+        )
+        started = 0
+        for offer, decision in decisions:
+            s = slice_of[offer.offer_id]
+            if decision.winner is None or decision.candidate is None:
+                self._set_idle(s, True)
+                self.counters["rounds_without_winner"] += 1
+                continue
+            started += self._grant(s, offer, decision)
+        return started
+
+    def _grant(self, s: _Slice, offer: Offer, decision: Decision) -> int:
+        """Lease the slice to the decision's winner and materialize its subjob (1 if one started)."""
+        assert decision.winner is not None and decision.candidate is not None
+        now = self.now
         job = self.jobs[decision.winner.proposal.job_id]
-        grant_id = f"g{self.round_no}"
+        grant_id = f"g{offer.round}"
         leased = leases.grant(
             s.state,
             offered_fence=offer.slice_fence,
@@ -689,14 +686,13 @@ class SjaEngine:
         self.ledger.spend(grant.tenant, decision.price)
         was_waiting = self._is_waiting(job)
         made = materialize(job.state, grant, now, self.limits, "sim")
-        job.state = made.state
+        self._set_state(job, made.state)
         if made.subjob is None:
             s.state = leases.release(leased, grant_id=grant_id, fence=leased.fence, now=now)
             self._set_idle(s, True)
             self.counters["declined_grants"] += 1
-            self._touch(job)
             self._update_waiting(was_waiting, job)
-            return False
+            return 0
         sj = made.subjob
         start = now + self.cfg.negotiation_latency_s
         run = self._model_subjob(
@@ -721,9 +717,8 @@ class SjaEngine:
         self.recorder.start_job(job.model.trace.job_id, start)
         self.seq += 1
         heapq.heappush(self.events, (run.completion.finished_at, self.seq, run))
-        self._touch(job)
         self._update_waiting(was_waiting, job)
-        return True
+        return 1
 
     def _model_subjob(
         self,
@@ -812,8 +807,9 @@ class SjaEngine:
         self._set_idle(s, False)
         self.fresh.add(s.idx)
         was_waiting = self._is_waiting(job)
-        job.state, applied = apply_completion(job.state, c, self.now)
+        state, applied = apply_completion(job.state, c, self.now)
         assert applied, f"completion {c.subjob_id} not applied"
+        self._set_state(job, state)
         if job.state.status in ("done", "failed", "cancelled"):
             if job.state.status == "done":
                 self.recorder.finish_job(job.model.trace.job_id, self.now)
@@ -821,10 +817,6 @@ class SjaEngine:
                 rec = self.recorder.jobs[job.model.trace.job_id]
                 rec.failed = True
                 rec.reason = job.state.error or job.state.status
-            job.version += 1
-            job.proposals.clear()
-        else:
-            self._touch(job)
         self._update_waiting(was_waiting, job)
 
     # --- waiting jobs and stranded memory ------------------------------------------------------
@@ -903,9 +895,7 @@ class SjaEngine:
         out: list[SliceDemand] = []
         for i in order:
             job = self.by_idx[i]
-            profiles = frozenset(
-                k[0] for k in kinds if self._proposal(job, k, self._kind_offer(k)) is not None
-            )
+            profiles = frozenset(k[0] for k in kinds if self._proposal(job, self._kind_offer(k)) is not None)
             if not profiles:
                 continue
             room = min(job.state.spec.max_parallel - len(job.state.in_flight), 7)
@@ -990,24 +980,50 @@ class SjaEngine:
     # --- the loop ------------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Offer freshly freed slices, then idle slices of kinds some changed job might now take;
-        repartitionable GPUs with nothing running are re-cut first if the waiting demand is better
-        served by another layout, and again after the rounds for what still waits."""
+        """Offer the freshly freed slices, and the idle slices of kinds some job that changed may now
+        take, as one batch; again while a batch starts subjobs (its winners changed). Repartitionable
+        GPUs with nothing running are re-cut first if the waiting demand is better served by another
+        layout, and again after the batches for what still waits."""
         if self.cuts and self.waiting > 0:
             self._repartition()
-        for idx in sorted(self.fresh):
-            s = self.slices[idx]
-            if s.state.status == "free":
-                self._offer_round(s)
+        batch = [self.slices[i] for i in sorted(self.fresh) if self.slices[i].state.status == "free"]
         self.fresh.clear()
-        for kind in self.kinds:
-            parts = self.queues[kind]
-            for idx in sorted(self.idle_by_kind[kind]):
-                if not any(parts.values()):
-                    break
-                self._offer_round(self.slices[idx])
+        if self.waiting == 0:
+            for s in batch:  # nobody to bid: offered again once a job arrives
+                self._set_idle(s, True)
+            batch = []
+        while True:
+            kinds, self.changed_since = self.changed_since, set()
+            if self.waiting > 0:
+                batch += self._wanted_idle(kinds)
+            if not batch:
+                break
+            started = self._batch(batch)
+            batch = []
+            if not started:
+                break
         if self.cuts and self.waiting > 0:
             self._repartition()
+
+    def _wanted_idle(self, kinds: set[WindowKind]) -> list[_Slice]:
+        """The idle slices of ``kinds`` for which some job bids now (one probe per kind)."""
+        out: list[_Slice] = []
+        for kind in sorted(kinds):
+            idle = sorted(self.idle_by_kind[kind])
+            if not idle:
+                continue
+            probe = self._probe(self.slices[idle[0]])
+            if probe is not None and self.bidder.proposals_for(probe, self.now, len(idle), self.cfg.policy):
+                out.extend(self.slices[i] for i in idle)
+        return out
+
+    def _probe(self, s: _Slice) -> Offer | None:
+        """An offer of ``s`` that is not a round (to ask whether anyone bids)."""
+        req = WindowRequest(
+            now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
+        )
+        windows = find_windows([s.state], req)
+        return _offer_of(windows[0], self.now) if windows else None
 
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay every arrival and completion. The loop does not end while a job that can still run
@@ -1070,7 +1086,9 @@ class SjaEngine:
             return False
         self.counters["wakes"] = self.counters.get("wakes", 0) + 1
         for job in waiting:
-            self._touch(job)
+            self.bidder.drop(job.state.job_id)
+            self.bidder.own(job.state)
+        self.changed_since.update(self.kinds)
         for s in self.slices:
             if s.state.status == "free" and not s.retired:
                 self._set_idle(s, False)
@@ -1103,7 +1121,7 @@ class SjaEngine:
         job = _Job(idx=idx, model=m, state=state)
         self.jobs[state.job_id] = job
         self.by_idx[idx] = job
-        self._touch(job)
+        self._set_state(job, state)
         self._update_waiting(False, job)
         self.demand_epoch += 1
 

@@ -114,11 +114,12 @@ def test_same_seed_same_metrics() -> None:
     assert a != c
 
 
-def test_bounded_and_unbounded_bidding_both_finish_everything() -> None:
+@pytest.mark.parametrize("policy", ["efficiency", "fair", "sla", "auction", "token", "jasda"])
+def test_every_policy_finishes_everything_through_the_agents_bidder(policy: str) -> None:
     jobs = trace(10)
-    for bidders in (0, 1):
-        engine = run(jobs, dataclasses.replace(CFG, max_bidders=bidders))
-        assert_units_exactly_once(engine)
+    engine = run(jobs, dataclasses.replace(CFG, policy=policy))
+    assert_units_exactly_once(engine)
+    assert engine.counters["batches"] > 0
 
 
 def test_a_long_job_is_cut_into_short_windows() -> None:
