@@ -3,12 +3,10 @@
 Prints progress to stderr and, as its last stdout line, a JSON object with ``events_per_s``,
 ``wall_s``, ``events`` and ``jobs``. Run ``python bench/simulator.py --json``.
 
-Defaults (see ``docs/evaluation.md``): 512 A100-80GB GPUs, each one whole slice (cluster04 kept about
-491 GPUs busy on average); 4-hour windows and 10-minute work units, so the 705,683 GPU-hours of the
-trace become a few hundred thousand subjobs; ``eps_mem`` 0.05 (the jobs' default) and the
-window-sized profile prior, without which cluster04's long jobs can never be atomized (see the
-evaluation). ``--eps-mem 0.2`` reproduces the runs made before memory priors followed their
-declaration (0.2 was then the lowest at which a 40 GB declaration fit an 80 GB slice).
+Defaults: 512 A100-80GB GPUs, each one whole slice (cluster04 kept about 491 GPUs busy on average),
+and the simulator's own defaults (``SimConfig``: 4-hour windows and 10-minute work units, so the
+705,683 GPU-hours of the trace become a few hundred thousand subjobs; ``eps_mem`` 0.05), the settings
+``sja simulate`` and ``bench/evaluation.py`` use.
 """
 
 from __future__ import annotations
@@ -47,9 +45,9 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="path to cluster04.csv")
     ap.add_argument("--cluster", default="512xA100-80GB")
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--horizon-s", type=float, default=14400.0)
-    ap.add_argument("--unit-s", type=float, default=600.0)
-    ap.add_argument("--eps-mem", type=float, default=0.05)
+    ap.add_argument("--horizon-s", type=float, default=SimConfig.horizon_s)
+    ap.add_argument("--unit-s", type=float, default=SimConfig.unit_s)
+    ap.add_argument("--eps-mem", type=float, default=SimConfig.eps_mem)
     ap.add_argument("--policy", default="efficiency")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

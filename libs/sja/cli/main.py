@@ -531,8 +531,8 @@ def simulate(
         float | None, typer.Option(help="Per-subjob start+checkpoint seconds (default 10+5).")
     ] = None,
     eps_mem: Annotated[float, typer.Option(help="Jobs' memory violation target.")] = 0.05,
-    horizon_s: Annotated[float, typer.Option(help="Length of an offered window (virtual s).")] = 600.0,
-    unit_s: Annotated[float, typer.Option(help="Seconds of a job's runtime per work unit.")] = 60.0,
+    horizon_s: Annotated[float, typer.Option(help="Length of an offered window (virtual s).")] = 14_400.0,
+    unit_s: Annotated[float, typer.Option(help="Seconds of a job's runtime per work unit.")] = 600.0,
     speed_table: Annotated[
         Path | None, typer.Option(help="MISO mig_iter_time_summary.csv: measured slice speeds.")
     ] = None,

@@ -42,8 +42,8 @@ def simulate_command(
     seed: int = 0,
     overhead_s: float | None = None,
     eps_mem: float = 0.05,
-    horizon_s: float = 600.0,
-    unit_s: float = 60.0,
+    horizon_s: float = 14_400.0,
+    unit_s: float = 600.0,
     speed_table: Path | None = None,
     packing_demand: float | None = None,
     nodes: Path | None = None,
@@ -168,7 +168,7 @@ def _replay(
             results[name] = run_policy(name, cluster, jobs, cfg, fn)
             metrics[name] = metrics_of(results[name], jobs)
     compare(results, metrics)
-    from sja.sim.report import COMPLETION_METRICS, metrics_table, write_report
+    from sja.sim.report import COMPLETION_METRICS, TABLE_METRICS, metrics_table, write_report
 
     warning = comparability(metrics)
     if warning:
@@ -178,7 +178,9 @@ def _replay(
         for kind, why in (m.get("reasons") or {}).items():
             for text, n in why.items():
                 out.print(f"  {name}, {kind} ({n:,}): {text}", soft_wrap=True, markup=False)
-    out.print(metrics_table(metrics), soft_wrap=True)
+    out.print(
+        metrics_table(metrics, [k for k in TABLE_METRICS if k not in COMPLETION_METRICS]), soft_wrap=True
+    )
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -132,14 +132,15 @@ class SimConfig:
     """SJA clearing policy (``core.policies.POLICIES``)."""
     mode: str = "sja"
     """Reply mode of the simulated jobs: ``sja`` (one candidate) or ``jasda`` (several)."""
-    unit_s: float = 60.0
+    unit_s: float = 600.0
     """Seconds of a job's own runtime (on the resources it asked for) in one unit of work."""
     start_s: float = 10.0
     """Per-subjob start cost (container, process, loading a checkpoint)."""
     checkpoint_s: float = 5.0
     """Per-subjob checkpoint cost at its end."""
-    horizon_s: float = 600.0
-    """Length of an offered window."""
+    horizon_s: float = 14_400.0
+    """Length of an offered window: 4 hours, as the trace jobs run for hours (the 15 s a subjob
+    costs is then 0.1 % of a window); a free slice's window stretches for a longer smallest subjob."""
     eps_mem: float = 0.05
     eps_time: float = 0.05
     mem_reserve_mib: float = 256.0
@@ -404,7 +405,6 @@ REPART_DEMAND_ITEMS = 64
 
 WindowKind = tuple[str, int, float]
 """(profile, memory, compute share): windows of one kind get the same proposals from a job."""
-
 
 
 @dataclass
