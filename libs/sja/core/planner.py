@@ -12,8 +12,9 @@ Three rules make sure a job a rigid scheduler would run is never left waiting fo
   on: ``JobProfile.mem_ceiling``), so a job whose declared peak at ``min_units`` fits a slice's usable
   memory is always safe there memory-wise;
 - an open-ended window (a free slice no reservation bounds) is as long as the planning horizon, or
-  as the job's smallest subjob needs at its ``1 - eps_time`` quantile when that is longer
-  (``plan_length``): a rigid scheduler would hold the slice for the whole job;
+  as the job's smallest subjob needs at its ``1 - eps_time`` quantile when that is longer, and
+  ``CENSORED_INFLATION`` times longer than any it ran out of (``plan_length``): a rigid scheduler
+  would hold the slice for the whole job;
 - a job with no declared memory and no measured peak (``JobProfile.measuring``) is planned at its
   smallest size only, on a slice at least as large as any of its pool (``Window.largest_mib``): a
   measuring subjob, after which its measured peak plans it by quantile.
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sja.core.profiles import JobProfile
+from sja.core.profiles import CENSORED_INFLATION, JobProfile
 from sja.protocol.messages import Candidate, Window
 
 
@@ -72,6 +73,10 @@ def plan_length(profile: JobProfile, req: PlanRequest, limits: PlanLimits) -> fl
     if w.end_s is None and req.min_units >= 1:
         need = profile.duration_quantile(req.min_units, 1.0 - req.eps_time, w.profile, w.compute_share)
         length = max(length, need)
+        # and longer than any window the smallest subjob ran out of (at this compute share)
+        for size, bound in profile.timeout_bounds:
+            if size <= req.min_units:
+                length = max(length, bound / w.compute_share * CENSORED_INFLATION)
     return length
 
 

@@ -257,9 +257,15 @@ def _window_len(offer: Offer, horizon_s: float) -> float:
 
 def efficiency_value(offer: Offer, cand: Candidate, horizon_s: float) -> float:
     """Useful work per slice-second with a best-fit term: how much of the window's time and memory
-    the subjob is expected to use, weighted by its odds of fitting."""
+    the subjob is expected to use, weighted by its odds of fitting. An open-ended window (a free
+    slice nothing reserves) is held only as long as the subjob runs, then offered again: no part of
+    it is left idle, so every subjob fills its time (a short one, such as the last units of a job,
+    is not ranked below a long one for being short)."""
     length = _window_len(offer, horizon_s)
-    fill_time = min(cand.duration_mean_s / length, 1.0) if length > 0 else 0.0
+    if offer.window.end_s is None:
+        fill_time = 1.0
+    else:
+        fill_time = min(cand.duration_mean_s / length, 1.0) if length > 0 else 0.0
     fill_mem = min(cand.mem_q_mib / offer.window.mem_mib, 1.0)
     return (0.7 * fill_time + 0.3 * fill_mem) * cand.p_fit_mem * cand.p_fit_time
 

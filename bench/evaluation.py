@@ -1,0 +1,304 @@
+"""The evaluation grid: SJA against the rigid schedulers on every trace, GPU model, layout and load.
+
+Cells: each trace (Microsoft ITP cluster04 and cluster07; Alibaba openb replayed on a scaled-down
+cluster) x GPU model (A100-40GB, A100-80GB, H100-80GB) x layout (the model's MIG layout, or whole
+GPUs) x cluster size (80 % and 130 % of the sample's average GPU demand). In each cell every policy
+(fifo, easy, bestfit, sja:efficiency, sja:fair) replays the same jobs under ``--seeds`` seeds, with
+the simulator's defaults (``SimConfig``: what ``sja simulate`` uses).
+
+The jobs of a cell are the ``--jobs`` jobs submitted from the middle of the trace on (submission
+times kept); the sample's average GPU demand is its GPU-seconds of work over its submission span.
+
+Per cell and seed it checks the goal: SJA finishes every job best-fit finishes (the very jobs, not
+their number), its mean JCT over the jobs every policy finished is at most the best baseline's, and
+its utilization is at least the best baseline's. Writes ``grid.csv`` (one row per cell, policy and
+seed) and ``grid.md`` (one row per cell, seeds averaged, with the checks) into ``--out``, and prints
+a JSON summary as its last stdout line.
+
+    python bench/evaluation.py --json                # the whole grid (about an hour on 2 cores)
+    python bench/evaluation.py --json --quick        # one seed, two traces, one model: minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sja.sim.cluster import parse_cluster
+from sja.sim.engine import SimConfig
+from sja.sim.metrics import finished_ids
+from sja.sim.model import TraceJob
+from sja.sim.runner import compare, metrics_of, run_policy
+from sja.sim.trace import load_trace
+
+REPO = Path(__file__).resolve().parent.parent
+TRACES_DIRS = (REPO.parent / "shared" / "traces", Path("/work/shared/traces"), REPO / "shared" / "traces")
+
+TRACES: dict[str, tuple[str, str]] = {
+    "cluster04": ("ms-itp/cluster04.csv", "ms-itp"),
+    "cluster07": ("ms-itp/cluster07.csv", "ms-itp"),
+    "openb": ("alibaba-openb/openb_pod_list_default.csv", "alibaba-openb"),
+}
+MODELS: dict[str, str] = {
+    # the MIG layout each model is cut into in the "mig" cells: a large and a medium instance
+    "A100-40GB": "4g.20gb+3g.20gb",
+    "A100-80GB": "4g.40gb+3g.40gb",
+    "H100-80GB": "4g.40gb+3g.40gb",
+}
+LAYOUTS = ("mig", "whole")
+LOADS = (0.8, 1.3)
+POLICIES = ("fifo", "easy", "bestfit", "sja:efficiency", "sja:fair")
+BASELINES = ("fifo", "easy", "bestfit")
+SJA = ("sja:efficiency", "sja:fair")
+REL_TOL = 1e-9
+
+
+def trace_path(rel: str) -> Path:
+    for d in TRACES_DIRS:
+        if (d / rel).is_file():
+            return d / rel
+    raise SystemExit(f"{rel} not found under {', '.join(map(str, TRACES_DIRS))}")
+
+
+def sample(trace: str, seed: int, n: int) -> list[TraceJob]:
+    """The ``n`` jobs submitted from the middle of the trace on."""
+    rel, fmt = TRACES[trace]
+    every = load_trace(trace_path(rel), fmt, seed=seed)
+    mid = every[len(every) // 2].submit_s
+    return load_trace(trace_path(rel), fmt, seed=seed, start_s=mid, limit=n)
+
+
+def demand(jobs: Sequence[TraceJob]) -> float:
+    """Average GPUs busy: GPU-seconds of work over the submission span."""
+    work = sum(j.duration_s * max(j.num_gpus, 1) * min(j.gpu_fraction, 1.0) for j in jobs)
+    span = max(j.submit_s for j in jobs) - min(j.submit_s for j in jobs)
+    return work / span if span > 0 else float(len(jobs))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    trace: str
+    model: str
+    layout: str
+    load: float
+    gpus: int
+
+    @property
+    def cluster(self) -> str:
+        spec = f"{self.gpus}x{self.model}"
+        return f"{spec}:{MODELS[self.model]}" if self.layout == "mig" else spec
+
+    @property
+    def name(self) -> str:
+        return f"{self.trace}/{self.model}/{self.layout}/{int(self.load * 100)}%"
+
+
+def run_cell(cell: Cell, seed: int, n: int) -> dict[str, Any]:
+    """Every policy on one cell under one seed, and the goal's checks."""
+    jobs = sample(cell.trace, seed, n)
+    cluster = parse_cluster(cell.cluster)
+    cfg = SimConfig(seed=seed)
+    t0 = time.perf_counter()
+    results = {p: run_policy(p, cluster, jobs, cfg) for p in POLICIES}
+    metrics = {p: metrics_of(r, jobs) for p, r in results.items()}
+    compare(results, metrics)
+    finished = {p: finished_ids(r.recorder) for p, r in results.items()}
+    checks: dict[str, dict[str, bool]] = {}
+    for s in SJA:
+        m = metrics[s]
+        best_jct = min(_num(metrics[b]["mean_jct_common_s"]) for b in BASELINES)
+        best_util = max(_num(metrics[b]["utilization"], -1.0) for b in BASELINES)
+        checks[s] = {
+            "completes_bestfit": finished["bestfit"] <= finished[s],
+            "jct": _num(m["mean_jct_common_s"]) <= best_jct * (1 + REL_TOL),
+            "utilization": _num(m["utilization"], -1.0) >= best_util * (1 - REL_TOL),
+        }
+    return {
+        "cell": dataclasses.asdict(cell),
+        "name": cell.name,
+        "cluster": cell.cluster,
+        "seed": seed,
+        "jobs": len(jobs),
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "metrics": metrics,
+        "checks": checks,
+    }
+
+
+def _num(v: Any, default: float = math.inf) -> float:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else default
+
+
+def cells(traces: Sequence[str], models: Sequence[str], n: int) -> list[Cell]:
+    out = []
+    for trace in traces:
+        d = demand(sample(trace, 0, n))
+        for model in models:
+            for layout in LAYOUTS:
+                for load in LOADS:
+                    out.append(Cell(trace, model, layout, load, max(1, round(d * load))))
+    return out
+
+
+ROW_KEYS = (
+    "jobs_finished",
+    "jobs_failed",
+    "jobs_unfinished",
+    "jobs_unschedulable",
+    "jobs_common",
+    "mean_jct_common_s",
+    "p95_jct_common_s",
+    "mean_jct_s",
+    "p95_jct_s",
+    "utilization",
+    "subjobs",
+)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["cell", "cluster", "seed", "policy", *ROW_KEYS, "goal_met"])
+        for r in rows:
+            for p in POLICIES:
+                m = r["metrics"][p]
+                goal = all(r["checks"][p].values()) if p in r["checks"] else ""
+                w.writerow([r["name"], r["cluster"], r["seed"], p, *(m.get(k) for k in ROW_KEYS), goal])
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    if v is None or not math.isfinite(v):
+        return "—"
+    return f"{v:,.{digits}f}"
+
+
+def write_markdown(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """One row per cell: per policy the finished share and the figures averaged over seeds; the
+    goal's checks for each SJA policy as met in k of n seeds."""
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_cell.setdefault(r["name"], []).append(r)
+    head = ["cell", "GPUs"]
+    for p in POLICIES:
+        head += [f"{p} done", f"{p} mean JCT (h)", f"{p} p95 JCT (h)", f"{p} util"]
+    head += [f"{s}: ⊇bestfit / JCT / util" for s in SJA]
+    lines = [
+        "# Evaluation grid",
+        "",
+        *(f"- **{k}**: {v}" for k, v in meta.items()),
+        "",
+        "JCTs are over the jobs every policy finished in that run (`*_common`); `done` is finished over "
+        "jobs submitted. Checks: SJA finished every job best-fit finished; its mean JCT is at most the "
+        "best baseline's; its utilization at least the best baseline's (met in k of n seeds).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    summary: dict[str, Any] = {"cells": 0, "goal_met_cells": {s: 0 for s in SJA}, "misses": []}
+    for name, rs in by_cell.items():
+        summary["cells"] += 1
+        cells_ = [name, str(rs[0]["cluster"].split("x")[0])]
+        for p in POLICIES:
+            ms = [r["metrics"][p] for r in rs]
+            done = sum(m["jobs_finished"] for m in ms) / max(sum(m["jobs"] for m in ms), 1)
+            jct = [_num(m["mean_jct_common_s"]) for m in ms]
+            p95 = [_num(m["p95_jct_common_s"]) for m in ms]
+            util = [_num(m["utilization"], math.nan) for m in ms]
+            cells_ += [
+                f"{done:.1%}",
+                _fmt(sum(jct) / len(jct) / 3600, 1),
+                _fmt(sum(p95) / len(p95) / 3600, 1),
+                _fmt(sum(util) / len(util), 3),
+            ]
+        for s in SJA:
+            n = len(rs)
+            k = [sum(1 for r in rs if r["checks"][s][c]) for c in ("completes_bestfit", "jct", "utilization")]
+            cells_.append(" / ".join(f"{x}/{n}" for x in k))
+            if all(x == n for x in k):
+                summary["goal_met_cells"][s] += 1
+            else:
+                summary["misses"].append(
+                    {
+                        "cell": name,
+                        "policy": s,
+                        "completes_bestfit": k[0],
+                        "jct": k[1],
+                        "utilization": k[2],
+                        "of": n,
+                    }
+                )
+        lines.append("| " + " | ".join(cells_) + " |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON (always the last line)")
+    ap.add_argument("--jobs", type=int, default=300, help="jobs per cell (from the trace's middle on)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--traces", default=",".join(TRACES))
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--quick", action="store_true", help="one seed, cluster07 and openb, A100-80GB")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", type=Path, default=REPO / "out" / "evaluation")
+    args = ap.parse_args()
+    traces = [t for t in args.traces.split(",") if t]
+    models = [m for m in args.models.split(",") if m]
+    seeds = args.seeds
+    if args.quick:
+        traces, models, seeds = ["cluster07", "openb"], ["A100-80GB"], 1
+    for t in traces:
+        if t not in TRACES:
+            raise SystemExit(f"unknown trace {t!r} (known: {', '.join(TRACES)})")
+    for m in models:
+        if m not in MODELS:
+            raise SystemExit(f"unknown model {m!r} (known: {', '.join(MODELS)})")
+    t0 = time.perf_counter()
+    grid = cells(traces, models, args.jobs)
+    tasks = [(c, s) for c in grid for s in range(seeds)]
+    print(f"{len(grid)} cells x {seeds} seeds x {len(POLICIES)} policies", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        futures = [pool.submit(run_cell, c, s, args.jobs) for c, s in tasks]
+        for i, f in enumerate(futures):
+            r = f.result()
+            rows.append(r)
+            print(f"  [{i + 1}/{len(tasks)}] {r['name']} seed {r['seed']}: {r['wall_s']} s", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "grid.csv", rows)
+    meta = {
+        "jobs per cell": f"{args.jobs}, submitted from the middle of each trace on (submission times kept)",
+        "seeds": seeds,
+        "settings": "the simulator's defaults (SimConfig): "
+        + ", ".join(
+            f"{k}={getattr(SimConfig(), k)}"
+            for k in ("horizon_s", "unit_s", "start_s", "checkpoint_s", "eps_mem")
+        ),
+        "synthetic": "ms-itp GPU fractions, declared and true memory, tenants; openb true memory (seeded)",
+    }
+    summary = write_markdown(args.out / "grid.md", rows, meta)
+    (args.out / "grid.json").write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    summary.update(
+        {
+            "runs": len(tasks) * len(POLICIES),
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "csv": str(args.out / "grid.csv"),
+            "markdown": str(args.out / "grid.md"),
+        }
+    )
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
