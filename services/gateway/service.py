@@ -23,7 +23,9 @@ from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
+from sja.bus.watch import KvView
 from sja.core import jobs as J
+from sja.core.planner import PlanLimits
 from sja.protocol import subjects
 from sja.protocol.messages import (
     ErrorReply,
@@ -36,6 +38,7 @@ from sja.protocol.messages import (
     RoundRecord,
     RoundsQuery,
     RoundsView,
+    SliceState,
     SubmitAck,
     SubmitJob,
     Verdict,
@@ -50,6 +53,9 @@ class GatewaySettings(BaseSettings, frozen=True, kw_only=True):
     """The planning window the advertiser offers (same ``SJA_HORIZON_S``): new jobs' priors are
     scaled to what fits one window."""
     start_overhead_s: float = 0.3
+    mem_reserve_mib: float = 256.0
+    """Driver/context memory of every slice (same ``SJA_MEM_RESERVE_MIB`` as the agents): a job whose
+    smallest subjob declares more than the largest slice less this is refused at submission."""
 
 
 def job_id_for(spec_name: str, tenant: str, request_id: str) -> str:
@@ -67,9 +73,25 @@ class GatewayService(Service):
         super().__init__(settings)
         self.submitted = 0
         self.planning_window_s = max(settings.horizon_s - settings.start_overhead_s, 0.0) or None
+        self.limits = PlanLimits(
+            mem_reserve_mib=settings.mem_reserve_mib,
+            start_overhead_s=settings.start_overhead_s,
+            horizon_s=settings.horizon_s,
+        )
+        self.slice_view: KvView[SliceState] | None = None
+        """Every slice (the inventory's bucket), to refuse a job that none can ever hold."""
         self.m_submitted = self.metrics.counter(
             "sja_jobs_submitted", "Jobs accepted by the gateway (not counting duplicates).", unit="{job}"
         )
+
+    async def on_start(self) -> None:
+        assert self.js is not None
+        self.slice_view = KvView(await self.js.key_value(subjects.BUCKET_SLICES), SliceState)
+        await self.slice_view.start()
+
+    async def on_stop(self) -> None:
+        if self.slice_view is not None:
+            await self.slice_view.stop()
 
     async def add_endpoints(self, micro: Any) -> None:
         for name, subject, handler in (
@@ -100,6 +122,10 @@ class GatewayService(Service):
             state = J.new_job(job_id, req.spec, time.time(), window_s=self.planning_window_s)
         except SpecError as e:
             return ErrorReply(code="bad_request", message=e.message, field=e.field)
+        slices = [s for s, _ in self.slice_view.entries.values()] if self.slice_view is not None else []
+        why = J.never_fits(state, slices, self.limits)
+        if why is not None:
+            return ErrorReply(code="bad_request", message=why, field="spec.memory")
         assert self.jobs is not None
         if await self.jobs.create(job_id, state) is None:
             return SubmitAck(job_id=job_id, duplicate=True)

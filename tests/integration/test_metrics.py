@@ -404,7 +404,7 @@ async def test_executor_busy_seconds_and_an_oom_in_the_agents_subjob_counts(
     executor = ExecutorService(ExecutorSettings(**c("executor-oom"), node="local", ray_num_cpus=2))
     services = [
         inventory,
-        GatewayService(GatewaySettings(**c("gateway-oom"))),
+        GatewayService(GatewaySettings(**c("gateway-oom"), mem_reserve_mib=0.0)),
         ClearerService(ClearerSettings(**c("clearer-oom"))),
         agent,
         executor,

@@ -31,6 +31,7 @@ from sja.protocol.messages import (
     Offer,
     ProfileState,
     Proposal,
+    SliceState,
     Subjob,
     SubjobSummary,
     UnitRange,
@@ -83,6 +84,28 @@ def new_job(job_id: str, spec: JobSpec, now: float, *, window_s: float | None = 
         total_units=total,
         submitted_at=now,
         profile=profile.to_state(),
+    )
+
+
+def never_fits(state: JobState, slices: Iterable[SliceState], limits: PlanLimits) -> str | None:
+    """Why no slice of the inventory can ever hold the job's smallest subjob, or ``None``.
+
+    Only a ceiling the job vouches for (its declared peak at ``min_units``) can say so: a job with
+    no declaration measures first, and an empty inventory (none published yet) refuses nothing."""
+    live = [s for s in slices if s.status != "offline"]
+    if not live:
+        return None
+    profile = profile_of(state)
+    need = profile.mem_ceiling(state.spec.min_units)
+    largest = max(live, key=lambda s: (s.mem_mib, s.compute_share, s.slice_id))
+    usable = largest.mem_mib - limits.mem_reserve_mib
+    if need <= usable:
+        return None
+    return (
+        f"the job's smallest subjob ({state.spec.min_units} unit(s)) declares a peak of {need:,.0f} MiB, "
+        f"and the largest slice ({largest.profile} on {largest.gpu_model}, {largest.slice_id}) holds "
+        f"{usable:,.0f} MiB usable ({largest.mem_mib:,} MiB less the {limits.mem_reserve_mib:,.0f} MiB "
+        f"reserve): declare less memory per subjob (memory, min_units) or run it where a larger slice is"
     )
 
 
