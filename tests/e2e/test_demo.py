@@ -31,6 +31,10 @@ def test_demo_runs_every_job_correctly_and_writes_its_report(tmp_path: Path) -> 
         assert {"job_id", "tenant", "state", "subjobs", "wait_s", "jct_s"} <= set(j)
         assert j["state"] == "done" and j["correct"] and j["subjobs"] >= 1
         assert 0 <= j["wait_s"] <= j["jct_s"]
+    # A job declaring nearly the largest slice (39,000 of its 40,192 usable MiB) is planned there
+    # from its first subjob and completes: its declaration is a bound, not the centre of a prior.
+    big = [j for j in summary["jobs"] if j["job_id"].startswith("big-model-")]
+    assert big and big[0]["state"] == "done" and big[0]["correct"]
     assert len(summary["slices"]) == 6
     assert all(0.0 <= s["utilization"] <= 1.0 for s in summary["slices"])
     assert summary["grants"] >= len(summary["jobs"]) and summary["rounds"] >= summary["grants"]

@@ -19,7 +19,7 @@ from rich.table import Table
 from sja.bus.connection import connect
 from sja.bus.rounds import iter_rounds
 from sja.client import SjaClient
-from sja.protocol.messages import JobSpec, JobState, RoundRecord, SliceState
+from sja.protocol.messages import JobSpec, JobState, MemoryDecl, RoundRecord, SliceState
 from sja.stack import LocalStack
 from sja.workloads import run_in_one_piece
 
@@ -29,8 +29,10 @@ if not console.is_terminal:  # logs and CI: wide enough for the tables
 
 
 def demo_jobs(quick: bool = False) -> list[JobSpec]:
-    """Nine jobs of three kinds and several sizes from two tenants; one (``jacobi``) is sequential,
-    its state passed from subjob to subjob through the checkpoint store."""
+    """Ten jobs of three kinds and several sizes from two tenants; one (``jacobi``) is sequential,
+    its state passed from subjob to subjob through the checkpoint store, and one (``big-model``)
+    declares a peak of nearly the largest slice (39,000 MiB of the 40,192 a 40 GB instance gives):
+    its declaration is a bound it vouches for, so it is planned there from its first subjob."""
     s = 0.25 if quick else 1.0
 
     def n(x: int) -> int:
@@ -90,6 +92,14 @@ def demo_jobs(quick: bool = False) -> list[JobSpec]:
             workload="montecarlo",
             max_parallel=2,
             params={"units": n(400), "samples_per_unit": 100_000, "seed": 8},
+        ),
+        JobSpec(
+            name="big-model",
+            tenant="research",
+            workload="montecarlo",
+            max_parallel=2,
+            params={"units": n(200), "samples_per_unit": 100_000, "seed": 10},
+            memory=MemoryDecl(base_mib=39_000.0, per_unit_mib=0.0),
         ),
         JobSpec(
             name="heat-solve",
