@@ -402,6 +402,9 @@ class SubmitJob(Message, tag="sja.submit_job.v1", frozen=True, kw_only=True):
 class SubmitAck(Message, Tokens, tag="sja.submit_ack.v1", frozen=True, kw_only=True):
     job_id: Id
     duplicate: bool = False
+    notes: list[str] = []
+    """What the submitter should know about how the job will be treated (a deadline that the
+    policy clearing the job's rounds does not read)."""
 
 
 class JobQuery(Message, Tokens, tag="sja.job_query.v1", frozen=True, kw_only=True):
@@ -634,6 +637,12 @@ class LeaseReleased(Message, tag="sja.lease_released.v1", frozen=True, kw_only=T
 
 
 # --- token fields ------------------------------------------------------------------------------------
+
+
+def token_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """A struct's ``Id`` fields, ``Name`` fields and ``list[Id]`` fields (all empty for a struct that
+    is not a registered ``Tokens``)."""
+    return _token_fields.get(cls, ((), (), ()))
 
 
 def register_token_fields(classes: Iterable[type]) -> None:
