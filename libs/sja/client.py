@@ -23,6 +23,7 @@ from sja.bus.connection import NatsAuth, PermissionViolation, connect
 from sja.protocol import subjects
 from sja.protocol.messages import (
     ErrorReply,
+    Explanation,
     JobList,
     JobListQuery,
     JobQuery,
@@ -194,6 +195,9 @@ class SjaClient:
 
     async def rounds(self, job_id: str) -> list[RoundRecord]:
         return (await self._call(subjects.JOB_ROUNDS, RoundsQuery(job_id=job_id), RoundsView)).rounds
+
+    async def explain(self, job_id: str) -> Explanation:
+        return await self._call(subjects.JOB_EXPLAIN, JobQuery(job_id=job_id), Explanation)
 
 
 class SpecErrors(ValueError):

@@ -358,14 +358,16 @@ def _with_connection_errors(fn: Any, url: str) -> None:
 
 @app.command()
 def status(
-    job_id: str,
+    job_id: JobArg,
     nats: NatsOpt = DEFAULT_NATS,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonOpt = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
 ) -> None:
-    """Show one job: state, progress, subjobs."""
+    """Show one job: state, progress, what runs now (slice, units, time left), the subjobs that ran
+    in the order of their units, the result and whether a deadline was met."""
+    from sja.cli.render import render_status, status_json
     from sja.client import ApiError
 
     async def go() -> None:
@@ -377,45 +379,12 @@ def status(
             return
         finally:
             await c.close()
+        now = time.time()
         if as_json:
-            d = msgspec.to_builtins(s)
-            d.pop("accumulator", None)
-            d.pop("profile", None)
-            console.print_json(json.dumps(d))
+            print(json.dumps(status_json(s, now), indent=2))
             return
-        console.print(
-            f"[bold]{s.job_id}[/] {s.spec.workload} tenant={s.spec.tenant} "
-            f"status=[bold]{s.status}[/] {s.units_done}/{s.total_units} units, "
-            f"{len(s.history)} subjobs, {len(s.in_flight)} running"
-        )
-        if s.result:
-            console.print(f"result: {s.result}")
-        if s.error:
-            console.print(f"[red]error:[/] {s.error}")
-        t = Table(
-            "subjob",
-            "slice",
-            "status",
-            "units",
-            "plan mem q",
-            "peak mem",
-            "cap",
-            "plan s",
-            "took s",
-        )
-        for h in s.history[-20:]:
-            t.add_row(
-                h.subjob_id,
-                h.slice_id,
-                h.status,
-                str(h.units),
-                f"{h.planned_mem_q_mib:.0f}",
-                f"{h.peak_mem_mib:.0f}",
-                str(h.mem_cap_mib),
-                f"{h.planned_duration_q_s:.2f}",
-                f"{h.duration_s:.2f}",
-            )
-        console.print(t)
+        for part in render_status(s, now):
+            console.print(part, highlight=False)
 
     _with_connection_errors(go, nats)
 
@@ -426,13 +395,19 @@ def list_jobs(
     tenant: Annotated[
         str,
         typer.Option(
-            "--tenant", envvar="SJA_TENANT", help="Only this tenant's jobs (through its own API subjects)."
+            "--tenant",
+            envvar="SJA_TENANT",
+            metavar="TENANT",
+            help="Only this tenant's jobs (through its own API subjects).",
         ),
     ] = "",
+    as_json: JsonOpt = False,
+    wide: Annotated[bool, typer.Option("--wide", help="More columns: submitted, agent, deadline.")] = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
 ) -> None:
-    """List jobs."""
+    """List jobs (full ids: the other columns give way on a narrow terminal)."""
+    from sja.cli.render import render_jobs
 
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
@@ -440,17 +415,14 @@ def list_jobs(
             states = await c.jobs()
         finally:
             await c.close()
-        t = Table("job", "tenant", "workload", "status", "progress", "subjobs")
-        for s in states:
-            t.add_row(
-                s.job_id,
-                s.spec.tenant,
-                s.spec.workload,
-                s.status,
-                f"{s.units_done}/{s.total_units}",
-                str(s.next_seq),
-            )
-        console.print(t)
+        if as_json:
+            rows = [msgspec.to_builtins(s) for s in states]
+            for r in rows:
+                for k in ("accumulator", "profile", "history"):
+                    r.pop(k, None)
+            print(json.dumps(rows, indent=2))
+            return
+        console.print(render_jobs(states, time.time(), wide=wide), highlight=False)
 
     _with_connection_errors(go, nats)
 
@@ -491,9 +463,10 @@ def cancel(
 
 @app.command("trace")
 def trace_cmd(
-    job_id: str,
+    job_id: JobArg,
     nats: NatsOpt = DEFAULT_NATS,
-    limit: Annotated[int, typer.Option(help="Show the last N rounds.")] = 50,
+    limit: Annotated[int, typer.Option(metavar="N", help="Show the last N rounds.")] = 50,
+    as_json: JsonOpt = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
@@ -514,10 +487,46 @@ def trace_cmd(
             raise
         finally:
             await c.close()
+        if as_json:
+            print(json.dumps([msgspec.to_builtins(r) for r in rounds[-limit:]], indent=2))
+            return
         if state is not None:
-            console.print(render_no_rounds(state))
+            console.print(render_no_rounds(state), highlight=False)
             return
         console.print(render_rounds(job_id, rounds[-limit:]))
+
+    _with_connection_errors(go, nats)
+
+
+@app.command()
+def explain(
+    job_id: JobArg,
+    nats: NatsOpt = DEFAULT_NATS,
+    as_json: JsonOpt = False,
+    user: UserOpt = "",
+    password: PasswordOpt = "",
+    tenant: TenantOpt = "",
+) -> None:
+    """Why a job waits: for the last offer of each window shape, whether it bid and what became of
+    its bid (or why it sent none), its place among the waiting jobs, and its deadline."""
+    from sja.cli.render import render_explanation
+    from sja.client import ApiError
+
+    async def go() -> None:
+        c = await _connect_client(nats, user, password, tenant)
+        try:
+            e = await c.explain(job_id)
+        except ApiError as err:
+            if err.error.code == "not_found":
+                fail(f"no job {job_id} (`sja jobs` lists the jobs)")
+            raise
+        finally:
+            await c.close()
+        if as_json:
+            print(json.dumps(msgspec.to_builtins(e), indent=2))
+            return
+        for part in render_explanation(e):
+            console.print(part, highlight=False, soft_wrap=False)
 
     _with_connection_errors(go, nats)
 

@@ -595,6 +595,41 @@ class RoundsView(Message, tag="sja.rounds_view.v1", frozen=True, kw_only=True):
     rounds: list[RoundRecord]
 
 
+class WindowReason(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What became of a job at the last offer of one window shape (pool, profile, memory)."""
+
+    pool: str
+    profile: str
+    mem_mib: int
+    slice_id: str
+    offer_id: str
+    opened_at: float
+    policy: str
+    outcome: Literal["won", "lost", "excluded", "invalid", "no_bid"]
+    reason: str
+
+
+class Explanation(Message, tag="sja.explanation.v1", frozen=True, kw_only=True):
+    """Answer to an explain query: the job's state and, while it waits, why."""
+
+    job_id: str
+    status: str
+    summary: str
+    """The state in a sentence (what it runs, or why nothing)."""
+    windows: list[WindowReason] = []
+    """The last offer of each window shape seen lately, largest memory first."""
+    policy: str = ""
+    """The policy of the latest round seen (empty: no round seen lately)."""
+    position: int = 0
+    """1-based place among the jobs waiting for a window under ``order``; 0: not waiting."""
+    waiting: int = 0
+    order: str = ""
+    """How the waiting jobs are ranked for ``position``."""
+    deadline: str = ""
+    """Met, missed or time left (empty: no deadline)."""
+    notes: list[str] = []
+
+
 class DemandChanged(Message, Tokens, tag="sja.demand_changed.v1", frozen=True, kw_only=True):
     """An agent's jobs can take more work: free windows are worth offering again at once."""
 
