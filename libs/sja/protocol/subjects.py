@@ -157,7 +157,6 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.JobQuery, JOB_STATUS, durable=False),
     Route(m.JobListQuery, JOB_LIST, durable=False),
     Route(m.RoundsQuery, JOB_ROUNDS, durable=False),
-    Route(m.JobQuery, JOB_EXPLAIN, durable=False),
     Route(m.LeaseRelease, LEASE_RELEASE, durable=False),
     Route(m.JobState, job_submitted("*"), durable=True),
     Route(m.Subjob, subjob_dispatched("*", "*"), durable=True),
