@@ -148,7 +148,7 @@ def service(
         str,
         typer.Argument(
             metavar="SERVICE[,SERVICE...]",
-            help="inventory|advertiser|clearer|agent|executor|gateway, or several separated by commas "
+            help="inventory|advertiser|clearer|agent|executor|gateway|ui, or several separated by commas "
             "to run them in one process (e.g. inventory,gateway,clearer,advertiser).",
         ),
     ],
