@@ -50,7 +50,9 @@ async function getJSON(url) {
 
 function drawTimeline(data) {
   const rows = data.slices, tl = data.timeline;
-  const left = 190, right = 10, rowH = 26, top = 6, axis = 22;
+  const label = (s) => `${s.slice_id} ${s.profile} (${s.mem_mib} MiB, ${s.status})`;
+  const left = 16 + 6.5 * Math.max(20, ...rows.map((s) => label(s).length)), right = 10;
+  const rowH = 26, top = 6, axis = 22;
   const width = Math.max(600, $("#timeline").clientWidth || 900);
   const height = top + rows.length * rowH + axis;
   const span = Math.max(tl.end - tl.start, 1);
@@ -62,8 +64,7 @@ function drawTimeline(data) {
     const yy = top + i * rowH;
     svg += `<rect x="${left}" y="${yy}" width="${width - left - right}" height="${rowH - 4}"`
       + ` fill="#f1f3f6"/>`;
-    svg += `<text x="4" y="${yy + rowH / 2 + 2}">${esc(s.slice_id)} (${s.mem_mib} MiB)`
-      + ` ${esc(s.status)}</text>`;
+    svg += `<text class="slice" x="4" y="${yy + rowH / 2 + 2}">${esc(label(s))}</text>`;
   });
   for (const g of tl.segments) {
     if (!(g.slice_id in y)) continue;
@@ -77,7 +78,7 @@ function drawTimeline(data) {
   const ticks = 6;
   for (let i = 0; i <= ticks; i++) {
     const t = tl.start + span * i / ticks, xx = x(t);
-    svg += `<text x="${xx - 14}" y="${height - 6}">${(t - tl.end).toFixed(0)} s</text>`;
+    svg += `<text x="${xx - 14}" y="${height - 6}">${(t - tl.end).toFixed(span < 10 ? 1 : 0)} s</text>`;
   }
   svg += `</svg>`;
   $("#timeline").innerHTML = svg;

@@ -183,7 +183,7 @@ def overview(
     records: Sequence[RoundRecord],
     targets: Mapping[str, float],
     now: float,
-    rounds_shown: int = 50,
+    rounds_shown: int = 25,
 ) -> dict[str, Any]:
     """The dashboard's main page: the timeline, the jobs, the tenants and the latest rounds."""
     latest = records[-rounds_shown:] if rounds_shown else []

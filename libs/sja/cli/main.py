@@ -199,6 +199,9 @@ def up(
     policy: Annotated[PolicyName, typer.Option(help="Clearing policy.")] = "fair",
     agents: Annotated[int, typer.Option(metavar="N", help="Agent processes.")] = 1,
     port: Annotated[int, typer.Option(metavar="PORT", help="NATS port (0: 4222 if free, else any).")] = 0,
+    ui_port: Annotated[
+        int, typer.Option(metavar="PORT", help="Dashboard port on 127.0.0.1 (0: 8080 if free, else any).")
+    ] = 0,
     keep_store: Annotated[
         Path | None,
         typer.Option(
@@ -224,7 +227,7 @@ def up(
 
     from services.registry import parse_cohost
     from sja.bus.natsd import EmbeddedNats, free_port
-    from sja.stack import LocalStack
+    from sja.stack import UP_ORDER, LocalStack
 
     groups: list[list[str]] = []
     if cohost:
@@ -234,15 +237,19 @@ def up(
             fail(f"--cohost: {e}")
         if "agent" in groups[0] and agents != 1:
             fail(f"--cohost: a co-hosted agent runs one replica, not --agents {agents}")
-    stack = LocalStack(
-        out_dir=out,
-        env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
-        replicas={"agent": agents},
-        groups=groups,
-    )
     if not port:
         with socket.socket() as s:
             port = 4222 if s.connect_ex(("127.0.0.1", 4222)) != 0 else free_port()
+    if not ui_port:
+        with socket.socket() as s:
+            ui_port = 8080 if s.connect_ex(("127.0.0.1", 8080)) != 0 else free_port()
+    stack = LocalStack(
+        out_dir=out,
+        env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
+        service_env={"ui": {"SJA_UI_PORT": str(ui_port), "SJA_UI_HOST": "127.0.0.1"}},
+        replicas={"agent": agents},
+        groups=groups,
+    )
     (out / "logs").mkdir(parents=True, exist_ok=True)
     if keep_store is not None:
         keep_store.mkdir(parents=True, exist_ok=True)
@@ -260,13 +267,14 @@ def up(
     stack.nats.start()
     stack.nats_url = stack.nats.url
     try:
-        stack.start()
+        stack.start(order=UP_ORDER)
         run_async(stack.wait_ready())
         store = f"store in {keep_store}" if keep_store is not None else "temporary store"
         console.print(
             f"[green]SJA is up[/] — NATS at [bold]{stack.nats_url}[/] ({store}), logs in {out}/logs"
         )
         console.print(f"  export SJA_NATS_URL={stack.nats_url}; sja submit examples/jobs/matmul.yaml")
+        console.print(f"  dashboard: http://127.0.0.1:{ui_port}/")
         console.print("  Ctrl-C stops the stack.")
         while all(p.proc.poll() is None for p in stack.procs):
             time.sleep(0.5)
