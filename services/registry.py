@@ -19,10 +19,11 @@ SERVICES: dict[str, tuple[str, str, str]] = {
     "agent": ("services.agent.service", "AgentService", "AgentSettings"),
     "executor": ("services.executor.service", "ExecutorService", "ExecutorSettings"),
     "gateway": ("services.gateway.service", "GatewayService", "GatewaySettings"),
+    "ui": ("services.ui.service", "UiService", "UiSettings"),
 }
 """Name -> (module, service class, settings class)."""
 
-START_ORDER = ("inventory", "gateway", "clearer", "agent", "executor", "advertiser")
+START_ORDER = ("inventory", "gateway", "clearer", "agent", "executor", "advertiser", "ui")
 
 
 def load(name: str) -> tuple[type[Service], type[BaseSettings]]:

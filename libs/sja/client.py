@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
@@ -22,6 +23,7 @@ from sja.bus.connection import NatsAuth, PermissionViolation, connect
 from sja.protocol import subjects
 from sja.protocol.messages import (
     ErrorReply,
+    Explanation,
     JobList,
     JobListQuery,
     JobQuery,
@@ -194,26 +196,75 @@ class SjaClient:
     async def rounds(self, job_id: str) -> list[RoundRecord]:
         return (await self._call(subjects.JOB_ROUNDS, RoundsQuery(job_id=job_id), RoundsView)).rounds
 
+    async def explain(self, job_id: str) -> Explanation:
+        return await self._call(subjects.JOB_EXPLAIN, JobQuery(job_id=job_id), Explanation)
+
+
+class SpecErrors(ValueError):
+    """Every problem found in a job spec, each naming its field: ``problems`` holds one line per
+    problem (``SOURCE: FIELD: what is wrong``); ``str()`` is all of them, one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def read_spec_file(path: Path) -> str:
+    """A spec file's text; a file that cannot be read or is not text fails naming the file."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecErrors([f"{path}: no such file"]) from None
+    except IsADirectoryError:
+        raise SpecErrors([f"{path}: is a directory, not a job spec file"]) from None
+    except OSError as e:
+        raise SpecErrors([f"{path}: cannot be read ({e.strerror or e})"]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecErrors(
+            [
+                f"{path}: not a text file (byte 0x{data[e.start]:02x} at offset {e.start} is not "
+                "UTF-8); a job spec is YAML or JSON"
+            ]
+        ) from None
+
 
 def load_spec(text: str, source: str = "spec") -> JobSpec:
-    """Parse a YAML or JSON job spec; errors name the field."""
+    """Parse a YAML or JSON job spec. Every problem is reported at once (``SpecErrors``, a
+    ``ValueError``), each on one line naming the source and the field, in SJA's words."""
     import yaml
+
+    from sja.core.jobs import validate_spec
+    from sja.protocol.wording import plain, struct_problems
+    from sja.workloads import SpecError, workload
 
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ValueError(f"{source}: not valid YAML/JSON: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecErrors([f"{source}: not valid YAML/JSON{where}: {problem}"]) from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{source}: a job spec is a mapping (name, tenant, workload, params...)")
+        raise SpecErrors([f"{source}: a job spec is a mapping (name, tenant, workload, params...)"])
+    found = struct_problems(raw, JobSpec)
+    problems = [f"{source}: {field}: {why}" for field, why in found]
+    bad_fields = {field.split(".")[0] for field, _ in found}
+    if "workload" not in bad_fields and "params" not in bad_fields and isinstance(raw.get("workload"), str):
+        # The workload's own parameters, checked even when other fields are wrong.
+        try:
+            workload(raw["workload"]).validate(dict(raw.get("params") or {}))
+        except SpecError as e:
+            problems.append(f"{source}: {e.field}: {e.message}")
+    if problems:
+        raise SpecErrors(problems)
     try:
         spec = msgspec.convert(raw, JobSpec)
-    except msgspec.ValidationError as e:
-        raise ValueError(f"{source}: {e}") from None
-    from sja.core.jobs import validate_spec
-    from sja.workloads import SpecError
-
+    except (msgspec.ValidationError, ValueError) as e:
+        raise SpecErrors([f"{source}: {plain(str(e))}"]) from None
     try:
         validate_spec(spec)
     except SpecError as e:
-        raise ValueError(f"{source}: {e}") from None
+        raise SpecErrors([f"{source}: {e.field}: {e.message}"]) from None
     return spec

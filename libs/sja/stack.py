@@ -19,6 +19,8 @@ from sja.bus.natsclient import Client
 from sja.bus.natsd import EmbeddedNats, die_with_parent
 
 DEFAULT_ORDER = ("inventory", "gateway", "clearer", "agent", "executor", "advertiser")
+UP_ORDER = (*DEFAULT_ORDER, "ui")
+"""What ``sja up`` runs: the scheduler's services and the dashboard (which only reads)."""
 
 
 async def discover(nc: Client, wait_s: float = 0.5) -> dict[str, str]:

@@ -216,6 +216,8 @@ class ClearerService(Service):
         )
 
     async def on_start(self) -> None:
+        # The series exists from the start, so a dashboard reads 0 lost rather than "no data".
+        self.m_records_lost.add(0)
         await self.replay_ledger()
         pools = self.pools or ["*"]
         for pool in pools:

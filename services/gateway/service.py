@@ -24,6 +24,7 @@ from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.watch import KvView
+from sja.core import explain as E
 from sja.core import jobs as J
 from sja.core.planner import PlanLimits
 from sja.protocol import subjects
@@ -33,6 +34,7 @@ from sja.protocol.messages import (
     JobList,
     JobListQuery,
     JobQuery,
+    JobSpec,
     JobState,
     JobView,
     RoundRecord,
@@ -55,7 +57,8 @@ class GatewaySettings(BaseSettings, frozen=True, kw_only=True):
     start_overhead_s: float = 0.3
     mem_reserve_mib: float = 256.0
     """Driver/context memory of every slice (same ``SJA_MEM_RESERVE_MIB`` as the agents): a job whose
-    smallest subjob declares more than the largest slice less this is refused at submission."""
+    smallest subjob declares more than the largest slice less this is refused at submission, and
+    ``explain`` plans with it to say why a job sent no bid."""
 
 
 def job_id_for(spec_name: str, tenant: str, request_id: str) -> str:
@@ -100,6 +103,7 @@ class GatewayService(Service):
             ("list", subjects.JOB_LIST, self.list_jobs),
             ("cancel", subjects.JOB_CANCEL, self.cancel),
             ("rounds", subjects.JOB_ROUNDS, self.rounds),
+            ("explain", subjects.JOB_EXPLAIN, self.explain),
         ):
             await micro.add_endpoint(name=name, subject=subject, handler=_typed(handler, self, subject))
             tenant_subject = subjects.tenant_request(subject, "*")
@@ -127,15 +131,16 @@ class GatewayService(Service):
         if why is not None:
             return ErrorReply(code="bad_request", message=why, field="spec.memory")
         assert self.jobs is not None
+        notes = await self._submit_notes(req.spec)
         if await self.jobs.create(job_id, state) is None:
-            return SubmitAck(job_id=job_id, duplicate=True)
+            return SubmitAck(job_id=job_id, duplicate=True, notes=notes)
         await self.jetstream.publish(
             subjects.job_submitted(job_id), encode(state), headers={"Nats-Msg-Id": job_id}
         )
         self.submitted += 1
         self.m_submitted.add(1, tenant=req.spec.tenant)
         log.info("job %s submitted by %s (%s)", job_id, req.spec.tenant, req.spec.workload)
-        return SubmitAck(job_id=job_id)
+        return SubmitAck(job_id=job_id, notes=notes)
 
     async def _job(self, job_id: str, tenant: str | None) -> tuple[JobState, int] | ErrorReply:
         """The job and its revision, or ``not_found`` (also for another tenant's job)."""
@@ -215,8 +220,54 @@ class GatewayService(Service):
             records = [anonymize_round(r, tenant) for r in records]
         return RoundsView(rounds=records)
 
+    async def _recent_rounds(self, since: float) -> list[RoundRecord]:
+        """Round records stored since ``since`` (every pool), the newest ``EXPLAIN_RECORDS``."""
+        records: list[RoundRecord] = []
+        async for rec in iter_rounds(self.jetstream, since=since):
+            records.append(rec)
+            if len(records) > 2 * EXPLAIN_RECORDS:
+                del records[:EXPLAIN_RECORDS]
+        return records[-EXPLAIN_RECORDS:]
+
+    async def _submit_notes(self, spec: JobSpec) -> list[str]:
+        """What the submitter should know: a deadline the policy of the latest rounds ignores."""
+        if spec.deadline_s is None:
+            return []
+        since = time.time() - POLICY_LOOKBACK_S
+        latest = await self._recent_rounds(since)
+        policy = latest[-1].policy if latest else ""
+        note = E.deadline_note(policy, spec)
+        return [note] if note else []
+
+    async def explain(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
+        """The job's state and, while it waits, why (``sja.core.explain``): from the rounds stored
+        in the last ``EXPLAIN_LOOKBACK_S`` and the jobs in the store."""
+        q = decode(data, JobQuery)
+        got = await self._job(q.job_id, tenant)
+        if isinstance(got, ErrorReply):
+            return got
+        state = got[0]
+        now = time.time()
+        records: list[RoundRecord] = []
+        states: list[JobState] = [state]
+        if not J.is_terminal(state):
+            since = max(state.submitted_at, now - EXPLAIN_LOOKBACK_S) - ROUNDS_CLOCK_SKEW_S
+            records = await self._recent_rounds(since)
+            if tenant is not None:
+                records = [anonymize_round(r, tenant) for r in records]
+            assert self.jobs is not None
+            states = [s for s, _ in await self.jobs.all()]
+        return E.explain(state, records, states, now, self.limits)
+
 
 OTHER = "(other tenant)"
+
+EXPLAIN_LOOKBACK_S = 60.0
+"""``explain`` reads the rounds stored this long back: the last offers of each window shape."""
+EXPLAIN_RECORDS = 5000
+"""At most this many of the newest of them (a busy cluster clears hundreds of rounds a second)."""
+POLICY_LOOKBACK_S = 10.0
+"""A submission with a deadline reads the rounds of this long back for the policy that clears them."""
 
 ROUNDS_CLOCK_SKEW_S = 5.0
 """A job's rounds are looked for from this long before its submission (stamped by the gateway) to

@@ -758,6 +758,7 @@ REQUEST_TYPES: dict[str, type[msgspec.Struct]] = {
     subjects.JOB_LIST: m.JobList,
     subjects.JOB_CANCEL: m.JobView,
     subjects.JOB_ROUNDS: m.RoundsView,
+    subjects.JOB_EXPLAIN: m.Explanation,
 }
 POLICY_SUBJECT = f"{subjects.PREFIX}.clearer.policy"
 
@@ -773,6 +774,7 @@ def request_payloads(verb: str) -> st.SearchStrategy[bytes]:
         subjects.JOB_LIST: lists,
         subjects.JOB_CANCEL: queries,
         subjects.JOB_ROUNDS: rounds_q,
+        subjects.JOB_EXPLAIN: queries,
     }
     return hostile(valid[verb], list(valid.values())).filter(lambda d: not _declares_huge_profile(d))
 

@@ -129,3 +129,93 @@ def test_service_and_up_name_a_bad_list_of_services() -> None:
             out = sja(*args)
             assert out.returncode == 2, out
             assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_version_and_conventional_help() -> None:
+    done = sja("--version")
+    assert done.returncode == 0 and done.stdout.startswith("sja "), done
+    for command in ("up", "submit", "status", "jobs", "trace", "explain", "cancel", "simulate", "demo"):
+        help_text = subprocess.run(
+            [sys.executable, "-m", "sja.cli.main", command, "--help"],
+            capture_output=True,
+            text=True,
+            env={**cli_env(), "COLUMNS": "200"},
+            timeout=HANG_GUARD_S,
+        ).stdout
+        for label in ("<bool>", "<str>", "<int>", "<float>", "<path>", "<list["):
+            assert label not in help_text, (command, label, help_text)
+    up_help = subprocess.run(
+        [sys.executable, "-m", "sja.cli.main", "up", "--help"],
+        capture_output=True,
+        text=True,
+        env={**cli_env(), "COLUMNS": "200"},
+        timeout=HANG_GUARD_S,
+    ).stdout
+    assert "[efficiency|fair|sla|auction|token|jasda]" in up_help
+
+
+def test_policy_names_match_the_core() -> None:
+    import typing
+
+    from sja.cli.main import PolicyName
+    from sja.core.policies import POLICIES
+
+    assert set(typing.get_args(PolicyName)) == set(POLICIES)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["up", "--policy", "nope", "--out", "/nonexistent/never-made"], "'nope' is not one of 'efficiency'"),
+        (["demo", "--policy", "nope"], "'nope' is not one of 'efficiency'"),
+        (
+            ["simulate", "--trace", "x.csv", "--format", "csv", "--policy", "fifo,nope"],
+            "unknown policy 'nope'",
+        ),
+        (["simulate", "--trace", "x.csv", "--format", "parquet"], "'parquet' is not one of 'alibaba-openb'"),
+        (["jobs", "--bogus"], "No such option: --bogus"),
+    ],
+    ids=["up", "demo", "simulate-policy", "simulate-format", "unknown-option"],
+)
+def test_a_bad_command_line_is_one_line(args: list[str], words: str) -> None:
+    done = sja(*args)
+    assert done.returncode == 2, done
+    line = one_error_line(done.stderr)
+    assert words in line and "--help" in line, line
+
+
+def test_submit_reports_every_problem_of_every_file_and_sends_nothing(tmp_path: Path) -> None:
+    png = tmp_path / "picture.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nworkload: montecarlo\nmax_parallel: two\neps_mem: 0.9\n")
+    good = tmp_path / "good.yaml"
+    good.write_text("name: x\ntenant: t\nworkload: montecarlo\n")
+    # No server at the URL: nothing is sent when a file is bad (it would fail to connect otherwise).
+    done = sja("submit", str(good), str(png), str(bad), "--nats", f"nats://127.0.0.1:{free_port()}")
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        f"error: {png}: not a text file (byte 0x89 at offset 0 is not UTF-8); a job spec is YAML or JSON",
+        f"error: {bad}: tenant: missing (required)",
+        f"error: {bad}: eps_mem: must be more than 0 and less than 0.5, not 0.9",
+        f"error: {bad}: max_parallel: must be a whole number, not text",
+    ], done.stderr
+
+
+async def test_cancel_of_a_job_that_has_ended_says_so(nats_url: str, tmp_path: Path) -> None:
+    gw = GatewayService(GatewaySettings(nats_url=nats_url, out_dir=str(tmp_path / "out"), instance="gw-c"))
+    async with gw:
+        client = await SjaClient.connect(nats_url)
+        try:
+            ack = await client.submit(
+                JobSpec(name="mc", tenant="t", workload="montecarlo", params={"units": 3})
+            )
+        finally:
+            await client.close()
+        # No agent has it: nothing runs, so the first cancel ends it at once.
+        code, out, err = await sja_async("cancel", ack.job_id, "--nats", nats_url)
+        assert code == 0 and out.strip() == f"{ack.job_id}: cancelled", (out, err)
+        code, out, err = await sja_async("cancel", ack.job_id, "--nats", nats_url)
+        assert code == 1, (out, err)
+        assert f"job {ack.job_id} has already ended (cancelled): nothing to cancel" in one_error_line(err)

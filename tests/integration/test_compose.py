@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -36,7 +37,7 @@ import yaml
 
 from services.registry import SERVICES
 from sja.bus.connection import NatsAuth
-from sja.bus.natsd import EmbeddedNats, nats_server_binary
+from sja.bus.natsd import EmbeddedNats, free_port, nats_server_binary
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, JobState
 from sja.workloads import run_in_one_piece
@@ -50,6 +51,8 @@ AUTH_CONF = ROOT / "infra" / "nats" / "auth.conf"
 GEN_PASSWORDS = ROOT / "infra" / "nats" / "gen-passwords.sh"
 
 PROJECT_SERVICES = tuple(SERVICES)
+PUBLISHED = {"ui": "127.0.0.1:8080-8089:8080"}
+"""SJA services whose port the host reaches: the dashboard, a host port per replica."""
 SECRET_KEY = re.compile(r"PASSWORD|TOKEN|SECRET|CREDS|_KEY$|SEED", re.IGNORECASE)
 REQUIRED_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*):\?[^}]*\}$")
 
@@ -201,7 +204,12 @@ def test_every_service_builds_from_the_one_dockerfile_with_health_and_ordering()
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318", name
         assert env["SJA_NATS_USER"] == f"sja-{name}", name
         # Scaling (`--scale agent=3`): no fixed container name or host port, no fixed instance id.
-        assert "container_name" not in svc and "ports" not in svc, name
+        assert "container_name" not in svc, name
+        if name in PUBLISHED:
+            # A range of host ports, one per replica, on the loopback only.
+            assert svc["ports"] == [PUBLISHED[name]], name
+        else:
+            assert "ports" not in svc, name
         assert "SJA_INSTANCE" not in env, f"{name}: replicas need distinct default instance ids"
         # An init as PID 1: SIGTERM reaches the service (graceful drain) and children are reaped.
         assert svc.get("init") is True, name
@@ -309,7 +317,7 @@ def test_nats_users_and_passwords_line_up_with_auth_conf() -> None:
         assert user_var, f"{name}: user {env['SJA_NATS_USER']} not in auth.conf"
         m = REQUIRED_VAR.match(env["SJA_NATS_PASSWORD"])
         assert m and m.group(1) == user_var.group(1), f"{name} connects with another user's password"
-    assert set(generated_credentials()) == needed | {"RAY_AUTH_TOKEN"}
+    assert set(generated_credentials()) == needed | {"RAY_AUTH_TOKEN", "GRAFANA_ADMIN_PASSWORD"}
 
 
 # --- (b) the compose services as local processes ---------------------------------------------------
@@ -381,6 +389,8 @@ def local_environment(
         # In containers every service has its own 9464; as local processes they would collide.
         "SJA_METRICS_PORT": "0",
     }
+    if "SJA_UI_PORT" in local:
+        extra["SJA_UI_PORT"] = str(free_port())
     return {**base, **local, **extra}
 
 
@@ -461,6 +471,7 @@ def test_compose_services_run_as_local_processes_and_complete_jobs(
     Collector.services = set()
     threading.Thread(target=collector.serve_forever, daemon=True).start()
     procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    ui_ports: list[int] = []
     try:
         server.start()
         hosts = {"nats:4222": f"127.0.0.1:{server.port}", "jaeger:4318": f"127.0.0.1:{collector.server_port}"}
@@ -468,6 +479,8 @@ def test_compose_services_run_as_local_processes_and_complete_jobs(
         for name in start_order(services):
             svc = services[name]
             env = local_environment(svc, creds, hosts, out)
+            if "SJA_UI_PORT" in env:
+                ui_ports.append(int(env["SJA_UI_PORT"]))
             log = tmp_path / f"{name}.log"
             with log.open("ab") as fh:
                 proc = subprocess.Popen(
@@ -486,6 +499,16 @@ def test_compose_services_run_as_local_processes_and_complete_jobs(
             assert s.status == "done", (s.job_id, s.status, s.error)
             assert s.result == run_in_one_piece(s.spec.workload, s.spec.params), s.job_id
             assert s.units_done == s.total_units
+
+        # The dashboard, as its own user, shows the jobs and explains each (through the gateway).
+        ui_port = ui_ports[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/overview", timeout=30) as r:
+            overview = json.loads(r.read())
+        assert {s.job_id for s in states} <= {j["job_id"] for j in overview["jobs"]}
+        page_url = f"http://127.0.0.1:{ui_port}/api/job/{states[0].job_id}"
+        with urllib.request.urlopen(page_url, timeout=30) as r:
+            job_page = json.loads(r.read())
+        assert job_page["explanation"]["by"] == "gateway" and job_page["job"]["status"] == "done"
 
         # The same tenant through the CLI, with its credentials from the environment.
         cli_env = {

@@ -21,6 +21,7 @@ from services.executor.service import ExecutorService, ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from services.registry import SERVICES
+from services.ui.service import UiService, UiSettings
 from sja import __version__
 from sja.client import SjaClient
 from sja.protocol import subjects
@@ -76,6 +77,7 @@ async def test_every_service_answers_info_and_stats(nats_url: str, tmp_path: Pat
         AgentService(AgentSettings(**c("agent-d"))),
         ExecutorService(ExecutorSettings(**c("executor-d"), ray_num_cpus=1)),
         AdvertiserService(AdvertiserSettings(**c("advertiser-d"))),
+        UiService(UiSettings(**c("ui-d"), ui_port=0, ui_host="127.0.0.1")),
     ]
     assert {s.name for s in services} == set(SERVICES)
     async with running(*services):

@@ -37,6 +37,7 @@ from services.agent.service import JOBS_CONSUMER, AgentService, AgentSettings
 from services.clearer.service import ClearerService, ClearerSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
+from services.ui.service import UiService, UiSettings
 from sja.bus.codec import decode, encode
 from sja.bus.connection import (
     JetStreamReplicasError,
@@ -74,6 +75,7 @@ ROLES = (
     "AGENT",
     "EXECUTOR",
     "GATEWAY",
+    "UI",
     "ADMIN",
     "TENANT_ALPHA",
     "TENANT_BETA",
@@ -85,6 +87,7 @@ USERS = {
     "AGENT": "sja-agent",
     "EXECUTOR": "sja-executor",
     "GATEWAY": "sja-gateway",
+    "UI": "sja-ui",
     "ADMIN": "sja-admin",
     "TENANT_ALPHA": "tenant-alpha",
     "TENANT_BETA": "tenant-beta",
@@ -579,6 +582,49 @@ async def test_services_with_their_own_users_negotiate_end_to_end(secured: Secur
         assert executor.violations == [] and watcher.violations == []
     log = (tmp_path / "nats.log").read_text(errors="replace").lower()
     assert "violation" not in log, [ln for ln in log.splitlines() if "violation" in ln][:5]
+
+
+async def test_the_dashboard_reads_with_its_own_user_and_may_write_nothing(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """The ui service as ``sja-ui``: it reads the buckets, the round records and the gateway's
+    explanations without a refused publish or subscribe, and may not submit, cancel or write a
+    bucket, a stream or a negotiation subject."""
+
+    def s(role: str, instance: str) -> dict[str, Any]:
+        return secured.settings(role, tmp_path, instance)
+
+    inventory = InventoryService(InventorySettings(**s("INVENTORY", "inventory-0")))
+    gateway = GatewayService(GatewaySettings(**s("GATEWAY", "gateway-0")))
+    ui = UiService(UiSettings(**s("UI", "ui-0"), ui_port=0, ui_host="127.0.0.1"))
+    async with inventory, gateway, ui:
+        client = await SjaClient.connect(secured.url, tenant="alpha", auth=secured.auth("TENANT_ALPHA"))
+        try:
+            job_id = (await client.submit(JobSpec(name="seen", tenant="alpha", workload="montecarlo"))).job_id
+        finally:
+            await client.close()
+        overview = await ui.overview()
+        assert len(overview["slices"]) == 6 and [j["job_id"] for j in overview["jobs"]] == [job_id]
+        page = await ui.job(job_id)
+        assert page is not None and page["explanation"]["by"] == "gateway"
+        assert ui.permission_violations == 0, ui.last_permission_violation
+        async with opened(secured.url, "ui-probe", secured.auth("UI")) as probe:
+            assert probe.nc is not None
+            refused = (
+                "sja.v1.job.submit",
+                "sja.v1.job.cancel",
+                "sja.v1.job.cancel_requested",
+                f"$KV.sja-jobs.{job_id}",
+                "$KV.sja-slices.x",
+                "sja.v1.round.cleared.x",
+                "sja.v1.grant.issued.x",
+                "$JS.API.STREAM.PURGE.SJA_ROUNDS",
+            )
+            for subject in refused:
+                await probe.nc.publish(subject, b"x")
+            await probe.nc.flush()
+            for subject in refused:
+                assert (await probe.wait_violation(subject)).operation == "publish"
 
 
 # --- credentials -----------------------------------------------------------------------------------

@@ -588,3 +588,39 @@ def test_replaying_rounds_rebuilds_service_grants_and_budgets_clamped_at_zero() 
     empty = msgspec.structs.replace(won_record("c-1", "c", 1.0, 1.0, NOW), winner_job="", verdicts=[])
     ledger.replay_round(empty, lease_s=5.0)
     assert ledger.tenant_attained == {"a": 16.0, "b": 2.0}
+
+
+# --- wording: what `sja trace` and `sja explain` show -----------------------------------------------
+
+
+def test_a_job_at_capacity_is_told_why_in_plain_words() -> None:
+    ledger = Ledger()
+    ledger.record_grant("busy", lease_until=NOW + 10.0)
+    _, (v,) = split_by_capacity([bid("busy", capacity=1, grants_seen=0)], ledger, NOW)
+    assert v.reason == (
+        "excluded: it holds 1 grant not yet started and may start only 1 subjob more now "
+        "(its max_parallel less the subjobs it runs)"
+    )
+
+
+def test_fair_never_compares_a_tenant_with_itself() -> None:
+    """Two jobs of one tenant: one offer names the tie-break; in a batch, the loser is told that its
+    own tenant's jobs won, not the tenant's attained service at two values."""
+    ledger = Ledger()
+    ledger.charge("t", "a", 3.0)
+    bids = [bid("a"), bid("b", submitted_at=1.0)]
+    d = clear("fair", make_offer(), bids, ledger)
+    assert d.winner is not None and d.winner.proposal.job_id == "b"
+    (lost,) = [v for v in d.verdicts if not v.won]
+    assert lost.reason.startswith("lost to b: equal on tenant t attained 3.00 GPU-s"), lost.reason
+    assert "ranked after it on the job's own attained GPU-seconds" in lost.reason
+    offers = [
+        msgspec.structs.replace(make_offer(), offer_id=f"o{i}", window=msgspec.structs.replace(
+            make_offer().window, slice_id=f"n-g0-3g.20gb-{i}"))
+        for i in range(2)
+    ]  # fmt: skip
+    three = [bid("a"), bid("b", submitted_at=1.0), bid("c", submitted_at=2.0)]
+    batch = clear_batch("fair", offers, lambda o: three, ledger)
+    losers = {v.job_id: v.reason for _, d in batch for v in d.all_verdicts() if not v.won}
+    assert losers["a"].startswith("lost to better-ranked bids: jobs of its own tenant t"), losers["a"]
+    assert "this job: 3.00 GPU-s" in losers["a"]

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from sja.bus.connection import NatsAuth, NatsAuthError, NatsConfigError, connect
 from sja.bus.settings import BaseSettings, SettingsError
 
-SERVICES = ("inventory", "advertiser", "clearer", "agent", "executor", "gateway")
+SERVICES = ("inventory", "advertiser", "clearer", "agent", "executor", "gateway", "ui")
 
 
 class Unhealthy(Exception):

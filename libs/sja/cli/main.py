@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import typer
@@ -17,20 +17,92 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 console = Console()
 err_console = Console(stderr=True)
 
+_TYPE_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH", "bool": "BOOLEAN"}
+
+
+def _conventional_help() -> None:
+    """Show option values in help as the conventions have them: flags bare, values by an upper-case
+    metavar (``TEXT``, ``INTEGER``, ``PATH``, ``FILE...``) and choices as ``[a|b]``. Typer labels
+    them with Python types (``<str>``, ``<list[Path]>``, ``--json <bool>``)."""
+    from typer import core
+
+    def conventional(original: Any) -> Any:
+        def display_type_rich(self: Any, ctx: Any) -> str | None:
+            if getattr(self, "is_flag", False) or getattr(self, "count", False):
+                return None
+            if self.metavar is not None:
+                return str(self.metavar)
+            text = original(self, ctx)
+            if text is None:
+                return None
+            suffix = ""
+            if text.endswith("..."):
+                text, suffix = text[:-3], "..."
+            inner = text[1:-1] if text.startswith("<") and text.endswith(">") else text
+            if inner.startswith("list[") and inner.endswith("]"):
+                inner, suffix = inner[5:-1], "..."
+            if "|" in inner:
+                return f"[{inner}]{suffix}"
+            return _TYPE_METAVARS.get(inner.lower(), inner.upper()) + suffix
+
+        return display_type_rich
+
+    for cls in (core.TyperOption, core.TyperArgument):
+        if hasattr(cls, "display_type_rich") and not getattr(cls, "_sja_conventional", False):
+            cls.display_type_rich = conventional(cls.display_type_rich)  # type: ignore[method-assign]
+            cls._sja_conventional = True  # type: ignore[attr-defined]
+
+
+_conventional_help()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("sja")
+        except PackageNotFoundError:
+            v = "unknown (not installed)"
+        console.print(f"sja {v}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """SJA: run the stack or one service, submit and inspect jobs, trace rounds, run the demo."""
+
+
+PolicyName = Literal["efficiency", "fair", "sla", "auction", "token", "jasda"]
+"""The clearing policies (``sja.core.policies.POLICIES``; a test keeps the two the same)."""
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON (every field, full ids) instead of a table.")
+]
+JobArg = Annotated[str, typer.Argument(metavar="JOB", help="A job id (`sja jobs` lists them).")]
+
 NatsOpt = Annotated[
     str,
-    typer.Option("--nats", envvar="SJA_NATS_URL", help="NATS server URL of the stack."),
+    typer.Option("--nats", envvar="SJA_NATS_URL", metavar="URL", help="NATS server URL of the stack."),
 ]
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 UserOpt = Annotated[
     str,
-    typer.Option("--user", envvar="SJA_NATS_USER", help="NATS user (a tenant's or the operator's)."),
+    typer.Option(
+        "--user", envvar="SJA_NATS_USER", metavar="USER", help="NATS user (a tenant's or the operator's)."
+    ),
 ]
 PasswordOpt = Annotated[
     str,
     typer.Option(
         "--password",
         envvar="SJA_NATS_PASSWORD",
+        metavar="PASSWORD",
         help="NATS password (prefer the env var or SJA_NATS_PASSWORD_FILE to the command line).",
     ),
 ]
@@ -39,6 +111,7 @@ TenantOpt = Annotated[
     typer.Option(
         "--tenant",
         envvar="SJA_TENANT",
+        metavar="TENANT",
         help="Act as this tenant: use its own API subjects (required with a tenant's credentials).",
     ),
 ]
@@ -74,8 +147,9 @@ def service(
     name: Annotated[
         str,
         typer.Argument(
-            help="inventory|advertiser|clearer|agent|executor|gateway, or several separated by commas "
-            "to run them in one process (e.g. inventory,gateway,clearer,advertiser)."
+            metavar="SERVICE[,SERVICE...]",
+            help="inventory|advertiser|clearer|agent|executor|gateway|ui, or several separated by commas "
+            "to run them in one process (e.g. inventory,gateway,clearer,advertiser).",
         ),
     ],
 ) -> None:
@@ -116,11 +190,18 @@ def service(
 
 @app.command()
 def up(
-    out: Annotated[Path, typer.Option(help="Directory for logs and traces.")] = Path("out/stack"),
-    inventory: Annotated[str, typer.Option(help="Declared inventory file (default: built-in).")] = "",
-    policy: Annotated[str, typer.Option(help="Clearing policy.")] = "fair",
-    agents: Annotated[int, typer.Option(help="Agent processes.")] = 1,
-    port: Annotated[int, typer.Option(help="NATS port (0: 4222 if free, else any).")] = 0,
+    out: Annotated[Path, typer.Option(metavar="DIR", help="Directory for logs and traces.")] = Path(
+        "out/stack"
+    ),
+    inventory: Annotated[
+        str, typer.Option(metavar="FILE", help="Declared inventory file (default: built-in).")
+    ] = "",
+    policy: Annotated[PolicyName, typer.Option(help="Clearing policy.")] = "fair",
+    agents: Annotated[int, typer.Option(metavar="N", help="Agent processes.")] = 1,
+    port: Annotated[int, typer.Option(metavar="PORT", help="NATS port (0: 4222 if free, else any).")] = 0,
+    ui_port: Annotated[
+        int, typer.Option(metavar="PORT", help="Dashboard port on 127.0.0.1 (0: 8080 if free, else any).")
+    ] = 0,
     keep_store: Annotated[
         Path | None,
         typer.Option(
@@ -146,7 +227,7 @@ def up(
 
     from services.registry import parse_cohost
     from sja.bus.natsd import EmbeddedNats, free_port
-    from sja.stack import LocalStack
+    from sja.stack import UP_ORDER, LocalStack
 
     groups: list[list[str]] = []
     if cohost:
@@ -156,15 +237,19 @@ def up(
             fail(f"--cohost: {e}")
         if "agent" in groups[0] and agents != 1:
             fail(f"--cohost: a co-hosted agent runs one replica, not --agents {agents}")
-    stack = LocalStack(
-        out_dir=out,
-        env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
-        replicas={"agent": agents},
-        groups=groups,
-    )
     if not port:
         with socket.socket() as s:
             port = 4222 if s.connect_ex(("127.0.0.1", 4222)) != 0 else free_port()
+    if not ui_port:
+        with socket.socket() as s:
+            ui_port = 8080 if s.connect_ex(("127.0.0.1", 8080)) != 0 else free_port()
+    stack = LocalStack(
+        out_dir=out,
+        env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
+        service_env={"ui": {"SJA_UI_PORT": str(ui_port), "SJA_UI_HOST": "127.0.0.1"}},
+        replicas={"agent": agents},
+        groups=groups,
+    )
     (out / "logs").mkdir(parents=True, exist_ok=True)
     if keep_store is not None:
         keep_store.mkdir(parents=True, exist_ok=True)
@@ -182,13 +267,14 @@ def up(
     stack.nats.start()
     stack.nats_url = stack.nats.url
     try:
-        stack.start()
+        stack.start(order=UP_ORDER)
         run_async(stack.wait_ready())
         store = f"store in {keep_store}" if keep_store is not None else "temporary store"
         console.print(
             f"[green]SJA is up[/] — NATS at [bold]{stack.nats_url}[/] ({store}), logs in {out}/logs"
         )
         console.print(f"  export SJA_NATS_URL={stack.nats_url}; sja submit examples/jobs/matmul.yaml")
+        console.print(f"  dashboard: http://127.0.0.1:{ui_port}/")
         console.print("  Ctrl-C stops the stack.")
         while all(p.proc.poll() is None for p in stack.procs):
             time.sleep(0.5)
@@ -204,37 +290,54 @@ def up(
 
 @app.command()
 def submit(
-    files: Annotated[list[Path], typer.Argument(help="Job spec files (YAML or JSON).")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Job spec files (YAML or JSON).")],
     nats: NatsOpt = DEFAULT_NATS,
-    request_id: Annotated[str, typer.Option(help="Idempotency key (one file only).")] = "",
+    request_id: Annotated[str, typer.Option(metavar="KEY", help="Idempotency key (one file only).")] = "",
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
 ) -> None:
-    """Submit jobs; prints each job id."""
-    from sja.client import ApiError, load_spec
+    """Submit jobs; prints each job id. Every problem of every file is reported (one line each,
+    naming the file and the field) and nothing is submitted unless all files are good."""
+    from sja.client import ApiError, SpecErrors, load_spec, read_spec_file
 
     specs = []
+    problems: list[str] = []
     for f in files:
-        if not f.exists():
-            fail(f"{f}: no such file")
         try:
-            specs.append(load_spec(f.read_text(encoding="utf-8"), str(f)))
-        except ValueError as e:
-            fail(str(e))
+            specs.append(load_spec(read_spec_file(f), str(f)))
+        except SpecErrors as e:
+            problems.extend(e.problems)
+    if problems:
+        fail_all(problems)
+    if request_id and len(specs) > 1:
+        fail("--request-id: one file only (each job needs its own key)")
 
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
         try:
             for spec in specs:
                 ack = await c.submit(spec, request_id=request_id)
-                console.print(ack.job_id + (" (already submitted)" if ack.duplicate else ""))
+                console.print(ack.job_id + (" (already submitted)" if ack.duplicate else ""), highlight=False)
+                for note in ack.notes:
+                    err_console.print(
+                        f"[yellow]note:[/] {ack.job_id}: {note}", soft_wrap=True, highlight=False
+                    )
         except ApiError as e:
             fail(str(e))
         finally:
             await c.close()
 
     _with_connection_errors(go, nats)
+
+
+def fail_all(lines: list[str], code: int = 2) -> None:
+    """Each problem on a line of its own on stderr, then exit with ``code``."""
+    from rich.markup import escape
+
+    for line in lines:
+        err_console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)
 
 
 def _with_connection_errors(fn: Any, url: str) -> None:
@@ -263,14 +366,16 @@ def _with_connection_errors(fn: Any, url: str) -> None:
 
 @app.command()
 def status(
-    job_id: str,
+    job_id: JobArg,
     nats: NatsOpt = DEFAULT_NATS,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonOpt = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
 ) -> None:
-    """Show one job: state, progress, subjobs."""
+    """Show one job: state, progress, what runs now (slice, units, time left), the subjobs that ran
+    in the order of their units, the result and whether a deadline was met."""
+    from sja.cli.render import render_status, status_json
     from sja.client import ApiError
 
     async def go() -> None:
@@ -282,45 +387,12 @@ def status(
             return
         finally:
             await c.close()
+        now = time.time()
         if as_json:
-            d = msgspec.to_builtins(s)
-            d.pop("accumulator", None)
-            d.pop("profile", None)
-            console.print_json(json.dumps(d))
+            print(json.dumps(status_json(s, now), indent=2))
             return
-        console.print(
-            f"[bold]{s.job_id}[/] {s.spec.workload} tenant={s.spec.tenant} "
-            f"status=[bold]{s.status}[/] {s.units_done}/{s.total_units} units, "
-            f"{len(s.history)} subjobs, {len(s.in_flight)} running"
-        )
-        if s.result:
-            console.print(f"result: {s.result}")
-        if s.error:
-            console.print(f"[red]error:[/] {s.error}")
-        t = Table(
-            "subjob",
-            "slice",
-            "status",
-            "units",
-            "plan mem q",
-            "peak mem",
-            "cap",
-            "plan s",
-            "took s",
-        )
-        for h in s.history[-20:]:
-            t.add_row(
-                h.subjob_id,
-                h.slice_id,
-                h.status,
-                str(h.units),
-                f"{h.planned_mem_q_mib:.0f}",
-                f"{h.peak_mem_mib:.0f}",
-                str(h.mem_cap_mib),
-                f"{h.planned_duration_q_s:.2f}",
-                f"{h.duration_s:.2f}",
-            )
-        console.print(t)
+        for part in render_status(s, now):
+            console.print(part, highlight=False)
 
     _with_connection_errors(go, nats)
 
@@ -331,13 +403,19 @@ def list_jobs(
     tenant: Annotated[
         str,
         typer.Option(
-            "--tenant", envvar="SJA_TENANT", help="Only this tenant's jobs (through its own API subjects)."
+            "--tenant",
+            envvar="SJA_TENANT",
+            metavar="TENANT",
+            help="Only this tenant's jobs (through its own API subjects).",
         ),
     ] = "",
+    as_json: JsonOpt = False,
+    wide: Annotated[bool, typer.Option("--wide", help="More columns: submitted, agent, deadline.")] = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
 ) -> None:
-    """List jobs."""
+    """List jobs (full ids: the other columns give way on a narrow terminal)."""
+    from sja.cli.render import render_jobs
 
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
@@ -345,51 +423,58 @@ def list_jobs(
             states = await c.jobs()
         finally:
             await c.close()
-        t = Table("job", "tenant", "workload", "status", "progress", "subjobs")
-        for s in states:
-            t.add_row(
-                s.job_id,
-                s.spec.tenant,
-                s.spec.workload,
-                s.status,
-                f"{s.units_done}/{s.total_units}",
-                str(s.next_seq),
-            )
-        console.print(t)
+        if as_json:
+            rows = [msgspec.to_builtins(s) for s in states]
+            for r in rows:
+                for k in ("accumulator", "profile", "history"):
+                    r.pop(k, None)
+            print(json.dumps(rows, indent=2))
+            return
+        console.print(render_jobs(states, time.time(), wide=wide), highlight=False)
 
     _with_connection_errors(go, nats)
 
 
 @app.command()
 def cancel(
-    job_id: str,
+    job_id: JobArg,
     nats: NatsOpt = DEFAULT_NATS,
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
 ) -> None:
-    """Cancel a job (a running subjob finishes; nothing new starts)."""
+    """Cancel a job (a running subjob finishes; nothing new starts). A job that has already ended
+    is left as it is: the command says so and exits 1."""
     from sja.client import ApiError
+    from sja.core.jobs import is_terminal
 
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
         try:
+            before = await c.status(job_id)
+            if is_terminal(before):
+                fail(f"job {job_id} has already ended ({before.status}): nothing to cancel", code=1)
             s = await c.cancel(job_id)
         except ApiError as e:
             fail(str(e))
             return
         finally:
             await c.close()
-        console.print(f"{s.job_id}: {'cancelled' if s.status == 'cancelled' else 'cancelling'}")
+        if s.status in ("done", "failed"):
+            fail(f"job {job_id} ended ({s.status}) before it could be cancelled", code=1)
+        console.print(
+            f"{s.job_id}: {'cancelled' if s.status == 'cancelled' else 'cancelling'}", highlight=False
+        )
 
     _with_connection_errors(go, nats)
 
 
 @app.command("trace")
 def trace_cmd(
-    job_id: str,
+    job_id: JobArg,
     nats: NatsOpt = DEFAULT_NATS,
-    limit: Annotated[int, typer.Option(help="Show the last N rounds.")] = 50,
+    limit: Annotated[int, typer.Option(metavar="N", help="Show the last N rounds.")] = 50,
+    as_json: JsonOpt = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
@@ -410,10 +495,46 @@ def trace_cmd(
             raise
         finally:
             await c.close()
+        if as_json:
+            print(json.dumps([msgspec.to_builtins(r) for r in rounds[-limit:]], indent=2))
+            return
         if state is not None:
-            console.print(render_no_rounds(state))
+            console.print(render_no_rounds(state), highlight=False)
             return
         console.print(render_rounds(job_id, rounds[-limit:]))
+
+    _with_connection_errors(go, nats)
+
+
+@app.command()
+def explain(
+    job_id: JobArg,
+    nats: NatsOpt = DEFAULT_NATS,
+    as_json: JsonOpt = False,
+    user: UserOpt = "",
+    password: PasswordOpt = "",
+    tenant: TenantOpt = "",
+) -> None:
+    """Why a job waits: for the last offer of each window shape, whether it bid and what became of
+    its bid (or why it sent none), its place among the waiting jobs, and its deadline."""
+    from sja.cli.render import render_explanation
+    from sja.client import ApiError
+
+    async def go() -> None:
+        c = await _connect_client(nats, user, password, tenant)
+        try:
+            e = await c.explain(job_id)
+        except ApiError as err:
+            if err.error.code == "not_found":
+                fail(f"no job {job_id} (`sja jobs` lists the jobs)")
+            raise
+        finally:
+            await c.close()
+        if as_json:
+            print(json.dumps(msgspec.to_builtins(e), indent=2))
+            return
+        for part in render_explanation(e):
+            console.print(part, highlight=False, soft_wrap=False)
 
     _with_connection_errors(go, nats)
 
@@ -425,17 +546,22 @@ def inventory(
         typer.Option(
             "--source",
             envvar="SJA_INVENTORY_SOURCE",
+            metavar="SOURCE",
             help="declared[:FILE] | nvml | fake-nvml:SCENARIO (h100-mig, h100-nomig, a100-40gb, node, ...).",
         ),
     ] = "declared",
     node: Annotated[
-        str, typer.Option("--node", envvar="SJA_NODE", help="Node name of NVML-discovered slices.")
+        str,
+        typer.Option(
+            "--node", envvar="SJA_NODE", metavar="NODE", help="Node name of NVML-discovered slices."
+        ),
     ] = "local",
     soft_slices: Annotated[
         str,
         typer.Option(
             "--soft-slices",
             envvar="SJA_SOFT_SLICES",
+            metavar="N|MIB,MIB...",
             help="GPUs without MIG: N equal soft slices, or MiB sizes '20000,40000'; empty: whole.",
         ),
     ] = "",
@@ -493,8 +619,10 @@ def inventory(
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option(help="Where the summary, timeline and logs go.")] = Path("out/demo"),
-    policy: Annotated[str, typer.Option(help="Clearing policy.")] = "fair",
+    out: Annotated[Path, typer.Option(metavar="DIR", help="Where the summary, timeline and logs go.")] = Path(
+        "out/demo"
+    ),
+    policy: Annotated[PolicyName, typer.Option(help="Clearing policy.")] = "fair",
     quick: Annotated[bool, typer.Option(help="Smaller jobs (for tests).")] = False,
 ) -> None:
     """Start the stack, run mixed jobs from two tenants, show progress, write a summary and a timeline."""
@@ -504,43 +632,79 @@ def demo(
     raise typer.Exit(code)
 
 
+def _simulated_policies(value: str) -> str:
+    from sja.sim.runner import parse_policies
+
+    try:
+        parse_policies(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    return value
+
+
 @app.command()
 def simulate(
     trace: Annotated[
-        Path, typer.Option("--trace", help="Trace file (openb pod list, ms-itp CSV, generic CSV).")
+        Path,
+        typer.Option("--trace", metavar="FILE", help="Trace file (openb pod list, ms-itp CSV, generic CSV)."),
     ],
-    fmt: Annotated[str, typer.Option("--format", help="alibaba-openb | ms-itp | csv")],
+    fmt: Annotated[Literal["alibaba-openb", "ms-itp", "csv"], typer.Option("--format", help="Trace format.")],
     cluster: Annotated[
-        str, typer.Option("--cluster", help="Cluster spec, e.g. 8xA100-40GB or 4xH100-80GB:4g.40gb+3g.40gb.")
+        str,
+        typer.Option(
+            "--cluster", metavar="SPEC", help="Cluster spec, e.g. 8xA100-40GB or 4xH100-80GB:4g.40gb+3g.40gb."
+        ),
     ] = "8xA100-80GB",
     policy: Annotated[
         str,
-        typer.Option("--policy", help="Comma-separated: fifo, easy, bestfit, sja, sja:<clearing policy>."),
+        typer.Option(
+            "--policy",
+            metavar="POLICY[,POLICY...]",
+            callback=_simulated_policies,
+            help="Comma-separated, from: fifo, easy, bestfit, sja, sja:efficiency, sja:fair, sja:sla, "
+            "sja:auction, sja:token, sja:jasda.",
+        ),
     ] = "fifo,easy,bestfit,sja",
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the metrics per policy here.")
+        Path | None, typer.Option("--json", metavar="FILE", help="Write the metrics per policy here.")
     ] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Write report.md and plots here.")] = None,
-    limit: Annotated[int | None, typer.Option(help="Only the first N jobs.")] = None,
-    time_scale: Annotated[float, typer.Option(help="Multiply submission times (<1 compresses).")] = 1.0,
+    report: Annotated[
+        Path | None, typer.Option("--report", metavar="DIR", help="Write report.md and plots here.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(metavar="N", help="Only the first N jobs.")] = None,
+    time_scale: Annotated[
+        float, typer.Option(metavar="FACTOR", help="Multiply submission times (<1 compresses).")
+    ] = 1.0,
     start_s: Annotated[
-        float | None, typer.Option(help="Trace time that becomes 0 (earlier jobs dropped).")
+        float | None,
+        typer.Option(metavar="SECONDS", help="Trace time that becomes 0 (earlier jobs dropped)."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of every modeled quantity.")] = 0,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of every modeled quantity.")] = 0,
     overhead_s: Annotated[
-        float | None, typer.Option(help="Per-subjob start+checkpoint seconds (default 10+5).")
+        float | None,
+        typer.Option(metavar="SECONDS", help="Per-subjob start+checkpoint seconds (default 10+5)."),
     ] = None,
-    eps_mem: Annotated[float, typer.Option(help="Jobs' memory violation target.")] = 0.05,
-    horizon_s: Annotated[float, typer.Option(help="Length of an offered window (virtual s).")] = 14_400.0,
-    unit_s: Annotated[float, typer.Option(help="Seconds of a job's runtime per work unit.")] = 600.0,
+    eps_mem: Annotated[float, typer.Option(metavar="P", help="Jobs' memory violation target.")] = 0.05,
+    horizon_s: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Length of an offered window (virtual s).")
+    ] = 14_400.0,
+    unit_s: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds of a job's runtime per work unit.")
+    ] = 600.0,
     speed_table: Annotated[
-        Path | None, typer.Option(help="MISO mig_iter_time_summary.csv: measured slice speeds.")
+        Path | None,
+        typer.Option(metavar="FILE", help="MISO mig_iter_time_summary.csv: measured slice speeds."),
     ] = None,
     packing_demand: Annotated[
-        float | None, typer.Option(help="Run openb packing at this demand (e.g. 1.3) instead of a replay.")
+        float | None,
+        typer.Option(
+            metavar="DEMAND", help="Run openb packing at this demand (e.g. 1.3) instead of a replay."
+        ),
     ] = None,
-    nodes: Annotated[Path | None, typer.Option(help="openb node list for --packing-demand.")] = None,
-    packing_seeds: Annotated[int, typer.Option(help="Seeds averaged by --packing-demand.")] = 10,
+    nodes: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="openb node list for --packing-demand.")
+    ] = None,
+    packing_seeds: Annotated[int, typer.Option(metavar="N", help="Seeds averaged by --packing-demand.")] = 10,
 ) -> None:
     """Replay a trace in virtual time under SJA and rigid baselines; write metrics and a report."""
     from sja.cli.simulate import simulate_command
@@ -571,8 +735,32 @@ def simulate(
 
 
 def main() -> None:
-    app()
+    """The ``sja`` command. A command line it cannot take (an unknown option, a value not among the
+    choices) is one line on stderr naming the option, and exit code 2."""
+    from rich.markup import escape
+
+    # Typer raises click's exceptions (its own copy of click in recent versions): found by name.
+    by_name = {c.__name__: c for c in typer.BadParameter.__mro__}
+    usage_error, click_exception = by_name["UsageError"], by_name["ClickException"]
+
+    def one_line(e: Any) -> str:
+        return escape(" ".join(e.format_message().split()).replace("Value error, ", ""))
+
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as e:
+        ctx = getattr(e, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        err_console.print(f"[bold red]error:[/] {one_line(e)}{where}", soft_wrap=True, highlight=False)
+        sys.exit(e.exit_code)
+    except click_exception as e:
+        err_console.print(f"[bold red]error:[/] {one_line(e)}", soft_wrap=True, highlight=False)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
-    sys.exit(app())
+    main()

@@ -1,12 +1,13 @@
-"""Terminal rendering of negotiation rounds."""
+"""Terminal rendering of jobs, their status, their rounds and why they wait."""
 
 from __future__ import annotations
 
 import time
 
+from rich.console import RenderableType
 from rich.tree import Tree
 
-from sja.protocol.messages import JobState, RoundRecord
+from sja.protocol.messages import Explanation, JobState, RoundRecord
 
 
 def render_no_rounds(state: JobState) -> str:
@@ -40,3 +41,169 @@ def render_rounds(job_id: str, rounds: list[RoundRecord]) -> Tree:
         if r.note:
             node.add(f"[red]{r.note}[/]")
     return root
+
+
+# --- jobs, status and explain ----------------------------------------------------------------------
+
+STATUS_COLUMNS = (
+    "units: the range of work units the subjob ran; plan mem q: the planner's (1 - eps_mem) quantile "
+    "of its peak memory; peak: measured; mem cap: the slice's memory less the driver reserve; "
+    "plan time q: the (1 - eps_time) quantile of its duration; took: measured"
+)
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def status_json(state: JobState, now: float) -> dict[str, object]:
+    """A job's state as JSON: every field but its checkpoint and profile, with its deadline judged
+    (``deadline``: met, missed or open, and in words) and each running subjob's time left."""
+    import msgspec
+
+    from sja.core.explain import deadline_status
+
+    d = msgspec.to_builtins(state)
+    d.pop("accumulator", None)
+    d.pop("profile", None)
+    d["history"] = sorted(d["history"], key=lambda h: (h["unit_start"], h["started_at"]))
+    for f in d["in_flight"]:
+        f["time_left_s"] = round(max(f["dispatched_at"] + f["time_cap_s"] - now, 0.0), 3)
+    dl = deadline_status(state, now)
+    if dl is not None:
+        d["deadline"] = {"verdict": dl.verdict, "deadline_at": dl.deadline_at, "text": dl.text}
+    return d
+
+
+def render_status(state: JobState, now: float, limit: int = 20) -> list[RenderableType]:
+    """``sja status``: the job, what runs now (slice, units, time left of its cap), the subjobs
+    that ran in the order of their units, with a unit on every column."""
+    import json
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from sja.core.explain import deadline_status
+
+    out: list[RenderableType] = []
+    s = state
+    out.append(
+        Text.from_markup(
+            f"[bold]{s.job_id}[/] {s.spec.workload} tenant={s.spec.tenant} "
+            f"status=[bold]{s.status}[/] {s.units_done}/{s.total_units} units, "
+            f"{len(s.history)} subjobs, {len(s.in_flight)} running",
+        )
+    )
+    dl = deadline_status(s, now)
+    if dl is not None:
+        colour = {"met": "green", "missed": "red"}.get(dl.verdict, "yellow")
+        out.append(Text.from_markup(f"[{colour}]{dl.text}[/]"))
+    if s.result:
+        out.append(Text("result: " + json.dumps(s.result, sort_keys=True)))
+    if s.error:
+        out.append(Text.from_markup(f"[red]error:[/] {s.error}"))
+    if s.in_flight:
+        run = Table(title="running", title_justify="left")
+        for col in (
+            "subjob",
+            "slice",
+            "profile",
+            "units",
+            "started",
+            "running (s)",
+            "time cap (s)",
+            "left (s)",
+        ):
+            run.add_column(col, no_wrap=col in ("subjob", "slice", "units"))
+        for f in sorted(s.in_flight, key=lambda f: f.unit_start):
+            left = max(f.dispatched_at + f.time_cap_s - now, 0.0)
+            run.add_row(
+                f.subjob_id,
+                f.slice_id,
+                f.profile,
+                f"{f.unit_start}-{f.unit_start + f.units - 1} ({f.units})",
+                _clock(f.dispatched_at),
+                f"{max(now - f.dispatched_at, 0.0):.1f}",
+                f"{f.time_cap_s:.1f}",
+                f"{left:.1f}",
+            )
+        out.append(run)
+    if s.history:
+        done = sorted(s.history, key=lambda h: (h.unit_start, h.started_at))
+        t = Table(title=f"subjobs by unit (last {limit} of {len(done)})" if len(done) > limit else "subjobs")
+        t.title_justify = "left"
+        cols = ("subjob", "slice", "status", "units", "plan mem q (MiB)", "peak (MiB)", "mem cap (MiB)",
+                "plan time q (s)", "took (s)")  # fmt: skip
+        for col in cols:
+            t.add_column(col, no_wrap=col in ("subjob", "slice", "units"))
+        for h in done[-limit:]:
+            t.add_row(
+                h.subjob_id,
+                h.slice_id,
+                h.status,
+                f"{h.unit_start}-{h.unit_start + h.units - 1} ({h.units})",
+                f"{h.planned_mem_q_mib:,.0f}",
+                f"{h.peak_mem_mib:,.0f}",
+                f"{h.mem_cap_mib:,}",
+                f"{h.planned_duration_q_s:.2f}",
+                f"{h.duration_s:.2f}",
+            )
+        out.append(t)
+        out.append(Text(STATUS_COLUMNS, style="dim"))
+    return out
+
+
+def render_jobs(states: list[JobState], now: float, wide: bool = False) -> RenderableType:
+    """``sja jobs``: full job ids always (the other columns give way on a narrow terminal)."""
+    from rich.table import Table
+
+    from sja.core.explain import deadline_status
+
+    t = Table()
+    t.add_column("job", no_wrap=True, min_width=max((len(s.job_id) for s in states), default=3))
+    for col in ("tenant", "workload", "status", "units done", "subjobs", "running"):
+        t.add_column(col)
+    if wide:
+        for col in ("submitted", "agent", "deadline"):
+            t.add_column(col)
+    for s in states:
+        row = [
+            s.job_id,
+            s.spec.tenant,
+            s.spec.workload,
+            s.status,
+            f"{s.units_done}/{s.total_units}",
+            str(s.next_seq),
+            str(len(s.in_flight)),
+        ]
+        if wide:
+            dl = deadline_status(s, now)
+            row += [_clock(s.submitted_at), s.owner_agent or "-", dl.verdict if dl else "-"]
+        t.add_row(*row)
+    return t
+
+
+def render_explanation(e: Explanation) -> list[RenderableType]:
+    """``sja explain``: the state, then per window shape what became of the job, its place in the
+    queue, the deadline and notes."""
+    from rich.markup import escape
+    from rich.text import Text
+
+    out: list[RenderableType] = [Text.from_markup(f"[bold]{e.job_id}[/]: {escape(e.summary)}")]
+    if e.windows:
+        tree = Tree(f"last offer of each window shape (policy {e.policy or '-'}):")
+        mark = {"won": "[green]won[/]", "lost": "[yellow]lost[/]", "excluded": "[yellow]left out[/]",
+                "invalid": "[red]invalid[/]", "no_bid": "[dim]no bid[/]"}  # fmt: skip
+        for w in e.windows:
+            tree.add(
+                f"{w.pool} {w.profile} ({w.mem_mib:,} MiB) at {_clock(w.opened_at)}, offer {w.offer_id}: "
+                f"{mark[w.outcome]}: {escape(w.reason)}"
+            )
+        out.append(tree)
+    if e.position:
+        out.append(Text(f"position {e.position} of {e.waiting} waiting jobs; order: {e.order}"))
+    if e.deadline:
+        out.append(Text(e.deadline))
+    for n in e.notes:
+        out.append(Text.from_markup(f"[yellow]note:[/] {escape(n)}"))
+    return out

@@ -223,6 +223,19 @@ def no_bid_verdicts(replied: Iterable[str], bids: Sequence[Bid]) -> list[Verdict
     ]
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def capacity_reason(pending: int, capacity: int) -> str:
+    """Why a job at capacity is left out of a round: the grants it holds and has not started yet
+    already take every subjob it may start now."""
+    return (
+        f"excluded: it holds {_count(pending, 'grant')} not yet started and may start only "
+        f"{_count(capacity, 'subjob')} more now (its max_parallel less the subjobs it runs)"
+    )
+
+
 def split_by_capacity(bids: Sequence[Bid], ledger: Ledger, now: float) -> tuple[list[Bid], list[Verdict]]:
     """Bids whose job can still start a subjob, and a verdict for each that cannot."""
     eligible: list[Bid] = []
@@ -237,8 +250,7 @@ def split_by_capacity(bids: Sequence[Bid], ledger: Ledger, now: float) -> tuple[
                     tenant=p.tenant,
                     agent_id=b.agent_id,
                     won=False,
-                    reason=f"excluded: already holds {pending} grant(s) not yet started "
-                    f"(can run {p.capacity} more)",
+                    reason=capacity_reason(pending, p.capacity),
                     size=p.candidates[0].size,
                 )
             )
@@ -278,8 +290,18 @@ Keyed = tuple[tuple[float, ...], Candidate, str]
 """(sort key, candidate, explanation) for one bid: the smallest key wins."""
 
 
+TIE_BREAKS = {
+    "fair": "the job's own attained GPU-seconds, then submission time",
+}
+"""What decides between bids a policy explains alike (default: submission time, then job id)."""
+
+
 def _verdicts(
-    keyed: Sequence[tuple[Keyed, Bid]], winner: Bid | None, win_why: str, score_of: Callable[[Keyed], float]
+    keyed: Sequence[tuple[Keyed, Bid]],
+    winner: Bid | None,
+    win_why: str,
+    score_of: Callable[[Keyed], float],
+    name: str = "",
 ) -> tuple[Verdict, ...]:
     out = []
     for k, b in keyed:
@@ -290,6 +312,13 @@ def _verdicts(
             reason = f"won: {win_why}"
         elif winner is None:
             reason = f"no winner: {why}"
+        elif why == win_why:
+            # Equal on what the policy explains (two jobs of one tenant under ``fair``): the rest of
+            # the key decided, never a comparison of a thing with itself.
+            reason = (
+                f"lost to {winner.proposal.job_id}: equal on {why}; ranked after it on "
+                f"{TIE_BREAKS.get(name, 'submission time')}"
+            )
         else:
             reason = f"lost to {winner.proposal.job_id}: {why} vs {win_why}"
         out.append(
@@ -313,7 +342,7 @@ def _rank(
         return Decision(name, None, None, ())
     keyed = [(key_of(b), b) for b in bids]
     (_k, best_cand, best_why), winner = min(keyed, key=lambda kb: kb[0][0])
-    return Decision(name, winner, best_cand, _verdicts(keyed, winner, best_why, score_of))
+    return Decision(name, winner, best_cand, _verdicts(keyed, winner, best_why, score_of, name))
 
 
 # --- the policies ---------------------------------------------------------------------------------
@@ -482,7 +511,7 @@ def clear_token(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyCo
         return Decision("token", None, None, ())
     keyed = [(key(b), b) for b in bids]
     (_k, best_cand, best_why), winner = min(keyed, key=lambda kb: kb[0][0])
-    return Decision("token", winner, best_cand, _verdicts(keyed, winner, best_why, rank_key))
+    return Decision("token", winner, best_cand, _verdicts(keyed, winner, best_why, rank_key, "token"))
 
 
 def clear_jasda(offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
@@ -762,7 +791,7 @@ def _excluded(b: Bid, pending: int) -> Verdict:
         tenant=p.tenant,
         agent_id=b.agent_id,
         won=False,
-        reason=f"excluded: already holds {pending} grant(s) not yet started (can run {p.capacity} more)",
+        reason=capacity_reason(pending, p.capacity),
         size=p.candidates[0].size,
     )
 
@@ -866,6 +895,7 @@ class _Group:
     excluded: dict[int, int] = field(default_factory=dict)
     """Bid index -> unstarted grants, for bids left out for capacity."""
     last_win_why: str = ""
+    last_win_tenant: str = ""
     repush: int | None = None
     """A winner's index: back in the heap with its new key before the next offer (it may win again
     while it has capacity)."""
@@ -933,7 +963,14 @@ class _Group:
                     why = keyed(self.offer, scratch, cfg)(b)[2] if keyed else "not ranked"
                     if memo_key is not None:
                         whys[memo_key] = why
-                if self.won:
+                if self.won and name == "fair" and p.tenant == self.last_win_tenant:
+                    # Its own tenant's jobs won: within a tenant, fair serves the least attained job.
+                    attained = scratch.job_attained.get(p.job_id, 0.0)
+                    reason = (
+                        f"lost to better-ranked bids: jobs of its own tenant {p.tenant}, which fair "
+                        f"serves least-attained first (this job: {attained:.2f} GPU-s)"
+                    )
+                elif self.won:
                     reason = f"lost to better-ranked bids: {why} vs {self.last_win_why}"
                 else:
                     reason = f"no winner: {why}"
@@ -1094,6 +1131,7 @@ def _clear_lazy(
         settle(heap)
         price = min(heap[0][2].bid if heap else cfg.reserve_price, cand.bid)
         g.last_win_why = f"highest bid {cand.bid:.4f}, pays second price {price:.4f}"
+        g.last_win_tenant = p.tenant
         v = Verdict(
             job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True,
             reason=f"won: {g.last_win_why}", score=round(cand.bid, 6), size=cand.size,
@@ -1104,6 +1142,7 @@ def _clear_lazy(
     else:
         keyed = _MONOTONE_KEYS[name](offer, scratch, cfg)(b)
     g.last_win_why = keyed[2]
+    g.last_win_tenant = p.tenant
     v = Verdict(
         job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True, reason=f"won: {keyed[2]}",
         score=round(_SCORES[name](keyed), 6), size=cand.size,
@@ -1244,6 +1283,7 @@ def _clear_jasda_lazy(offer: Offer, g: _Group, scratch: Ledger, cfg: PolicyConfi
     p = b.proposal
     key, _cand, why = _jasda_keyer(offer, scratch, cfg, tenants)(b)
     g.last_win_why = why
+    g.last_win_tenant = p.tenant
     v = Verdict(
         job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True, reason=f"won: {why}",
         score=round(-key[0], 6), size=cand.size,
@@ -1272,6 +1312,7 @@ def _clear_full(
         if not v.won:
             continue
         g.last_win_why = v.reason.removeprefix("won: ")
+        g.last_win_tenant = v.tenant
     for b, v in zip(eligible, d.verdicts, strict=False):
         if not v.won:
             g.lost_reason[index[id(b)]] = v.reason

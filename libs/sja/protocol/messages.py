@@ -405,6 +405,9 @@ class SubmitJob(Message, tag="sja.submit_job.v1", frozen=True, kw_only=True):
 class SubmitAck(Message, Tokens, tag="sja.submit_ack.v1", frozen=True, kw_only=True):
     job_id: Id
     duplicate: bool = False
+    notes: list[str] = []
+    """What the submitter should know about how the job will be treated (a deadline that the
+    policy clearing the job's rounds does not read)."""
 
 
 class JobQuery(Message, Tokens, tag="sja.job_query.v1", frozen=True, kw_only=True):
@@ -600,6 +603,41 @@ class RoundsView(Message, tag="sja.rounds_view.v1", frozen=True, kw_only=True):
     rounds: list[RoundRecord]
 
 
+class WindowReason(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What became of a job at the last offer of one window shape (pool, profile, memory)."""
+
+    pool: str
+    profile: str
+    mem_mib: int
+    slice_id: str
+    offer_id: str
+    opened_at: float
+    policy: str
+    outcome: Literal["won", "lost", "excluded", "invalid", "no_bid"]
+    reason: str
+
+
+class Explanation(Message, tag="sja.explanation.v1", frozen=True, kw_only=True):
+    """Answer to an explain query: the job's state and, while it waits, why."""
+
+    job_id: str
+    status: str
+    summary: str
+    """The state in a sentence (what it runs, or why nothing)."""
+    windows: list[WindowReason] = []
+    """The last offer of each window shape seen lately, largest memory first."""
+    policy: str = ""
+    """The policy of the latest round seen (empty: no round seen lately)."""
+    position: int = 0
+    """1-based place among the jobs waiting for a window under ``order``; 0: not waiting."""
+    waiting: int = 0
+    order: str = ""
+    """How the waiting jobs are ranked for ``position``."""
+    deadline: str = ""
+    """Met, missed or time left (empty: no deadline)."""
+    notes: list[str] = []
+
+
 class DemandChanged(Message, Tokens, tag="sja.demand_changed.v1", frozen=True, kw_only=True):
     """An agent's jobs can take more work: free windows are worth offering again at once."""
 
@@ -642,6 +680,12 @@ class LeaseReleased(Message, tag="sja.lease_released.v1", frozen=True, kw_only=T
 
 
 # --- token fields ------------------------------------------------------------------------------------
+
+
+def token_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """A struct's ``Id`` fields, ``Name`` fields and ``list[Id]`` fields (all empty for a struct that
+    is not a registered ``Tokens``)."""
+    return _token_fields.get(cls, ((), (), ()))
 
 
 def register_token_fields(classes: Iterable[type]) -> None:

@@ -71,7 +71,8 @@ JOB_STATUS = f"{PREFIX}.job.status"
 JOB_LIST = f"{PREFIX}.job.list"
 JOB_CANCEL = f"{PREFIX}.job.cancel"
 JOB_ROUNDS = f"{PREFIX}.job.rounds"
-JOB_REQUESTS = (JOB_SUBMIT, JOB_STATUS, JOB_LIST, JOB_CANCEL, JOB_ROUNDS)
+JOB_EXPLAIN = f"{PREFIX}.job.explain"
+JOB_REQUESTS = (JOB_SUBMIT, JOB_STATUS, JOB_LIST, JOB_CANCEL, JOB_ROUNDS, JOB_EXPLAIN)
 
 TENANT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A tenant name as a subject token: the ``JobSpec.tenant`` pattern, so no tenant is ever renamed."""
@@ -171,6 +172,7 @@ TENANT_ROUTES: tuple[Route, ...] = (
     Route(m.JobListQuery, tenant_request(JOB_LIST, "*"), durable=False),
     Route(m.JobQuery, tenant_request(JOB_CANCEL, "*"), durable=False),
     Route(m.RoundsQuery, tenant_request(JOB_ROUNDS, "*"), durable=False),
+    Route(m.JobQuery, tenant_request(JOB_EXPLAIN, "*"), durable=False),
 )
 """The tenant-scoped requests (``*``: the tenant), answered like their operator subjects in
 ``REGISTRY`` but only for the tenant's own jobs."""

@@ -1,0 +1,282 @@
+"""Why a job waits, in words a user understands: from its state, the round records its clearer
+kept (``SJA_ROUNDS``) and the other jobs waiting. Pure: the gateway reads the records and the
+job store, and calls ``explain``.
+
+For the last offer of each window shape (pool, MIG profile, memory) seen lately it says what became
+of the job there: it won; it lost, to whom and why, under which policy; it was left out at capacity;
+or it sent no bid, and why not (its smallest subjob needs more memory at ``eps_mem`` than the slice
+holds, or more time than the window gives; it is at its ``max_parallel``; it is being cancelled).
+The reasons come from the planner's own functions, so they follow whatever rule it plans by.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sja.core.jobs import is_terminal, next_range, plan_request
+from sja.core.planner import PlanLimits, largest_safe_size, usable_memory, usable_time
+from sja.core.profiles import JobProfile
+from sja.protocol.messages import Explanation, JobSpec, JobState, RoundRecord, Window, WindowReason
+
+READS_DEADLINE = frozenset(("sla", "jasda"))
+"""The clearing policies that read a job's ``deadline_s`` (``sla`` ranks by slack, ``jasda``
+counts urgency); the others clear as if it had none."""
+
+
+def deadline_note(policy: str, spec: JobSpec) -> str | None:
+    """What a submitter of ``spec`` should know when ``policy`` clears its rounds and ignores its
+    deadline; ``None`` when there is nothing to say."""
+    if spec.deadline_s is None or policy in READS_DEADLINE:
+        return None
+    if not policy:
+        return (
+            "deadline_s is read only by the sla and jasda policies (no round cleared lately tells "
+            "which one runs): `sja status` shows whether the deadline is met"
+        )
+    return (
+        f"deadline_s is read only by the sla and jasda policies; rounds are cleared under {policy}, "
+        "which does not: `sja status` shows whether the deadline is met"
+    )
+
+
+@dataclass(frozen=True)
+class DeadlineStatus:
+    verdict: str
+    """``met``, ``missed`` or ``open`` (not over, not passed)."""
+    deadline_at: float
+    text: str
+
+
+def deadline_status(state: JobState, now: float) -> DeadlineStatus | None:
+    """Whether the job met its deadline (``submitted_at + deadline_s``), under every policy; ``None``
+    without one."""
+    if state.spec.deadline_s is None:
+        return None
+    due = state.submitted_at + state.spec.deadline_s
+    within = f"deadline {state.spec.deadline_s:g} s after submission"
+    if state.finished_at is not None:
+        took = state.finished_at - state.submitted_at
+        if state.status == "done" and state.finished_at <= due:
+            return DeadlineStatus("met", due, f"{within}: met (done after {took:.1f} s)")
+        if state.status == "done":
+            late = state.finished_at - due
+            text = f"{within}: missed by {late:.1f} s (done after {took:.1f} s)"
+            return DeadlineStatus("missed", due, text)
+        return DeadlineStatus("missed", due, f"{within}: missed (the job ended {state.status})")
+    if now <= due:
+        return DeadlineStatus("open", due, f"{within}: {due - now:.1f} s left")
+    return DeadlineStatus("missed", due, f"{within}: missed by {now - due:.1f} s (still {state.status})")
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def why_no_bid(state: JobState, window: Window, now: float, limits: PlanLimits) -> str:
+    """Why the job sent no bid for ``window`` at ``now``, from its state and its profile."""
+    if is_terminal(state):
+        return f"the job had ended ({state.status})"
+    if state.cancel_requested:
+        return "its cancellation was requested: it starts nothing new"
+    if not state.owner_agent:
+        return "no agent had taken the job on yet"
+    rng = next_range(state)
+    if rng is None:
+        return "every unit is handed out: it waits for its running subjobs"
+    running = len(state.in_flight)
+    if running >= state.spec.max_parallel:
+        return f"it is at its max_parallel ({state.spec.max_parallel}): {_plural(running, 'subjob')} running"
+    if state.profile is None:
+        return "it has no profile to plan with"
+    profile = JobProfile.from_state(state.profile)
+    req = plan_request(state, window, now, rng[1])
+    k = req.min_units
+    mem_cap = usable_memory(window, limits)
+    need = profile.mem_quantile(k, 1.0 - req.eps_mem)
+    if need > mem_cap:
+        return (
+            f"its smallest subjob ({_plural(k, 'unit')}) needs {need:,.0f} MiB at eps_mem "
+            f"{req.eps_mem:g}, and this {window.profile} slice holds {window.mem_mib:,} MiB "
+            f"({mem_cap:,.0f} usable after the {limits.mem_reserve_mib:,.0f} MiB reserve)"
+        )
+    length = usable_time(window, now, limits)
+    took = profile.duration_quantile(k, 1.0 - req.eps_time, window.profile, window.compute_share)
+    if took > length:
+        return (
+            f"its smallest subjob ({_plural(k, 'unit')}) may take {took:.1f} s at eps_time "
+            f"{req.eps_time:g} on {window.profile}, and the window gives {max(length, 0.0):.1f} s"
+        )
+    bound = profile.max_size_under_bounds(mem_cap, length, window.compute_share)
+    if bound is not None and bound < k:
+        return (
+            f"an earlier subjob ran out of memory or time at this size: above {_plural(bound, 'unit')} is "
+            f"ruled out here, and its smallest subjob is {_plural(k, 'unit')}"
+        )
+    size = largest_safe_size(profile, req, limits)
+    if size is None:
+        return f"no size is safe here at eps_mem {req.eps_mem:g} and eps_time {req.eps_time:g}"
+    return (
+        f"it could have bid ({_plural(size, 'unit')}) but sat the round out: a grant in hand, or "
+        "likely to win another window of the same batch"
+    )
+
+
+def _outcome(reason: str, won: bool) -> str:
+    if won:
+        return "won"
+    for prefix, outcome in (("excluded", "excluded"), ("invalid", "invalid")):
+        if reason.startswith(prefix):
+            return outcome
+    return "lost"
+
+
+def shape(window: Window) -> tuple[str, str, int]:
+    return (window.pool, window.profile, window.mem_mib)
+
+
+def window_reasons(state: JobState, records: Iterable[RoundRecord], limits: PlanLimits) -> list[WindowReason]:
+    """What became of the job at the latest offer of each window shape in ``records``, largest
+    memory first."""
+    latest: dict[tuple[str, str, int], RoundRecord] = {}
+    for r in records:
+        if r.opened_at < state.submitted_at:
+            continue
+        k = shape(r.window)
+        got = latest.get(k)
+        if got is None or (r.opened_at, r.round) > (got.opened_at, got.round):
+            latest[k] = r
+    out = []
+    for k in sorted(latest, key=lambda s: (-s[2], s[0], s[1])):
+        r = latest[k]
+        mine = next((v for v in r.verdicts if v.job_id == state.job_id), None)
+        if mine is not None:
+            outcome = _outcome(mine.reason, mine.won)
+            reason = mine.reason.removeprefix("won: ") if mine.won else mine.reason
+        else:
+            outcome = "no_bid"
+            reason = why_no_bid(state, r.window, r.opened_at, limits)
+        out.append(
+            WindowReason(
+                pool=r.window.pool,
+                profile=r.window.profile,
+                mem_mib=r.window.mem_mib,
+                slice_id=r.window.slice_id,
+                offer_id=r.offer_id,
+                opened_at=r.opened_at,
+                policy=r.policy,
+                outcome=outcome,  # type: ignore[arg-type]
+                reason=reason,
+            )
+        )
+    return out
+
+
+def is_waiting(state: JobState) -> bool:
+    """Whether the job is waiting for a window: not over, not being cancelled, and able to start
+    another subjob."""
+    return (
+        not is_terminal(state)
+        and not state.cancel_requested
+        and len(state.in_flight) < state.spec.max_parallel
+        and next_range(state) is not None
+    )
+
+
+def queue_order(policy: str, jobs: Sequence[JobState]) -> tuple[list[JobState], str]:
+    """The waiting ``jobs`` in the order ``policy`` would likely serve them, and that order in
+    words. ``fair`` and ``sla`` rank by what the jobs themselves hold (shares taken as equal); the
+    other policies rank each window by the fit of each bid, so submission order stands for them."""
+    waiting = [s for s in jobs if is_waiting(s)]
+    if policy == "fair":
+        tenant_gpu_s: dict[str, float] = {}
+        for s in jobs:
+            tenant_gpu_s[s.spec.tenant] = tenant_gpu_s.get(s.spec.tenant, 0.0) + s.attained_gpu_s
+        waiting.sort(key=lambda s: (tenant_gpu_s[s.spec.tenant], s.attained_gpu_s, s.submitted_at, s.job_id))
+        return waiting, (
+            "fair: the tenant with the least GPU-seconds first (shares taken as equal), then its job "
+            "with the least, then the earliest submitted"
+        )
+    if policy == "sla":
+
+        def due(s: JobState) -> float:
+            return s.submitted_at + s.spec.deadline_s if s.spec.deadline_s is not None else math.inf
+
+        waiting.sort(key=lambda s: (due(s), s.submitted_at, s.job_id))
+        return waiting, "sla: the earliest deadline first, jobs without one after, by submission"
+    waiting.sort(key=lambda s: (s.submitted_at, s.job_id))
+    what = f"{policy}: " if policy else ""
+    return waiting, (
+        f"{what}by submission (this policy ranks the bids of each window by how well they fit it, "
+        "so the order changes from one window to the next)"
+    )
+
+
+def summary(state: JobState, now: float) -> str:
+    """The job's state in a sentence."""
+    units = f"{state.units_done}/{state.total_units} units"
+    if is_terminal(state):
+        why = f": {state.error}" if state.error else ""
+        return f"{state.status} ({units}){why}"
+    running = len(state.in_flight)
+    if state.cancel_requested:
+        return f"being cancelled ({units}): waits for {_plural(running, 'running subjob')}"
+    if not state.owner_agent:
+        return (
+            f"pending ({units}): no agent has taken it on yet (no agent running, or every one at "
+            "SJA_MAX_JOBS)"
+        )
+    if running:
+        left = "; it waits for a window for more" if is_waiting(state) else ""
+        return f"{state.status} ({units}): {_plural(running, 'subjob')} running{left}"
+    waited = now - state.submitted_at
+    return f"{state.status} ({units}): waiting for a window ({waited:.0f} s since submission)"
+
+
+def explain(
+    state: JobState,
+    records: Iterable[RoundRecord],
+    jobs: Sequence[JobState],
+    now: float,
+    limits: PlanLimits,
+) -> Explanation:
+    """The job's state and, while it waits, why: per window shape of ``records`` (the rounds the
+    job's pools cleared lately), and its place among the waiting ``jobs`` under the policy of the
+    latest round."""
+    records = list(records)
+    latest = max(records, key=lambda r: (r.opened_at, r.round), default=None)
+    policy = latest.policy if latest is not None else ""
+    windows = window_reasons(state, records, limits) if not is_terminal(state) else []
+    notes: list[str] = []
+    position = waiting = 0
+    order = ""
+    if is_waiting(state):
+        known = any(s.job_id == state.job_id for s in jobs)
+        ranked, order = queue_order(policy, jobs if known else [*jobs, state])
+        waiting = len(ranked)
+        position = next(i for i, s in enumerate(ranked, 1) if s.job_id == state.job_id)
+        if not records:
+            notes.append("no round was cleared lately: no slice is free, or no advertiser is running")
+        elif windows and all(w.outcome == "no_bid" and "needs" in w.reason for w in windows):
+            largest = max(windows, key=lambda w: w.mem_mib)
+            notes.append(
+                f"the job fits none of the slices offered lately (the largest, {largest.profile}, "
+                f"holds {largest.mem_mib:,} MiB): it cannot run until a larger one is offered"
+            )
+    note = deadline_note(policy, state.spec)
+    if note is not None:
+        notes.append(note)
+    d = deadline_status(state, now)
+    return Explanation(
+        job_id=state.job_id,
+        status=state.status,
+        summary=summary(state, now),
+        windows=windows,
+        policy=policy,
+        position=position,
+        waiting=waiting,
+        order=order,
+        deadline=d.text if d is not None else "",
+        notes=notes,
+    )

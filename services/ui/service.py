@@ -1,0 +1,208 @@
+"""UI: the live dashboard (micro service ``sja-ui``), served over HTTP on ``SJA_UI_PORT``.
+
+It reads NATS only, like every other service: the slices (KV ``sja-slices``) and the jobs (KV
+``sja-jobs``), re-read at most every ``SJA_UI_REFRESH_S`` while a page asks; the round records
+(stream ``SJA_ROUNDS``, followed live by an ordered consumer from ``SJA_UI_ROUNDS_LOOKBACK_S``
+back); and, for a job's page, the gateway's requests (``explain``, ``rounds``). It writes nothing
+and decides nothing: the page shows what ``sja.core.explain`` and the clearer's ledger say
+(``services.ui.views``). Replicas are independent (each reads for itself): scale them freely.
+
+HTTP (a small asyncio server, GET only): ``/`` the dashboard and ``/job/<id>`` a job's page (one
+HTML page, ``services.ui.page``), which poll ``/api/overview`` and ``/api/job/<id>`` (JSON);
+``/healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime
+import logging
+import re
+import time
+import urllib.parse
+from typing import Annotated, Any
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from services.clearer.service import parse_shares
+from services.ui import page, views
+from sja.bus.rounds import decode_rounds
+from sja.bus.service import Service
+from sja.bus.settings import BaseSettings
+from sja.client import ApiError, SjaClient
+from sja.core import explain as E
+from sja.protocol import subjects
+from sja.protocol.messages import Explanation, JobState, RoundRecord, SliceState
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 16 * 1024
+"""A request line and headers longer than this are refused (the dashboard only takes GETs)."""
+GATEWAY_TIMEOUT_S = 5.0
+JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}")
+"""What a job id in a URL may be (a KV key); anything else is no such job."""
+
+
+class UiSettings(BaseSettings, frozen=True, kw_only=True):
+    ui_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    """Port of the dashboard's HTTP server; 0: any free port (logged)."""
+    ui_host: str = "0.0.0.0"
+    """Address the dashboard binds."""
+    ui_refresh_s: float = 1.0
+    """The slices and jobs are read again at most this often (while pages ask)."""
+    ui_rounds_kept: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 500
+    """Newest round records kept in memory for the dashboard's list of rounds."""
+    ui_rounds_lookback_s: float = 60.0
+    """At start, the rounds stored this long back are read; then every new one as it is stored."""
+    jaeger_url: str = ""
+    """Base URL of a Jaeger UI (e.g. ``http://localhost:16686``): a job's page links each round to
+    its trace there. Empty: no links."""
+    tenant_shares: str = ""
+    """``tenant=weight,...``: the tenants' target shares, as the clearer's ``SJA_TENANT_SHARES``."""
+
+
+class UiService(Service):
+    name = "ui"
+
+    def __init__(self, settings: UiSettings) -> None:
+        super().__init__(settings)
+        self.ui: UiSettings = settings
+        self.targets = parse_shares(settings.tenant_shares)
+        self.records: collections.deque[RoundRecord] = collections.deque(maxlen=settings.ui_rounds_kept)
+        self.http_port = 0
+        """The port the dashboard listens on once started (``ui_port``, or the one picked for 0)."""
+        self._server: asyncio.Server | None = None
+        self._rounds_sub: Any = None
+        self._read_at = -1e9
+        self._read_lock = asyncio.Lock()
+        self._states: list[JobState] = []
+        self._slices: list[SliceState] = []
+
+    async def on_start(self) -> None:
+        await self._follow_rounds()
+        self._server = await asyncio.start_server(
+            self._serve, self.ui.ui_host, self.ui.ui_port, limit=MAX_REQUEST_BYTES
+        )
+        self.http_port = self._server.sockets[0].getsockname()[1]
+        log.info("%s: dashboard on http://%s:%d/", self.instance, self.ui.ui_host, self.http_port)
+
+    async def on_stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        if self._rounds_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._rounds_sub.unsubscribe()
+
+    # --- reading the bus -------------------------------------------------------------------------
+
+    async def _follow_rounds(self) -> None:
+        """Every round record stored from ``ui_rounds_lookback_s`` ago on, as it is stored."""
+        since = datetime.datetime.fromtimestamp(time.time() - self.ui.ui_rounds_lookback_s, tz=datetime.UTC)
+
+        async def on_record(msg: Msg) -> None:
+            try:
+                self.records.extend(decode_rounds(msg.data))
+            except ValueError as e:
+                self.metrics.rejected(subjects.round_cleared("*"), e)
+
+        self._rounds_sub = await self.jetstream.subscribe(
+            f"{subjects.PREFIX}.round.cleared.>",
+            stream=subjects.STREAM_ROUNDS.name,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            config=ConsumerConfig(opt_start_time=since),
+            cb=on_record,
+            pending_msgs_limit=1_000_000,
+        )
+
+    async def _read(self) -> tuple[list[JobState], list[SliceState]]:
+        """The jobs and slices, read again when the last read is older than ``ui_refresh_s``."""
+        async with self._read_lock:
+            if time.monotonic() - self._read_at >= self.ui.ui_refresh_s:
+                assert self.jobs is not None and self.slices is not None
+                jobs, slices = await asyncio.gather(self.jobs.all(), self.slices.all())
+                self._states = [s for s, _ in jobs]
+                self._slices = [s for s, _ in slices]
+                self._read_at = time.monotonic()
+            return self._states, self._slices
+
+    async def overview(self) -> dict[str, Any]:
+        states, slices = await self._read()
+        return views.overview(states, slices, list(self.records), self.targets, time.time())
+
+    async def job(self, job_id: str) -> dict[str, Any] | None:
+        """A job's page, or ``None`` if there is no such job. The explanation and the rounds are
+        the gateway's (``explain``, ``rounds``); without a gateway, the job's state in a sentence."""
+        assert self.jobs is not None
+        got = await self.jobs.get(job_id)
+        if got is None:
+            return None
+        state = got[0]
+        now = time.time()
+        client = SjaClient(self.bus, timeout_s=GATEWAY_TIMEOUT_S)
+        explained_by = "gateway"
+        rounds: list[RoundRecord] = []
+        try:
+            explanation, rounds = await asyncio.gather(client.explain(job_id), client.rounds(job_id))
+        except (ApiError, TimeoutError, nats.errors.Error) as e:
+            log.warning("%s: the gateway did not explain %s: %s", self.instance, job_id, e)
+            explained_by = "dashboard"
+            explanation = Explanation(
+                job_id=job_id,
+                status=state.status,
+                summary=E.summary(state, now),
+                notes=[f"the gateway did not answer ({type(e).__name__}: {e}): no reasons per window"],
+            )
+        return views.job_page(state, explanation, rounds, now, self.ui.jaeger_url, explained_by)
+
+    # --- HTTP ------------------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            status, ctype, body = await self._answer(reader)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
+            status, ctype, body = 400, "text/plain; charset=utf-8", b"bad request\n"
+        except Exception:
+            log.exception("%s: dashboard request failed", self.instance)
+            status, ctype, body = 500, "text/plain; charset=utf-8", b"internal error\n"
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}.get(
+            status, "Internal Server Error"
+        )
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Cache-Control: no-store\r\nConnection: close\r\n\r\n"
+        )
+        with contextlib.suppress(ConnectionError):
+            writer.write(head.encode() + body)
+            await writer.drain()
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        method, target, _version = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+        if method not in ("GET", "HEAD"):
+            return 405, "text/plain; charset=utf-8", b"GET only\n"
+        path = urllib.parse.unquote(urllib.parse.urlsplit(target).path)
+        json_type = "application/json"
+        if path == "/healthz":
+            return 200, "text/plain; charset=utf-8", b"ok\n"
+        if path == "/" or path.startswith("/job/"):
+            return 200, "text/html; charset=utf-8", page.HTML.encode()
+        if path == "/api/overview":
+            return 200, json_type, msgspec.json.encode(await self.overview())
+        if path.startswith("/api/job/"):
+            job_id = path.removeprefix("/api/job/")
+            found = await self.job(job_id) if JOB_ID.fullmatch(job_id) else None
+            if found is None:
+                return 404, json_type, msgspec.json.encode({"error": "no such job"})
+            return 200, json_type, msgspec.json.encode(found)
+        return 404, "text/plain; charset=utf-8", b"not found\n"

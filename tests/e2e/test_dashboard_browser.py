@@ -1,0 +1,131 @@
+"""The dashboard in a real headless browser: Debian's ``chromium`` driven by Playwright, against the
+whole stack as ``sja up`` runs it (every service a process, the dashboard included, a real
+nats-server and a local Ray). The page loads, the timeline draws the subjobs of a running job on
+its slices, and a job's page shows the gateway's explanation of why it waits. Screenshots are kept
+under ``out/ui/`` (``dashboard.png``, ``job.png``) as the test's artifacts.
+
+``.ci/run`` installs chromium when it is missing; without it (a machine set up by hand) the test is
+skipped, saying so. Playwright's own browser download is not used: it launches the system's."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sja.bus.natsd import free_port
+from sja.client import SjaClient
+from sja.protocol.messages import JobSpec, MemoryDecl
+from sja.stack import UP_ORDER, LocalStack
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "out" / "ui"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+SETTINGS = {"SJA_HORIZON_S": "3.0", "SJA_POLICY": "fair", "SJA_RAY_NUM_CPUS": "2"}
+
+RUNNING = JobSpec(
+    name="shown",
+    tenant="alpha",
+    workload="montecarlo",
+    max_parallel=2,
+    params={"units": 400, "samples_per_unit": 200_000, "seed": 5},
+)
+TOO_BIG = JobSpec(
+    name="too-big",
+    tenant="beta",
+    workload="montecarlo",
+    params={"units": 10},
+    memory=MemoryDecl(base_mib=100_000, per_unit_mib=10),
+)
+
+
+def chromium_or_skip() -> str:
+    found = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+    if not found:
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; .ci/run does it)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, int]]:
+    chromium_or_skip()
+    out = tmp_path_factory.mktemp("ui-stack")
+    port = free_port()
+    s = LocalStack(
+        out_dir=out,
+        env=SETTINGS,
+        service_env={"ui": {"SJA_UI_PORT": str(port), "SJA_UI_HOST": "127.0.0.1", "SJA_UI_REFRESH_S": "0.5"}},
+    )
+    try:
+        s.start(order=UP_ORDER)
+        asyncio.run(s.wait_ready())
+        yield s, port
+    finally:
+        s.stop()
+
+
+async def submit(url: str) -> tuple[str, str]:
+    client = await SjaClient.connect(url)
+    try:
+        return (await client.submit(RUNNING)).job_id, (await client.submit(TOO_BIG)).job_id
+    finally:
+        await client.close()
+
+
+def test_the_dashboard_shows_the_timeline_and_a_jobs_explanation(stack: tuple[LocalStack, int]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_or_skip()
+    s, port = stack
+    running_id, big_id = asyncio.run(submit(s.nats_url))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            # Wait on what the page shows, however long the stack takes (pytest's timeout bounds it).
+            page.set_default_timeout(0)
+            page.goto(f"http://127.0.0.1:{port}/")
+            bars = page.locator(f'#timeline rect.subjob[data-job="{running_id}"]')
+            bars.first.wait_for()
+            slices = page.locator("#timeline text.slice").all_text_contents()
+            assert any("3g.20gb" in t for t in slices), slices
+            drawn_on = bars.first.get_attribute("data-slice")
+            assert drawn_on and any(t.startswith(drawn_on) for t in slices)
+            page.locator(f'#jobs tr[data-job="{big_id}"]').wait_for()
+            page.locator('#tenants tr[data-tenant="alpha"]').wait_for()
+            page.locator("#rounds tr.round").first.wait_for()
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+            # The job that fits no slice: its page says why, per window shape.
+            page.locator(f'#jobs a.job-link[href="/job/{big_id}"]').click()
+            page.wait_for_url(f"**/job/{big_id}")
+            summary = page.locator("#explain-summary")
+            summary.wait_for()
+            assert summary.inner_text().startswith("pending")
+            page.locator("#explanation td", has_text="needs").first.wait_for()
+            page.locator("#explanation", has_text="fits none of the slices").wait_for()
+            page.screenshot(path=str(ARTIFACTS / "job.png"), full_page=True)
+
+            # The running job's page lists its subjobs and the rounds it won.
+            page.goto(f"http://127.0.0.1:{port}/job/{running_id}")
+            page.locator("#subjobs td", has_text=running_id).first.wait_for()
+            page.locator("#job-rounds tr.round").first.wait_for()
+        finally:
+            browser.close()
+    assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000

@@ -1,0 +1,100 @@
+"""``sja.core.explain``: the reasons a job sends no bid, deadlines judged under every policy, and the
+order of the waiting jobs."""
+
+from __future__ import annotations
+
+import msgspec
+
+from sja.core import jobs as J
+from sja.core.explain import deadline_note, deadline_status, explain, queue_order, why_no_bid
+from sja.core.planner import PlanLimits
+from sja.core.profiles import JobProfile
+from sja.protocol.messages import InFlight, JobSpec, MemoryDecl, RoundRecord, Verdict, Window
+
+LIMITS = PlanLimits(mem_reserve_mib=256.0, start_overhead_s=0.3, horizon_s=8.0)
+
+
+def window(mem: int = 40_448, profile: str = "3g.40gb") -> Window:
+    return Window(
+        slice_id=f"n-g0-{profile}-0", node="n", pool="p", gpu_model="A100", profile=profile,
+        mem_mib=mem, compute_share=0.5, start_s=0.0,
+    )  # fmt: skip
+
+
+def job(**spec: object) -> J.JobState:
+    s = JobSpec(name="j", tenant="t", workload="montecarlo", params={"units": 10}, **spec)  # type: ignore[arg-type]
+    state = J.new_job("j-1", s, 100.0, window_s=7.7)
+    return msgspec.structs.replace(state, owner_agent="agent-0")
+
+
+def test_too_much_memory_names_the_planners_quantile_and_the_slice() -> None:
+    state = job(memory=MemoryDecl(base_mib=100_000, per_unit_mib=10))
+    assert state.profile is not None
+    need = JobProfile.from_state(state.profile).mem_quantile(1, 0.95)
+    why = why_no_bid(state, window(), 101.0, LIMITS)
+    assert why == (
+        f"its smallest subjob (1 unit) needs {need:,.0f} MiB at eps_mem 0.05, and this 3g.40gb slice "
+        "holds 40,448 MiB (40,192 usable after the 256 MiB reserve)"
+    )
+
+
+def test_other_reasons() -> None:
+    state = job(max_parallel=1)
+    flight = InFlight(
+        subjob_id="j-1.s0", grant_id="g", slice_id="x", unit_start=0, units=2, dispatched_at=100.0,
+        time_cap_s=5.0, profile="1g.5gb", compute_share=0.14, planned_mem_q_mib=1.0, planned_duration_q_s=1.0,
+    )  # fmt: skip
+    busy = msgspec.structs.replace(state, in_flight=[flight], next_unit=2)
+    assert why_no_bid(busy, window(), 101.0, LIMITS) == "it is at its max_parallel (1): 1 subjob running"
+    cancelling = msgspec.structs.replace(state, cancel_requested=True)
+    assert "cancellation was requested" in why_no_bid(cancelling, window(), 101.0, LIMITS)
+    unowned = msgspec.structs.replace(state, owner_agent="")
+    assert why_no_bid(unowned, window(), 101.0, LIMITS) == "no agent had taken the job on yet"
+    assert "could have bid" in why_no_bid(state, window(), 101.0, LIMITS)
+
+
+def test_deadlines_are_judged_whatever_the_policy() -> None:
+    state = job(deadline_s=10.0)
+    assert deadline_status(state, 105.0).verdict == "open"  # type: ignore[union-attr]
+    late = msgspec.structs.replace(state, status="done", finished_at=112.5)
+    d = deadline_status(late, 200.0)
+    assert d is not None and d.verdict == "missed" and "missed by 2.5 s" in d.text
+    on_time = msgspec.structs.replace(state, status="done", finished_at=104.0)
+    assert deadline_status(on_time, 200.0).verdict == "met"  # type: ignore[union-attr]
+    assert deadline_status(job(), 200.0) is None
+    assert deadline_note("sla", state.spec) is None and deadline_note("jasda", state.spec) is None
+    assert "fair" in (deadline_note("fair", state.spec) or "")
+    assert deadline_note("fair", job().spec) is None
+
+
+def test_queue_order_under_fair_and_sla() -> None:
+    a = msgspec.structs.replace(job(), job_id="a", attained_gpu_s=5.0)
+    b = msgspec.structs.replace(job(deadline_s=50.0), job_id="b", submitted_at=101.0)
+    c = msgspec.structs.replace(job(deadline_s=20.0), job_id="c", submitted_at=102.0)
+    fair, _ = queue_order("fair", [a, b, c])
+    assert [s.job_id for s in fair] == ["b", "c", "a"]  # one tenant: the least attained job first
+    sla, words = queue_order("sla", [a, b, c])
+    assert [s.job_id for s in sla] == ["c", "b", "a"] and "deadline" in words
+
+
+def test_explain_reports_each_window_shapes_last_offer() -> None:
+    state = job(memory=MemoryDecl(base_mib=100_000, per_unit_mib=10))
+    other = msgspec.structs.replace(job(), job_id="k-2")
+
+    def record(offer: str, at: float, w: Window, verdicts: list[Verdict]) -> RoundRecord:
+        return RoundRecord(
+            offer_id=offer, round=1, window=w, policy="fair", replies_from=["agent-0"], verdicts=verdicts,
+            opened_at=at,
+        )  # fmt: skip
+
+    lost = Verdict(job_id="j-1", tenant="t", agent_id="agent-0", won=False, reason="lost to k-2: x vs y")
+    records = [
+        record("o1", 101.0, window(), [lost]),
+        record("o2", 102.0, window(), []),  # the later offer of the same shape stands
+        record("o3", 101.5, window(4_864, "1g.5gb"), [lost]),
+    ]
+    e = explain(state, records, [state, other], 103.0, LIMITS)
+    assert [(w.offer_id, w.outcome) for w in e.windows] == [("o2", "no_bid"), ("o3", "lost")]
+    assert e.windows[1].reason == "lost to k-2: x vs y" and e.policy == "fair"
+    assert (e.position, e.waiting) == (1, 2)  # equal attained service: by submission, then id
+    assert not any("fits none" in n for n in e.notes)  # it did bid on one shape
