@@ -1,5 +1,6 @@
 """Combine the parts of the batch-inference job in item order (``merge_argv``, run by
-``sja result JOB --out DIR``): ``$SJA_PARTS_DIR/<unit start>/part.jsonl`` -> ``$SJA_STATE_OUT/predictions.jsonl``."""
+``sja result JOB --out DIR``): ``$SJA_PARTS_DIR/<unit start>/part.jsonl`` ->
+``$SJA_STATE_OUT/predictions.jsonl``."""
 
 from __future__ import annotations
 

@@ -29,7 +29,10 @@ BATCH = 64
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(32, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(),
+        torch.nn.Linear(32, WIDTH),
+        torch.nn.Tanh(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.Tanh(),
         torch.nn.Linear(WIDTH, 1),
     )
 
@@ -49,7 +52,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
+    device = torch.device(
+        "cuda" if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu"
+    )
     env = os.environ
     in_sja = "SJA_JOB_ID" in env
     if in_sja:
@@ -87,7 +92,9 @@ def main() -> None:
         loss.backward()
         opt.step()
         step += 1
-    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, state_out / "state.pt")
+    torch.save(
+        {"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, state_out / "state.pt"
+    )
     report = {
         "units_done": step - start,
         "metrics": {"loss": float(loss), "steps_per_s": (step - start) / max(time.perf_counter() - t0, 1e-9)},

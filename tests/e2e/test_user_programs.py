@@ -59,7 +59,10 @@ def entry_point_path(tmp: Path) -> Path:
 
 def torch_python() -> str | None:
     for candidate in (os.environ.get("SJA_TORCH_PYTHON", ""), sys.executable):
-        if candidate and subprocess.run([candidate, "-c", "import torch"], capture_output=True).returncode == 0:
+        if (
+            candidate
+            and subprocess.run([candidate, "-c", "import torch"], capture_output=True).returncode == 0
+        ):
             return candidate
     return None
 
@@ -72,7 +75,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         p for p in (str(eps), str(EXAMPLES / "entrypoint-pkg" / "src"), os.environ.get("PYTHONPATH", "")) if p
     )
     env = {
-        "SJA_HORIZON_S": "10.0",
+        "SJA_HORIZON_S": "30.0",
         "SJA_POLICY": "fair",
         "SJA_LOG_LEVEL": "INFO",
         "SJA_RAY_NUM_CPUS": "2",
@@ -192,16 +195,25 @@ def test_a_torch_training_script_resumes_from_its_state_and_ends_as_in_one_piece
     assert len([h for h in state.history if h.status == "ok"]) >= 2, "the job was cut into subjobs"
     asyncio.run(fetch(stack, state, tmp_path / "sja"))
     subprocess.run(
-        [python, str(EXAMPLES / "torch-train" / "train.py"), "--steps", "300", "--out", str(tmp_path / "one")],
+        [
+            python,
+            str(EXAMPLES / "torch-train" / "train.py"),
+            "--steps",
+            "300",
+            "--out",
+            str(tmp_path / "one"),
+        ],
         check=True,
         capture_output=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("SJA_")},
     )
     compare = (
         "import sys, torch; a = torch.load(sys.argv[1], weights_only=True); "
-        "b = torch.load(sys.argv[2], weights_only=True); assert a['step'] == b['step'] == 300, (a['step'], b['step']); "
+        "b = torch.load(sys.argv[2], weights_only=True); "
+        "assert a['step'] == b['step'] == 300, (a['step'], b['step']); "
         "assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model']), 'weights differ'"
     )
     subprocess.run(
-        [python, "-c", compare, str(tmp_path / "sja" / "state.pt"), str(tmp_path / "one" / "state.pt")], check=True
+        [python, "-c", compare, str(tmp_path / "sja" / "state.pt"), str(tmp_path / "one" / "state.pt")],
+        check=True,
     )
