@@ -415,3 +415,36 @@ async def test_an_output_larger_than_a_message_fails_the_job_with_the_reason(
     assert "larger than a message may be" in state.error and "(gave up)" in state.error
     assert {h.status for h in state.history} == {"failed"}
     assert len(state.history) == J.MAX_CONSECUTIVE_FAILURES
+
+
+class _HugeResult(_BigOutput):
+    """A workload whose result holds an int past 64 bits: MessagePack cannot encode it."""
+
+    name: ClassVar[str] = "huge-result"
+
+    def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
+        return b"x"
+
+    def finalize(self, params: dict[str, Any], acc: bytes) -> dict[str, Any]:
+        return {"n": 2**70}
+
+
+async def test_a_result_that_cannot_be_encoded_fails_the_job_and_the_agent_goes_on(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing such a result once looped the agent on OverflowError, and the job could no longer
+    be cancelled: now the job fails with the reason, and the agent serves the next jobs."""
+    monkeypatch.setitem(WORKLOADS, _HugeResult.name, _HugeResult())
+    async with running(nats_url, tmp_path, Actors()) as stack:
+        bad = (await stack.client.submit(m.JobSpec(name="huge", tenant="t", workload="huge-result"))).job_id
+        state = await until_state(stack.client, bad, J.is_terminal, 60, "the job to end")
+        assert state.status == "failed"
+        assert "cannot be encoded" in state.error and "OverflowError" in state.error
+        assert (await stack.client.cancel(bad)).status == "failed"  # answered, and changes nothing
+        good = (
+            await stack.client.submit(
+                m.JobSpec(name="after", tenant="t", workload="huge-result", params={"n": 1})
+            )
+        ).job_id
+        other = await until_state(stack.client, good, J.is_terminal, 60, "the next job to end")
+        assert other.status == "failed" and "cannot be encoded" in other.error
