@@ -20,6 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+# Deterministic CUDA matrix products need this before CUDA starts (the CPU ignores it).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 import torch
 
 WIDTH = int(os.environ.get("TRAIN_WIDTH", "256"))
