@@ -21,6 +21,7 @@ from typing import Any
 
 from sja.protocol.messages import JobState
 from sja.workloads import checkpoint as ckpt
+from sja.workloads import statestore
 from sja.workloads.base import is_sequential
 from sja.workloads.command import parts, unpack_state
 
@@ -35,10 +36,12 @@ async def _fetch(store: Any, raw: bytes) -> bytes:
         return raw
     ref = ckpt.unpack_ref(raw)
     try:
-        got = await store.get(ref.name)
+        if statestore.is_external(ref.bucket):
+            data = await asyncio.to_thread(statestore.get, ref.bucket, ref.name)
+        else:
+            data = bytes((await store.get(ref.name)).data or b"")
     except Exception as e:
-        raise ResultError(f"state {ref.bucket}/{ref.name} is not in the object store: {e}") from None
-    data = bytes(got.data or b"")
+        raise ResultError(f"state {ref.bucket}/{ref.name} cannot be read: {type(e).__name__}: {e}") from None
     if ckpt.digest(data) != ref.sha256:
         raise ResultError(f"state {ref.bucket}/{ref.name} does not match its digest")
     return ckpt.pack_blob(ref.summary, data)

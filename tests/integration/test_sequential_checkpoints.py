@@ -181,11 +181,11 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running(nats_url: str, tmp: Path, shared: Actors) -> AsyncIterator[Stack]:
+async def running(nats_url: str, tmp: Path, shared: Actors, **executor_kw: Any) -> AsyncIterator[Stack]:
     def c(name: str) -> dict[str, Any]:
         return {"nats_url": nats_url, "out_dir": str(tmp / "out"), "instance": name}
 
-    executor = InProcessExecutor(ExecutorSettings(**c("executor-t"), node="local"))
+    executor = InProcessExecutor(ExecutorSettings(**c("executor-t"), node="local", **executor_kw))
     executor.shared = shared
     services: list[Service] = [
         InventoryService(InventorySettings(**c("inventory-t"))),
@@ -448,3 +448,21 @@ async def test_a_result_that_cannot_be_encoded_fails_the_job_and_the_agent_goes_
         ).job_id
         other = await until_state(stack.client, good, J.is_terminal, 60, "the next job to end")
         assert other.status == "failed" and "cannot be encoded" in other.error
+
+
+async def test_large_states_go_to_the_storage_url_and_only_their_reference_travels(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """With ``SJA_STATE_URL`` a checkpoint over the threshold is a file under it (the object store
+    holds none); the job continues from it and ends with the one-piece result."""
+    store = tmp_path / "shared-state"
+    async with running(nats_url, tmp_path, Actors(), state_url=str(store), state_url_min_bytes=1) as stack:
+        job_id = (await stack.client.submit(spec("jac-url"))).job_id
+        state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
+        assert_one_piece(state)
+        ref = ckpt.unpack_ref(state.accumulator)
+        assert ref.bucket == str(store)
+        data = (store / ref.name).read_bytes()
+        assert ckpt.digest(data) == ref.sha256 and len(data) == PARAMS["grid"] ** 2 * 8
+        first = next(h for h in state.history if h.status == "ok")
+        assert (store / job_id / first.subjob_id).exists(), "every committed state was written there"

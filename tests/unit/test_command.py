@@ -234,3 +234,16 @@ def test_state_archives_refuse_paths_outside_their_directory(tmp_path: Path) -> 
         unpack_state(raw, tmp_path / "in")
     assert not (tmp_path / "escape").exists()
     assert os.path.isdir(tmp_path)
+
+
+def test_a_state_url_keeps_states_as_files_and_a_missing_one_is_an_error(tmp_path: Path) -> None:
+    from sja.workloads import statestore
+
+    url = str(tmp_path / "states")
+    assert statestore.is_external(url) and statestore.is_external("file://" + url)
+    assert not statestore.is_external("sja-checkpoints")
+    statestore.put("file://" + url, "job-1/job-1.s0", b"state bytes")
+    assert statestore.get(url, "job-1/job-1.s0") == b"state bytes"
+    assert [p.name for p in (tmp_path / "states" / "job-1").iterdir()] == ["job-1.s0"], "no temporary left"
+    with pytest.raises(FileNotFoundError):
+        statestore.get(url, "job-1/job-1.s9")
