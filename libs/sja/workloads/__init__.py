@@ -84,7 +84,8 @@ def _load(name: str) -> Workload:
             "workload", f"workload {name!r} could not be loaded: {type(e).__name__}: {e}"
         ) from None
     check_workload(name, w)
-    return w
+    loaded: Workload = w
+    return loaded
 
 
 def run_in_one_piece(name: str, params: dict[str, Any]) -> dict[str, Any]:

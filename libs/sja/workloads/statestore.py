@@ -57,10 +57,10 @@ def put(url: str, name: str, data: bytes) -> None:
         return
     fs, root = _fs(url)
     path = f"{root.rstrip('/')}/{name}"
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with fs.open(tmp, "wb") as f:
+    partial = f"{path}.{uuid.uuid4().hex}.tmp"
+    with fs.open(partial, "wb") as f:
         f.write(data)
-    fs.mv(tmp, path)
+    fs.mv(partial, path)
 
 
 def get(url: str, name: str) -> bytes:
