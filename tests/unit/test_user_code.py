@@ -358,3 +358,12 @@ def test_a_range_tried_again_knows_its_attempt() -> None:
     state, sj2 = step(state, T0 + 1, 2)
     assert sj2.unit_start == sj.unit_start and sj2.attempt == 1
     assert MAX_CONSECUTIVE_FAILURES > 1
+
+
+def test_the_cli_leaves_a_workload_it_cannot_load_to_the_gateway() -> None:
+    from sja.client import load_spec
+
+    spec = load_spec("name: p\ntenant: t\nworkload: some_pkg_not_here:Thing\n")
+    assert spec.workload == "some_pkg_not_here:Thing"
+    with pytest.raises(ValueError, match=r"params\.rows"):
+        load_spec("name: m\ntenant: t\nworkload: matmul\nparams: {rows: -1}\n")
