@@ -367,3 +367,16 @@ def test_the_cli_leaves_a_workload_it_cannot_load_to_the_gateway() -> None:
     assert spec.workload == "some_pkg_not_here:Thing"
     with pytest.raises(ValueError, match=r"params\.rows"):
         load_spec("name: m\ntenant: t\nworkload: matmul\nparams: {rows: -1}\n")
+
+
+def test_a_merge_failure_with_subjobs_in_flight_fails_the_job_when_they_end() -> None:
+    register("badmerge", misbehaving("merge", "raise"))
+    state = new_job("j1", spec_of("badmerge", max_parallel=2), T0)
+    state, first = step(state, T0, 1)
+    state, second = step(state, T0, 2)
+    out = SUM.run(first.params, first.unit_start, first.units, b"")
+    state, _ = apply_completion(state, completion(first, T0, out), T0 + 0.1)
+    assert state.status != "failed" and state.in_flight, "the other subjob is still running"
+    out = SUM.run(second.params, second.unit_start, second.units, b"")
+    state, _ = apply_completion(state, completion(second, T0, out), T0 + 0.2)
+    assert state.status == "failed" and "the workload's merge failed" in state.error

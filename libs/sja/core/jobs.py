@@ -455,7 +455,8 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
                 merge_error = f"the workload's merge failed: {type(e).__name__}: {str(e)[:1000]}"
         units_done += done
         profile.observe(done, c.peak_mem_mib, c.duration_s, profile_name, compute_share)
-        failures = 0
+        if not (state.cancel_requested and failures >= MAX_CONSECUTIVE_FAILURES):
+            failures = 0  # else the job has failed (``_fail_now``): it ends so once in flight is done
     else:
         retry.append(UnitRange(start=flight.unit_start, count=flight.units))
         retry.sort(key=lambda r: r.start)
