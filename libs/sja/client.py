@@ -215,9 +215,9 @@ def load_spec(text: str, source: str = "spec") -> JobSpec:
     try:
         validate_spec(spec)
     except SpecError as e:
-        if e.field == "workload" and spec.workload not in WORKLOADS:
-            # A workload of another package need not be installed where the CLI runs: the
-            # gateway, which must have it, checks it (and refuses it naming the error).
+        if e.field == "workload" and ":" in spec.workload and spec.workload not in WORKLOADS:
+            # A module:attr workload need not be importable where the CLI runs: the gateway,
+            # which must have it, checks it (and refuses it naming the error).
             return spec
         raise ValueError(f"{source}: {e}") from None
     return spec

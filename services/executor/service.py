@@ -63,10 +63,10 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     """Modules every slice actor imports when it starts (``torch`` on GPU nodes), so that a
     framework's start-up does not count against the first subjob's window."""
     state_url: str = ""
-    """Where checkpoints of ``state_url_min_bytes`` or more go instead of the object store: a
+    """Where checkpoints of ``state_url_min_mib`` or more go instead of the object store: a
     directory every node sees, or a URL ``fsspec`` opens (``sja.workloads.statestore``). Empty: all
     go to the object store."""
-    state_url_min_bytes: int = 64 * 1024 * 1024
+    state_url_min_mib: float = 64.0
 
 
 class ExecutorService(Service):
@@ -384,7 +384,7 @@ class ExecutorService(Service):
         name = f"{sj.job_id}/{sj.subjob_id}"
         bucket = ckpt.BUCKET
         try:
-            if self.cfg.state_url and len(blob.data) >= self.cfg.state_url_min_bytes:
+            if self.cfg.state_url and len(blob.data) >= self.cfg.state_url_min_mib * 1024 * 1024:
                 bucket = self.cfg.state_url
                 await asyncio.to_thread(statestore.put, bucket, name, blob.data)
             else:

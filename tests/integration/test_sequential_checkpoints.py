@@ -456,7 +456,7 @@ async def test_large_states_go_to_the_storage_url_and_only_their_reference_trave
     """With ``SJA_STATE_URL`` a checkpoint over the threshold is a file under it (the object store
     holds none); the job continues from it and ends with the one-piece result."""
     store = tmp_path / "shared-state"
-    async with running(nats_url, tmp_path, Actors(), state_url=str(store), state_url_min_bytes=1) as stack:
+    async with running(nats_url, tmp_path, Actors(), state_url=str(store), state_url_min_mib=0.0) as stack:
         job_id = (await stack.client.submit(spec("jac-url"))).job_id
         state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
         assert_one_piece(state)

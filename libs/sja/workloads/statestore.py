@@ -1,6 +1,6 @@
 """Large states outside NATS: a shared filesystem path, or any URL ``fsspec`` opens.
 
-A checkpoint blob larger than the executor's ``state_url_min_bytes`` goes to ``state_url`` (when
+A checkpoint blob larger than the executor's ``state_url_min_mib`` goes to ``state_url`` (when
 set) instead of the JetStream object store; the reference that travels on NATS names it the same
 way (``BlobRef``: ``bucket`` is the URL, ``name`` the object under it, with size and SHA-256), so
 readers tell the two apart by the bucket. A path or ``file://`` URL needs nothing more: every node
