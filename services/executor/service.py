@@ -42,6 +42,7 @@ from sja.protocol import subjects
 from sja.protocol.messages import Completion, SliceState, Subjob
 from sja.telemetry.metrics import watch_consumers
 from sja.workloads import checkpoint as ckpt
+from sja.workloads import statestore
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.executor")
@@ -61,6 +62,11 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     preload: str = ""
     """Modules every slice actor imports when it starts (``torch`` on GPU nodes), so that a
     framework's start-up does not count against the first subjob's window."""
+    state_url: str = ""
+    """Where checkpoints of ``state_url_min_mib`` or more go instead of the object store: a
+    directory every node sees, or a URL ``fsspec`` opens (``sja.workloads.statestore``). Empty: all
+    go to the object store."""
+    state_url_min_mib: float = 64.0
 
 
 class ExecutorService(Service):
@@ -362,9 +368,12 @@ class ExecutorService(Service):
     async def _fetch_checkpoint(self, raw: bytes) -> bytes:
         """The full checkpoint (a blob) a reference points to, checked against its digest."""
         ref = ckpt.unpack_ref(raw)
-        store = await self._checkpoints()
-        got = await store.get(ref.name)
-        data = bytes(got.data or b"")
+        if statestore.is_external(ref.bucket):
+            data = await asyncio.to_thread(statestore.get, ref.bucket, ref.name)
+        else:
+            store = await self._checkpoints()
+            got = await store.get(ref.name)
+            data = bytes(got.data or b"")
         if ckpt.digest(data) != ref.sha256:
             raise ValueError(f"checkpoint {ref.name} does not match its digest")
         return ckpt.pack_blob(ref.summary, data)
@@ -373,15 +382,20 @@ class ExecutorService(Service):
         """Put a subjob's checkpoint blob in the object store; its completion carries the reference."""
         blob = ckpt.unpack_blob(result.output)
         name = f"{sj.job_id}/{sj.subjob_id}"
+        bucket = ckpt.BUCKET
         try:
-            store = await self._checkpoints()
-            await store.put(name, blob.data)
+            if self.cfg.state_url and len(blob.data) >= self.cfg.state_url_min_mib * 1024 * 1024:
+                bucket = self.cfg.state_url
+                await asyncio.to_thread(statestore.put, bucket, name, blob.data)
+            else:
+                store = await self._checkpoints()
+                await store.put(name, blob.data)
         except Exception as e:
             log.error("subjob %s: checkpoint not stored: %s", sj.subjob_id, e)
             return msgspec.structs.replace(
                 result, status="failed", units_done=0, output=b"", error=f"checkpoint not stored: {e}"
             )
-        return msgspec.structs.replace(result, output=ckpt.make_ref(ckpt.BUCKET, name, blob))
+        return msgspec.structs.replace(result, output=ckpt.make_ref(bucket, name, blob))
 
     async def _restart_actor(self, slice_id: str) -> None:
         old = self.actors.get(slice_id)

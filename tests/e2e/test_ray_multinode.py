@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.execution.actor import node_resource, node_resources
 from sja.inventory.declared import load_declared
-from sja.protocol.messages import JobSpec
+from sja.protocol.messages import JobSpec, TimeDecl
 from sja.workloads import run_in_one_piece
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -140,3 +142,74 @@ async def test_each_subjob_runs_on_the_node_that_owns_its_slice(
         with pytest.raises(RuntimeError, match=r"sja_slice:node-c-g0-4g.20gb-0.*ray start"):
             await orphan.start()
         await orphan.stop()  # a failed start keeps its connection until stopped
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture
+def user_code(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's package installed in the environment of every node (here: on the path of this
+    process, which the Ray nodes started after it inherit)."""
+    src = EXAMPLES / "entrypoint-pkg" / "src"
+    monkeypatch.syspath_prepend(str(src))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])))
+    return src
+
+
+async def test_users_code_runs_on_every_node(
+    nats_url: str, tmp_path: Path, nc, inventory_file: Path, user_code: Path, ray_cluster: Cluster
+) -> None:
+    def c(name: str) -> dict[str, object]:
+        return {"nats_url": nats_url, "out_dir": str(tmp_path / "out"), "instance": name}
+
+    executors = {
+        node: ExecutorService(
+            ExecutorSettings(**c(f"executor-{node}"), node=node, ray_address=ray_cluster.address)
+        )
+        for node in NODES
+    }
+    services = [
+        InventoryService(InventorySettings(**c("inventory-t"), inventory=str(inventory_file))),
+        GatewayService(GatewaySettings(**c("gateway-t"))),
+        ClearerService(ClearerSettings(**c("clearer-t"))),
+        AgentService(AgentSettings(**c("agent-t"), horizon_s=4.0)),
+        *executors.values(),
+        AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=4.0)),
+    ]
+    async with running(*services):
+        client = SjaClient(nc)
+        primes = {"limit": 400_000, "block": 1000}
+        slow = TimeDecl(warmup_s=0.05, per_unit_s=0.05, rel_sd=0.5)  # declared slow: cut small
+        infer = [sys.executable, str(EXAMPLES / "batch-inference" / "infer.py")]
+        jobs = [
+            await client.submit(
+                JobSpec(
+                    name=f"p{i}", tenant="t", workload="sja_example_primes:Primes", params=primes, time=slow
+                )
+            )
+            for i in range(3)
+        ] + [
+            await client.submit(
+                JobSpec(
+                    name="infer",
+                    tenant="u",
+                    workload="command",
+                    max_parallel=2,
+                    params={"argv": infer, "units": 400, "sequential": False, "merge_argv": ["true"]},
+                    time=slow,
+                )
+            )
+        ]
+        deadline = time.monotonic() + 150
+        while True:
+            states = [await client.status(j.job_id) for j in jobs]
+            if all(J.is_terminal(s) for s in states):
+                break
+            assert time.monotonic() < deadline, [(s.status, s.units_done) for s in states]
+            await asyncio.sleep(0.2)
+        assert [s.status for s in states] == ["done"] * len(jobs), [s.error for s in states]
+        assert all(s.result == run_in_one_piece("sja_example_primes:Primes", primes) for s in states[:3])
+        assert states[3].result["units_done"] == 400
+        for node, ex in executors.items():
+            assert ex.placements, f"no subjob ran on {node}"

@@ -181,11 +181,11 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running(nats_url: str, tmp: Path, shared: Actors) -> AsyncIterator[Stack]:
+async def running(nats_url: str, tmp: Path, shared: Actors, **executor_kw: Any) -> AsyncIterator[Stack]:
     def c(name: str) -> dict[str, Any]:
         return {"nats_url": nats_url, "out_dir": str(tmp / "out"), "instance": name}
 
-    executor = InProcessExecutor(ExecutorSettings(**c("executor-t"), node="local"))
+    executor = InProcessExecutor(ExecutorSettings(**c("executor-t"), node="local", **executor_kw))
     executor.shared = shared
     services: list[Service] = [
         InventoryService(InventorySettings(**c("inventory-t"))),
@@ -415,3 +415,54 @@ async def test_an_output_larger_than_a_message_fails_the_job_with_the_reason(
     assert "larger than a message may be" in state.error and "(gave up)" in state.error
     assert {h.status for h in state.history} == {"failed"}
     assert len(state.history) == J.MAX_CONSECUTIVE_FAILURES
+
+
+class _HugeResult(_BigOutput):
+    """A workload whose result holds an int past 64 bits: MessagePack cannot encode it."""
+
+    name: ClassVar[str] = "huge-result"
+
+    def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
+        return b"x"
+
+    def finalize(self, params: dict[str, Any], acc: bytes) -> dict[str, Any]:
+        return {"n": 2**70}
+
+
+async def test_a_result_that_cannot_be_encoded_fails_the_job_and_the_agent_goes_on(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing such a result once looped the agent on OverflowError, and the job could no longer
+    be cancelled: now the job fails with the reason, and the agent serves the next jobs."""
+    monkeypatch.setitem(WORKLOADS, _HugeResult.name, _HugeResult())
+    async with running(nats_url, tmp_path, Actors()) as stack:
+        bad = (await stack.client.submit(m.JobSpec(name="huge", tenant="t", workload="huge-result"))).job_id
+        state = await until_state(stack.client, bad, J.is_terminal, 60, "the job to end")
+        assert state.status == "failed"
+        assert "cannot be encoded" in state.error and "OverflowError" in state.error
+        assert (await stack.client.cancel(bad)).status == "failed"  # answered, and changes nothing
+        good = (
+            await stack.client.submit(
+                m.JobSpec(name="after", tenant="t", workload="huge-result", params={"n": 1})
+            )
+        ).job_id
+        other = await until_state(stack.client, good, J.is_terminal, 60, "the next job to end")
+        assert other.status == "failed" and "cannot be encoded" in other.error
+
+
+async def test_large_states_go_to_the_storage_url_and_only_their_reference_travels(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """With ``SJA_STATE_URL`` a checkpoint over the threshold is a file under it (the object store
+    holds none); the job continues from it and ends with the one-piece result."""
+    store = tmp_path / "shared-state"
+    async with running(nats_url, tmp_path, Actors(), state_url=str(store), state_url_min_mib=0.0) as stack:
+        job_id = (await stack.client.submit(spec("jac-url"))).job_id
+        state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
+        assert_one_piece(state)
+        ref = ckpt.unpack_ref(state.accumulator)
+        assert ref.bucket == str(store)
+        data = (store / ref.name).read_bytes()
+        assert ckpt.digest(data) == ref.sha256 and len(data) == PARAMS["grid"] ** 2 * 8
+        first = next(h for h in state.history if h.status == "ok")
+        assert (store / job_id / first.subjob_id).exists(), "every committed state was written there"

@@ -734,6 +734,37 @@ def simulate(
     raise typer.Exit(code)
 
 
+@app.command()
+def result(
+    job_id: str,
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the job's final state into.")],
+    nats: NatsOpt = DEFAULT_NATS,
+    no_merge: Annotated[
+        bool, typer.Option("--no-merge", help="Fetch the parts; do not run merge_argv.")
+    ] = False,
+    user: UserOpt = "",
+    password: PasswordOpt = "",
+    tenant: TenantOpt = "",
+) -> None:
+    """Fetch a finished command job's final state (its parts merged by merge_argv, when it has them)."""
+    from sja.client import ApiError
+    from sja.results import ResultError, fetch_result
+
+    async def go() -> None:
+        c = await _connect_client(nats, user, password, tenant)
+        try:
+            state = await c.status(job_id)
+            got = await fetch_result(c.nc.jetstream(), state, out, run_merge=not no_merge)
+        except (ApiError, ResultError) as e:
+            fail(str(e))
+            return
+        finally:
+            await c.close()
+        console.print_json(json.dumps(got))
+
+    _with_connection_errors(go, nats)
+
+
 def main() -> None:
     """The ``sja`` command. A command line it cannot take (an unknown option, a value not among the
     choices) is one line on stderr naming the option, and exit code 2."""

@@ -38,6 +38,7 @@ from sja.protocol.messages import (
     Window,
 )
 from sja.workloads import SpecError, workload
+from sja.workloads.base import is_sequential
 
 MAX_CONSECUTIVE_FAILURES = 8
 """A job whose subjobs fail this many times in a row (other than OOM/timeout) is failed."""
@@ -51,12 +52,35 @@ BIDDING_TIMEOUT_S = 1.0
 
 
 def validate_spec(spec: JobSpec) -> tuple[JobSpec, int]:
-    """Normalize a spec's parameters and return it with the job's total work units."""
+    """Normalize a spec's parameters and return it with the job's total work units.
+
+    The workload's code may be anyone's: whatever it raises, or returns that a job cannot hold
+    (parameters that cannot be encoded, units that are not a positive integer), is a ``SpecError``."""
     w = workload(spec.workload)
-    params = w.validate(dict(spec.params))
-    if w.sequential and spec.max_parallel != 1:
-        raise SpecError("max_parallel", f"workload {w.name} is sequential: max_parallel must be 1")
-    total = w.total_units(params)
+    try:
+        params = w.validate(dict(spec.params))
+        sequential = is_sequential(w, params)
+        total = w.total_units(params)
+    except SpecError:
+        raise
+    except Exception as e:
+        raise SpecError(
+            "params", f"workload {spec.workload!r} refused them: {type(e).__name__}: {e}"
+        ) from None
+    if not isinstance(params, dict):
+        raise SpecError(
+            "params", f"workload {spec.workload!r}: validate returned {type(params).__name__}, not a map"
+        )
+    try:
+        msgspec.msgpack.encode(params)
+    except (TypeError, OverflowError, ValueError) as e:
+        raise SpecError("params", f"cannot be encoded ({type(e).__name__}: {e})") from None
+    if isinstance(total, bool) or not isinstance(total, int) or not 1 <= total < 2**63:
+        raise SpecError(
+            "params", f"workload {spec.workload!r}: total_units gave {total!r}, not a positive integer"
+        )
+    if sequential and spec.max_parallel != 1:
+        raise SpecError("max_parallel", f"workload {spec.workload} is sequential: max_parallel must be 1")
     if spec.min_units > total:
         raise SpecError("min_units", f"{spec.min_units} is more than the job's {total} units")
     return msgspec.structs.replace(spec, params=params), total
@@ -386,10 +410,11 @@ def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, a
             profile.duration_quantile(size, 1 - state.spec.eps_time, window.profile, window.compute_share),
             6,
         ),
-        input_checkpoint=state.accumulator if workload(state.spec.workload).sequential else b"",
+        input_checkpoint=state.accumulator if _sequential(state) else b"",
         created_at=now,
         slice_revision=grant.slice_revision,
         slice_state=grant.slice_state,
+        attempt=attempt_of(state, start),
     )
     flight = InFlight(
         subjob_id=subjob.subjob_id,
@@ -434,11 +459,27 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
     units_done = state.units_done
     failures = state.attempt_failures
     error = state.error
+    merge_error = ""
     if c.status == "ok":
-        acc = w.merge(acc, c.output_checkpoint) if not w.sequential else c.output_checkpoint
-        units_done += c.units
-        profile.observe(c.units, c.peak_mem_mib, c.duration_s, profile_name, compute_share, c.mem_cap_mib)
-        failures = 0
+        done = c.units_done if 0 < c.units_done < c.units else c.units
+        if done < c.units:
+            # Stopped early (it said how far it got): the rest of its range is planned again.
+            retry.append(UnitRange(start=flight.unit_start + done, count=flight.units - done))
+            retry.sort(key=lambda r: r.start)
+        if is_sequential(w, state.spec.params):
+            acc = c.output_checkpoint
+        else:
+            try:
+                acc = w.merge(acc, c.output_checkpoint)
+                if not isinstance(acc, bytes):
+                    raise TypeError(f"merge returned {type(acc).__name__}, not bytes")
+            except Exception as e:
+                acc = state.accumulator
+                merge_error = f"the workload's merge failed: {type(e).__name__}: {str(e)[:1000]}"
+        units_done += done
+        profile.observe(done, c.peak_mem_mib, c.duration_s, profile_name, compute_share, c.mem_cap_mib)
+        if not (state.cancel_requested and failures >= MAX_CONSECUTIVE_FAILURES):
+            failures = 0  # else the job has failed (``_fail_now``): it ends so once in flight is done
     else:
         retry.append(UnitRange(start=flight.unit_start, count=flight.units))
         retry.sort(key=lambda r: r.start)
@@ -483,23 +524,62 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
         attempt_failures=failures,
         error=error,
     )
+    if merge_error:
+        # The contract makes merge deterministic: trying the range again would fail the same way.
+        return _fail_now(new, merge_error, now), True
     return settle(new, now), True
+
+
+def _fail_now(state: JobState, reason: str, now: float) -> JobState:
+    """The job failed with ``reason``: finished at once if nothing is in flight, else cancelled so
+    that what is in flight ends it (``settle``)."""
+    state = msgspec.structs.replace(state, error=reason, attempt_failures=MAX_CONSECUTIVE_FAILURES)
+    if state.in_flight:
+        return msgspec.structs.replace(state, cancel_requested=True)
+    return msgspec.structs.replace(state, status="failed", finished_at=now)
+
+
+def _sequential(state: JobState) -> bool:
+    return is_sequential(workload(state.spec.workload), state.spec.params)
+
+
+def attempt_of(state: JobState, unit_start: int) -> int:
+    """Earlier tries of a range starting at ``unit_start`` that did not complete."""
+    return sum(1 for h in state.history if h.unit_start == unit_start and h.status != "ok")
 
 
 def settle(state: JobState, now: float) -> JobState:
     """Move a job to a terminal status when nothing more can happen to it."""
     if is_terminal(state) or state.in_flight:
         return state
-    if state.cancel_requested:
-        return msgspec.structs.replace(state, status="cancelled", finished_at=now)
     if state.attempt_failures >= MAX_CONSECUTIVE_FAILURES:
         return msgspec.structs.replace(
             state, status="failed", finished_at=now, error=f"{state.error} (gave up)"
         )
+    if state.cancel_requested:
+        return msgspec.structs.replace(state, status="cancelled", finished_at=now)
     if state.units_done >= state.total_units:
-        result = finalize(state)
+        result, why = safe_finalize(state)
+        if why:
+            return msgspec.structs.replace(state, status="failed", finished_at=now, error=why)
         return msgspec.structs.replace(state, status="done", finished_at=now, result=result)
     return state
+
+
+def safe_finalize(state: JobState) -> tuple[dict[str, Any], str]:
+    """The job's result, or why there is none: the workload's ``finalize`` raised, or returned what a
+    job state cannot hold (not a map, or values MessagePack cannot encode: an int past 64 bits)."""
+    try:
+        result = finalize(state)
+    except Exception as e:
+        return {}, f"the workload's finalize failed: {type(e).__name__}: {str(e)[:1000]}"
+    if not isinstance(result, dict):
+        return {}, f"the workload's finalize returned {type(result).__name__}, not a map"
+    try:
+        msgspec.msgpack.encode(result)
+    except (TypeError, OverflowError, ValueError, RecursionError) as e:
+        return {}, f"the workload's result cannot be encoded ({type(e).__name__}: {str(e)[:300]})"
+    return result, ""
 
 
 def hopeless(state: JobState, best: Window, now: float, limits: PlanLimits) -> str | None:

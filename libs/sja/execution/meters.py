@@ -10,6 +10,9 @@
 - ``NvmlProcessMeter``: NVML's per-process accounting on the slice's device
   (``nvmlDeviceGetComputeRunningProcesses``), sampled: it sees the CUDA context and any allocator,
   where the driver reports it (not for MIG devices without privileges).
+- ``ProcessTreeMeter``: a program run under the ``command`` contract: the resident size of its
+  process and all its descendants (``psutil``), summed and sampled, and with NVML the GPU memory
+  those processes hold on the slice's device.
 
 A meter is started, the subjob runs, ``stop()`` returns the peak in MiB above the start.
 """
@@ -203,3 +206,77 @@ class NvmlProcessMeter:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class ProcessTreeMeter:
+    """Peak resident memory of a process and its descendants, summed per sample (``psutil``), and
+    with ``nvml`` and a device the peak of GPU memory NVML accounts to them on that device. Every
+    process seen is remembered (``seen``), so that those left behind can be stopped at the end."""
+
+    name = "rss-tree"
+
+    def __init__(self, pid: int, nvml: Any = None, device_uuid: str = "", interval_s: float = 0.05) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.root = psutil.Process(pid)
+        self.nvml = nvml
+        self.device_uuid = device_uuid
+        self.interval_s = interval_s
+        self.seen: dict[int, Any] = {pid: self.root}
+        self.gpu_peak = 0
+        self._gpu: NvmlProcessMeter | None = None
+        self._sampler: _Sampler | None = None
+
+    def processes(self) -> list[Any]:
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except self._psutil.Error:
+            procs = []
+        for p in procs:
+            self.seen.setdefault(p.pid, p)
+        return procs
+
+    def _read(self) -> int:
+        total = 0
+        procs = self.processes()
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except self._psutil.Error:
+                continue
+        if self._gpu is not None:
+            pids = {p.pid for p in procs}
+            used = 0
+            try:
+                for gp in self.nvml.nvmlDeviceGetComputeRunningProcesses(self._gpu._handle):
+                    if gp.pid in pids and gp.usedGpuMemory is not None:
+                        used += int(gp.usedGpuMemory)
+            except Exception:
+                used = 0
+            self.gpu_peak = max(self.gpu_peak, used)
+        return total
+
+    def start(self) -> None:
+        if self.nvml is not None and self.device_uuid:
+            gpu = NvmlProcessMeter(self.nvml, self.device_uuid)
+            try:
+                self.nvml.nvmlInit()
+                gpu._handle = gpu._find()
+                self._gpu = gpu
+            except Exception:
+                self._gpu = None
+        self._sampler = _Sampler(self._read, self.interval_s)
+        self._sampler.start()
+
+    def stop(self) -> float:
+        """The larger of the resident and the GPU peak, in MiB."""
+        peak = self._sampler.stop() if self._sampler is not None else 0
+        if self._gpu is not None:
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlShutdown()
+        return max(peak, self.gpu_peak) / _MIB
+
+    @property
+    def rss_peak_mib(self) -> float:
+        return (self._sampler.peak if self._sampler is not None else 0) / _MIB

@@ -23,9 +23,11 @@ from typing import Any
 
 import msgspec
 
+from sja import job
 from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter
 from sja.protocol.messages import Subjob
 from sja.workloads import workload
+from sja.workloads.command import DEFAULT_STOP_GRACE_S
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,6 +100,8 @@ def _torch_cuda(torch: Any) -> bool:
 
 def prepare_device(framework: str, mem_cap_mib: int, nvml: Any = None) -> _Device:
     """Meters and cap for a workload of ``framework`` (``numpy``, ``torch``) under ``mem_cap_mib``."""
+    if framework == "command":
+        return _Device([], "cpu", enforced=False)  # its own processes are measured (``program``)
     if framework != "torch":
         return _Device([TracemallocMeter()], "cpu", enforced=False)
     from sja.workloads.torch_common import import_torch
@@ -142,16 +146,60 @@ def _peak(meters: list[Meter]) -> tuple[float, str]:
     return best, name
 
 
+def subjob_context(sj: Subjob, params: dict[str, Any], total_units: int, started: float) -> job.Context:
+    """What ``sja.job.context()`` gives the subjob's code (and the ``command`` contract's variables)."""
+    grace = params.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
+    grace = float(grace) if isinstance(grace, int | float) and not isinstance(grace, bool) else 0.0
+    return job.Context(
+        job_id=sj.job_id,
+        subjob_id=sj.subjob_id,
+        unit_start=sj.unit_start,
+        count=sj.units,
+        total_units=total_units,
+        attempt=sj.attempt,
+        deadline=started + sj.time_cap_s,
+        stop_grace_s=min(grace, sj.time_cap_s / 2),
+        slice_id=sj.slice_id,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        mem_cap_mib=sj.mem_cap_mib,
+    )
+
+
+def _failed(started: float, error: str) -> RunResult:
+    now = time.time()
+    return RunResult(
+        status="failed",
+        units_done=0,
+        peak_mem_mib=0.0,
+        duration_s=round(now - started, 6),
+        started_at=started,
+        finished_at=now,
+        error=error[:4000],
+    )
+
+
 def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
-    w = workload(sj.workload)
-    params = w.validate(dict(sj.params))
-    dev = prepare_device(getattr(w, "framework", "numpy"), sj.mem_cap_mib, nvml=nvml)
-    meters = _start(dev.meters)
     started = time.time()
+    try:
+        w = workload(sj.workload)
+        params = w.validate(dict(sj.params))
+        total = w.total_units(params)
+    except Exception as e:
+        return _failed(started, f"workload {sj.workload!r} not usable on this node: {type(e).__name__}: {e}")
+    framework = getattr(w, "framework", "numpy")
+    dev = prepare_device(framework, sj.mem_cap_mib, nvml=nvml)
+    ctx = subjob_context(sj, params, total, started)
+    meters = _start(dev.meters)
     t0 = time.perf_counter()
     status, output, error = "ok", b"", ""
+    job.set_current(ctx)
     try:
         output = w.run(params, sj.unit_start, sj.units, sj.input_checkpoint)
+        if not isinstance(output, bytes):
+            status, output = "failed", b""
+            error = f"the workload's run returned {type(output).__name__}, not bytes"
+    except job.Stopped as e:
+        status, error = (e.status if e.status in ("oom", "timeout") else "failed"), e.error
     except Exception as e:
         if isinstance(e, MemoryError):
             status, error = "oom", "MemoryError"
@@ -159,8 +207,14 @@ def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
             status, error = "oom", f"{type(e).__name__}: {str(e)[:1000]}"
         else:
             status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
+    finally:
+        job.set_current(None)
     duration = time.perf_counter() - t0
     peak_mib, meter = _peak(meters)
+    if framework == "command":
+        # The program's own process tree was measured while it ran (``ProcessTreeMeter``).
+        peak_mib, meter = ctx.peak_mem_mib, "rss-tree"
+        dev.device = "cuda" if ctx.cuda_visible_devices else "cpu"
     if dev.torch is not None and dev.device == "cuda":
         # Give the cache back: the next subjob on this slice starts from an empty allocator.
         dev.torch.cuda.empty_cache()
@@ -171,7 +225,7 @@ def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
         error = f"{error} (peak {peak_mib:.1f} MiB of the slice's {sj.mem_cap_mib} MiB)"
     return RunResult(
         status=status,
-        units_done=sj.units if status == "ok" else 0,
+        units_done=(sj.units if ctx.units_done is None else ctx.units_done) if status == "ok" else 0,
         peak_mem_mib=round(peak_mib, 3),
         duration_s=round(duration, 6),
         started_at=started,

@@ -23,6 +23,11 @@ Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, extra_json_schema
 """Dot-separated tokens: valid as a KV key and, with dots replaced, as a subject token. The pattern is
 checked by ``Tokens`` (see there), the length by msgspec."""
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, extra_json_schema={"pattern": NAME_PATTERN})]
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+WORKLOAD_PATTERN = rf"^[A-Za-z0-9_-]+$|^{_DOTTED}:{_DOTTED}$"
+WorkloadRef = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=WORKLOAD_PATTERN)]
+"""A workload: a registered name (built in, or from the entry-point group ``sja.workloads``), or
+``module:attr`` naming an importable object."""
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -379,7 +384,7 @@ class JobSpec(Tokens, frozen=True, kw_only=True, gc=False, forbid_unknown_fields
 
     name: Name
     tenant: Name
-    workload: Name
+    workload: WorkloadRef
     params: dict[str, Any] = {}
     mode: ReplyMode = "jasda"
     eps_mem: Eps = 0.05
@@ -435,7 +440,7 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     job_id: Id
     tenant: Name
     agent_id: Id
-    workload: Name
+    workload: WorkloadRef
     params: dict[str, Any]
     unit_start: NonNegInt
     units: PosInt
@@ -453,6 +458,8 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     """The slice's KV revision holding the grant's lease (from the grant; 0: unknown)."""
     slice_state: SliceState | None = None
     """The slice as leased at ``slice_revision`` (from the grant)."""
+    attempt: NonNegInt = 0
+    """Earlier tries of a range starting at ``unit_start`` that did not complete (``SJA_ATTEMPT``)."""
 
 
 class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=True):

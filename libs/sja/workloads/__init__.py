@@ -1,10 +1,14 @@
-"""Built-in atomizable workloads and their registry."""
+"""Atomizable workloads and their registry: the built-in ones, the ``command`` contract, and the
+workloads of other packages (entry-point group ``sja.workloads``, or ``module:attr`` in a spec)."""
 
 from __future__ import annotations
 
+import importlib
+from importlib.metadata import entry_points
 from typing import Any
 
-from sja.workloads.base import SpecError, Workload
+from sja.workloads.base import SpecError, Workload, check_workload, is_sequential
+from sja.workloads.command import Command
 from sja.workloads.jacobi import Jacobi
 from sja.workloads.matmul import MatMul
 from sja.workloads.montecarlo import MonteCarloPi
@@ -19,24 +23,87 @@ GPU: tuple[str, ...] = ("torch-train", "torch-infer")
 """PyTorch workloads (the ``gpu`` extra): on a slice's GPU when there is one, else on the CPU.
 Registering them does not import ``torch``; running one does."""
 
+ENTRY_POINT_GROUP = "sja.workloads"
+"""Packages register their workloads here: ``[project.entry-points."sja.workloads"]``,
+``name = "package.module:Class"`` (a class implementing ``Workload``, or an instance of one)."""
+
 WORKLOADS: dict[str, Workload] = {
-    w.name: w for w in (MatMul(), MonteCarloPi(), Jacobi(), TorchTrain(), TorchInfer())
+    w.name: w for w in (MatMul(), MonteCarloPi(), Jacobi(), TorchTrain(), TorchInfer(), Command())
 }
+
+_LOADED: dict[str, Workload] = {}
+"""Workloads loaded from other packages, by the name a spec gives (loaded once per process)."""
 
 
 def workload(name: str) -> Workload:
+    """The workload a spec names: built in, registered by an entry point, or ``module:attr``.
+
+    A name that is none of these, or whose code cannot be imported or is not a workload, raises
+    ``SpecError`` on ``workload`` naming it and the error (the gateway refuses the submission with it).
+    """
+    w = WORKLOADS.get(name) or _LOADED.get(name)
+    if w is not None:
+        return w
+    w = _load(name)
+    _LOADED[name] = w
+    return w
+
+
+def registered() -> list[str]:
+    """The names a spec may give without ``module:attr``: built in and from entry points."""
     try:
-        return WORKLOADS[name]
-    except KeyError:
-        known = ", ".join(sorted(WORKLOADS))
-        raise SpecError("workload", f"unknown workload {name!r} (known: {known})") from None
+        extra = [ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    except Exception:
+        extra = []
+    return sorted(set(WORKLOADS) | set(extra))
+
+
+def _load(name: str) -> Workload:
+    try:
+        if ":" in name:
+            module, _, attr = name.partition(":")
+            obj: Any = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        else:
+            found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+            if not found:
+                known = ", ".join(registered())
+                raise SpecError(
+                    "workload",
+                    f"unknown workload {name!r} (known: {known}; or give module:attr of an importable one)",
+                )
+            obj = found[0].load()
+        w = obj() if isinstance(obj, type) else obj
+    except SpecError:
+        raise
+    except BaseException as e:  # an import may raise anything, SystemExit included
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise SpecError(
+            "workload", f"workload {name!r} could not be loaded: {type(e).__name__}: {e}"
+        ) from None
+    check_workload(name, w)
+    loaded: Workload = w
+    return loaded
 
 
 def run_in_one_piece(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The reference result: the whole job computed as a single subjob."""
     w = workload(name)
     p = w.validate(params)
-    return w.finalize(p, w.merge(b"", w.run(p, 0, w.total_units(p), b"")))
+    out = w.run(p, 0, w.total_units(p), b"")
+    return w.finalize(p, out if is_sequential(w, p) else w.merge(b"", out))
 
 
-__all__ = ["BUILTIN", "GPU", "WORKLOADS", "SpecError", "Workload", "run_in_one_piece", "workload"]
+__all__ = [
+    "BUILTIN",
+    "ENTRY_POINT_GROUP",
+    "GPU",
+    "WORKLOADS",
+    "SpecError",
+    "Workload",
+    "registered",
+    "run_in_one_piece",
+    "workload",
+]

@@ -23,6 +23,26 @@ class SpecError(ValueError):
 
 
 class Workload(Protocol):
+    """What SJA calls, and where (public API: workloads of other packages implement it).
+
+    - ``validate``, ``total_units``, ``declared_memory``, ``declared_time``: at submission (the
+      gateway) and wherever the job is planned (agents). They must be pure and deterministic: the same
+      parameters give the same answers in every process.
+    - ``run``: on a slice's executor, once per subjob, with ``[unit_start, unit_start + units)`` and
+      the input checkpoint (empty unless ``sequential``: then the previous subjob's output). It may be
+      run again for the same range (a lost or failed subjob); it returns bytes. Inside it
+      ``sja.job.context()`` gives the subjob's deadline, slice and stop signal.
+    - ``merge(acc, partial)``: in the job's agent, once per completed subjob of an independent
+      workload, in completion order (so it must be associative and commutative); ``acc`` starts
+      empty. Not called for ``sequential`` ones (the latest output is the state).
+    - ``finalize(params, acc)``: in the agent, once, when every unit is done; its result must be
+      encodable as MessagePack (strings, numbers within 64 bits, lists, maps) and is what
+      ``sja status`` shows.
+
+    An exception from any of these fails the subjob (``run``) or the job (the others) with its text;
+    it never stops a service.
+    """
+
     name: ClassVar[str]
     sequential: ClassVar[bool]
 
@@ -58,3 +78,25 @@ def check_known(params: dict[str, Any], known: set[str]) -> None:
     unknown = sorted(set(params) - known)
     if unknown:
         raise SpecError(f"params.{unknown[0]}", f"unknown parameter (known: {', '.join(sorted(known))})")
+
+
+REQUIRED = ("validate", "total_units", "declared_memory", "declared_time", "run", "merge", "finalize")
+"""The methods every workload has."""
+
+
+def check_workload(name: str, w: object) -> None:
+    """Refuse (``SpecError`` on ``workload``) an object that is not a workload."""
+    missing = [m for m in REQUIRED if not callable(getattr(w, m, None))]
+    if missing:
+        raise SpecError(
+            "workload", f"{name!r} is not a workload ({type(w).__name__} has no {', '.join(missing)})"
+        )
+    if not isinstance(getattr(w, "sequential", None), bool):
+        raise SpecError("workload", f"{name!r}: sequential must be True or False")
+
+
+def is_sequential(w: Workload, params: dict[str, Any]) -> bool:
+    """Whether a job of ``w`` with ``params`` passes its state from one subjob to the next: the
+    workload's ``is_sequential(params)`` where it decides per job (``command``), else its class's."""
+    per_job = getattr(w, "is_sequential", None)
+    return bool(per_job(params)) if callable(per_job) else bool(w.sequential)

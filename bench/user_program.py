@@ -1,0 +1,238 @@
+"""A user's PyTorch training script (examples/torch-train) run through the command contract: planned
+against measured peak memory, and the per-subjob overhead.
+
+The job is planned, materialized and calibrated by the decision core exactly as the agent does it,
+and each subjob runs through the executor's own code (``run_subjob``: the process group, its
+environment, the state packed and unpacked, the meters), without the bus. On a machine with an
+NVIDIA GPU the subjobs run on soft slices of it (``CUDA_VISIBLE_DEVICES`` = the GPU's UUID, NVML per
+process, the script's CUDA allocator peak); elsewhere on the CPU.
+
+Per-subjob overhead: a subjob's wall time minus its steps at the speed the same script reaches in
+one piece (its own ``steps_per_s`` report): interpreter and torch start-up, the state loaded and
+saved, the archive packed and unpacked.
+
+    python bench/user_program.py --python /path/to/python-with-torch --json
+    (bench/user_program_gpu.sh runs it on a GPU machine)
+
+The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "libs"))
+
+from sja.core.jobs import apply_completion, materialize, new_job, profile_of, propose  # noqa: E402
+from sja.core.planner import PlanLimits  # noqa: E402
+from sja.execution.runner import run_subjob  # noqa: E402
+from sja.protocol.messages import (  # noqa: E402
+    Completion,
+    Grant,
+    JobSpec,
+    MemoryDecl,
+    Offer,
+    TimeDecl,
+    Window,
+)
+
+
+def gpu() -> dict[str, Any] | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        uuid = pynvml.nvmlDeviceGetUUID(h)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        name = pynvml.nvmlDeviceGetName(h)
+        return {
+            "uuid": uuid,
+            "name": name.decode() if isinstance(name, bytes) else name,
+            "mem_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
+        }
+    except Exception:
+        return None
+
+
+def one_piece(python: str, steps: int, width: int, env: dict[str, str]) -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp())
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        [python, str(ROOT / "examples/torch-train/train.py"), "--steps", str(steps), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**env, "TRAIN_WIDTH": str(width)},
+    )
+    wall = time.perf_counter() - t0
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"wall_s": wall, "steps_per_s": report["metrics"]["steps_per_s"], "report": report}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--python", default=sys.executable, help="an interpreter with torch")
+    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--width", type=int, default=1024, help="hidden width of the MLP (memory scale)")
+    ap.add_argument("--shares", default="0.25,0.5", help="soft slices: fractions of the GPU's memory")
+    ap.add_argument("--window-s", type=float, default=20.0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    g = gpu()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SJA_")}
+    if g is None:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    ref = one_piece(
+        args.python, args.steps, args.width, {**env, "CUDA_VISIBLE_DEVICES": g["uuid"] if g else ""}
+    )
+    total_mib = g["mem_mib"] if g else 16384
+    limits = PlanLimits(horizon_s=args.window_s, start_overhead_s=5.0)
+    rows: list[dict[str, Any]] = []
+    for share in (float(s) for s in args.shares.split(",")):
+        slice_mib = int(total_mib * share)
+        spec = JobSpec(
+            name="torch-train",
+            tenant="bench",
+            workload="command",
+            mode="sja",
+            params={
+                "argv": [args.python, str(ROOT / "examples/torch-train/train.py")],
+                "units": args.steps,
+                "env": {"TRAIN_WIDTH": str(args.width)},
+                "stop_grace_s": 2.0,
+            },
+            memory=MemoryDecl(base_mib=1200.0, per_unit_mib=0.0, rel_sd=0.5),
+            time=TimeDecl(warmup_s=4.0, per_unit_s=0.005, rel_sd=0.5),
+        )
+        state = new_job(f"bench-{int(share * 100)}", spec, time.time(), window_s=args.window_s)
+        n = 0
+        while state.status not in ("done", "failed") and n < 40:
+            n += 1
+            now = time.time()
+            window = Window(
+                slice_id=f"local-g0-soft{int(share * 100)}-0",
+                node="local",
+                pool="local",
+                gpu_model=g["name"].replace(" ", "-") if g else "cpu",
+                profile=f"soft{int(share * 100)}",
+                mem_mib=slice_mib,
+                compute_share=1.0,
+                start_s=now,
+                end_s=now + args.window_s,
+            )
+            offer = Offer(
+                offer_id=f"o{n}",
+                round=n,
+                window=window,
+                slice_fence=n,
+                slice_revision=0,
+                issued_at=now,
+                reply_by=now + 0.05,
+                reply_to="_INBOX.b",
+            )
+            proposal = propose(state, offer, now, limits)
+            if proposal is None:
+                rows.append({"share": share, "error": "no safe size in the window"})
+                break
+            grant = Grant(
+                grant_id=f"g{n}",
+                offer_id=offer.offer_id,
+                round=n,
+                job_id=state.job_id,
+                tenant="bench",
+                agent_id="bench",
+                window=window,
+                candidate=proposal.candidates[0],
+                fence=n + 1,
+                lease_until=now + 60,
+                policy="fair",
+                granted_at=now,
+            )
+            mat = materialize(state, grant, now, limits, "bench")
+            assert mat.subjob is not None, mat.reason
+            state, sj = mat.state, mat.subjob
+            os.environ.update(
+                {
+                    "CUDA_VISIBLE_DEVICES": g["uuid"] if g else "",
+                    "SJA_SLICE_SOURCE": "nvml" if g else "declared",
+                }
+            )
+            r = run_subjob(sj)
+            c = Completion(
+                subjob_id=sj.subjob_id,
+                job_id=sj.job_id,
+                grant_id=sj.grant_id,
+                fence=sj.fence,
+                slice_id=sj.slice_id,
+                status=r.status,  # type: ignore[arg-type]
+                unit_start=sj.unit_start,
+                units=sj.units,
+                units_done=r.units_done,
+                peak_mem_mib=r.peak_mem_mib,
+                duration_s=r.duration_s,
+                mem_cap_mib=sj.mem_cap_mib,
+                time_cap_s=sj.time_cap_s,
+                started_at=r.started_at,
+                finished_at=r.finished_at,
+                output_checkpoint=r.output,
+                error=r.error,
+            )
+            state, _ = apply_completion(state, c, time.time())
+            done = r.units_done
+            rows.append(
+                {
+                    "share": share,
+                    "slice_mib": slice_mib,
+                    "subjob": sj.subjob_id,
+                    "status": r.status,
+                    "units": sj.units,
+                    "units_done": done,
+                    "planned_mem_q_mib": sj.planned_mem_q_mib,
+                    "peak_mem_mib": r.peak_mem_mib,
+                    "device": r.device,
+                    "duration_s": r.duration_s,
+                    "overhead_s": round(r.duration_s - done / ref["steps_per_s"], 3) if done else None,
+                    "error": r.error[:300],
+                }
+            )
+        rows.append(
+            {
+                "share": share,
+                "job": state.status,
+                "subjobs": n,
+                "mem_q_now_mib": round(profile_of(state).mem_quantile(max(1, args.steps // 4), 0.95), 1),
+            }
+        )
+    overheads = [r["overhead_s"] for r in rows if r.get("overhead_s") is not None]
+    ratios = [r["peak_mem_mib"] / r["planned_mem_q_mib"] for r in rows if r.get("status") == "ok"]
+    summary = {
+        "bench": "user_program",
+        "device": g["name"] if g else "cpu",
+        "gpu_mem_mib": total_mib if g else None,
+        "steps": args.steps,
+        "width": args.width,
+        "one_piece_wall_s": round(ref["wall_s"], 3),
+        "one_piece_steps_per_s": round(ref["steps_per_s"], 1),
+        "one_piece_torch_cuda_peak_mib": ref["report"].get("torch_cuda_peak_mib"),
+        "overhead_s_median": round(statistics.median(overheads), 3) if overheads else None,
+        "overhead_s_max": round(max(overheads), 3) if overheads else None,
+        "peak_over_planned_median": round(statistics.median(ratios), 3) if ratios else None,
+        "subjobs": rows,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""The SDK for code running as a subjob: ``ctx = sja.job.context()``.
+
+Inside a subjob, whether a program run under the ``command`` contract (its environment carries the
+subjob: ``SJA_JOB_ID``, ``SJA_UNIT_START``, ...) or a Python workload's ``run`` (the executor sets
+the context in its process), ``context()`` gives:
+
+- ``units``: the range of units to do (``range(unit_start, unit_start + count)``), ``total_units``;
+- ``deadline`` (Unix seconds) and ``should_stop()``: true from ``stop_grace_s`` before the deadline,
+  or once the program got ``SIGTERM`` (which ``context()`` turns into that flag instead of death);
+- ``slice_id``, ``cuda_visible_devices``, ``attempt`` (earlier tries of this range);
+- ``state_in`` / ``state_out``: the directory holding the state the previous subjob left (empty for
+  the first) and the empty one to leave the state in (command contract);
+- ``report(units_done=k, **metrics)``: a subjob that stops early keeps its first ``k`` units (the
+  rest is planned again); the metrics are kept with the state.
+
+For PyTorch, the CUDA allocator's peak statistics are reset when the context is made and its peak is
+reported when the program ends, so GPU memory is measured without the program doing anything.
+
+This module imports nothing heavy: a user's program pays for it only what it uses.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "SJA_"
+
+
+class NotInSubjob(RuntimeError):
+    """``context()`` called outside a subjob (no ``SJA_JOB_ID`` in the environment)."""
+
+
+class Stopped(Exception):
+    """Raised by a workload's ``run`` to end its subjob with a status other than ``failed``
+    (``timeout``, ``oom``) and a reason."""
+
+    def __init__(self, status: str, error: str) -> None:
+        super().__init__(f"{status}: {error}")
+        self.status = status
+        self.error = error
+
+
+@dataclass
+class Context:
+    job_id: str
+    subjob_id: str
+    unit_start: int
+    count: int
+    total_units: int
+    attempt: int = 0
+    deadline: float = math.inf
+    """Unix seconds: the subjob is killed here."""
+    stop_grace_s: float = 0.0
+    """``should_stop()`` turns true this long before ``deadline``."""
+    slice_id: str = ""
+    cuda_visible_devices: str = ""
+    mem_cap_mib: int = 0
+    state_in: Path | None = None
+    state_out: Path | None = None
+    report_path: Path | None = None
+    units_done: int | None = None
+    """What ``report`` said was done; ``None``: all of ``units``."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    peak_mem_mib: float = 0.0
+    """Peak memory measured for the subjob (set by the runner of a command; PyTorch's peak here)."""
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def units(self) -> range:
+        return range(self.unit_start, self.unit_start + self.count)
+
+    @property
+    def unit_end(self) -> int:
+        return self.unit_start + self.count
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.time()
+
+    def should_stop(self) -> bool:
+        """Whether to save the state and return now: ``stop_grace_s`` before the deadline, or after
+        ``SIGTERM``."""
+        return self._stop.is_set() or time.time() >= self.deadline - self.stop_grace_s
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def report(self, units_done: int | None = None, **metrics: Any) -> None:
+        """Say how many of the subjob's units are done (from ``unit_start``) and any metrics
+        (numbers or short strings). Call it before returning or exiting when stopping early; the
+        last call counts."""
+        if units_done is not None:
+            if isinstance(units_done, bool) or not isinstance(units_done, int):
+                raise TypeError(f"units_done must be an int, got {units_done!r}")
+            if not 0 <= units_done <= self.count:
+                raise ValueError(f"units_done must be between 0 and {self.count}, got {units_done}")
+            self.units_done = units_done
+        self.metrics.update(metrics)
+        self._write_report()
+
+    def _write_report(self) -> None:
+        if self.report_path is None:
+            return
+        out: dict[str, Any] = {"metrics": self.metrics}
+        if self.units_done is not None:
+            out["units_done"] = self.units_done
+        peak = _torch_peak_mib()
+        if peak:
+            out["torch_cuda_peak_mib"] = peak
+        tmp = self.report_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, default=str), encoding="utf-8")
+        os.replace(tmp, self.report_path)
+
+
+_current: Context | None = None
+_lock = threading.Lock()
+
+
+def context() -> Context:
+    """The subjob this code runs in (see the module's docstring); raises ``NotInSubjob`` outside one."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = _from_env(os.environ)
+            _install_sigterm(_current)
+            _reset_torch_peak()
+            if _current.report_path is not None:
+                atexit.register(_current._write_report)
+        return _current
+
+
+def current() -> Context | None:
+    """The context set in this process, if any (without reading the environment)."""
+    return _current
+
+
+def set_current(ctx: Context | None) -> None:
+    """Set (or clear) this process's context: the executor does it around a Python workload's run."""
+    global _current
+    with _lock:
+        _current = ctx
+
+
+def _int(env: Any, name: str, default: int | None = None) -> int:
+    raw = env.get(ENV_PREFIX + name)
+    if raw is None:
+        if default is None:
+            raise NotInSubjob(f"{ENV_PREFIX}{name} is not set: not running as an SJA subjob")
+        return default
+    return int(raw)
+
+
+def _from_env(env: Any) -> Context:
+    job_id = env.get("SJA_JOB_ID")
+    if not job_id:
+        raise NotInSubjob("SJA_JOB_ID is not set: not running as an SJA subjob (see docs/jobs.md)")
+
+    def path(name: str) -> Path | None:
+        v = env.get(ENV_PREFIX + name)
+        return Path(v) if v else None
+
+    return Context(
+        job_id=job_id,
+        subjob_id=env.get("SJA_SUBJOB_ID", ""),
+        unit_start=_int(env, "UNIT_START"),
+        count=_int(env, "UNITS"),
+        total_units=_int(env, "TOTAL_UNITS"),
+        attempt=_int(env, "ATTEMPT", 0),
+        deadline=float(env.get("SJA_DEADLINE") or math.inf),
+        stop_grace_s=float(env.get("SJA_STOP_GRACE_S") or 0.0),
+        slice_id=env.get("SJA_SLICE_ID", ""),
+        cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES", ""),
+        mem_cap_mib=_int(env, "MEM_CAP_MIB", 0),
+        state_in=path("STATE_IN"),
+        state_out=path("STATE_OUT"),
+        report_path=path("REPORT"),
+    )
+
+
+def _install_sigterm(ctx: Context) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        ctx.request_stop()
+
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGTERM, on_term)
+
+
+def _torch_cuda() -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch.cuda if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def _reset_torch_peak() -> None:
+    cuda = _torch_cuda()
+    if cuda is not None:
+        with contextlib.suppress(Exception):
+            cuda.reset_peak_memory_stats()
+
+
+def _torch_peak_mib() -> float:
+    cuda = _torch_cuda()
+    if cuda is None:
+        return 0.0
+    try:
+        return float(cuda.max_memory_reserved()) / (1024 * 1024)
+    except Exception:
+        return 0.0
+
+
+__all__ = ["Context", "NotInSubjob", "Stopped", "context", "current", "set_current"]

@@ -1,0 +1,219 @@
+"""End to end: users' own code through the whole stack (every service a process, a local Ray).
+
+The examples under ``examples/`` run as they are documented, and each result equals the same
+program run in one piece:
+
+- ``examples/batch-inference``: a program using the SDK under the ``command`` contract, independent
+  ranges (``sequential: false``), fetched and merged in item order by ``sja result``;
+- ``examples/entrypoint-pkg``: a workload of a separate package, found through its entry point (the
+  package is put on the services' path with a ``dist-info`` written from its own ``pyproject.toml``,
+  which is what ``pip install`` leaves: nothing is installed into the environment);
+- ``examples/torch-train``: a PyTorch script resuming from its state (skipped unless an interpreter
+  with ``torch`` is found: this one, or ``SJA_TORCH_PYTHON``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from sja.client import SjaClient
+from sja.protocol.messages import JobSpec, JobState
+from sja.results import fetch_result
+from sja.stack import LocalStack
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def entry_point_path(tmp: Path) -> Path:
+    """A directory holding the example package's ``dist-info`` (its entry points, from its own
+    pyproject), to put on ``PYTHONPATH`` with its sources."""
+    meta = tomllib.loads((EXAMPLES / "entrypoint-pkg" / "pyproject.toml").read_text())
+    project = meta["project"]
+    dist = tmp / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    lines = []
+    for group, eps in project["entry-points"].items():
+        lines.append(f"[{group}]")
+        lines += [f"{name} = {target}" for name, target in eps.items()]
+    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return tmp
+
+
+def torch_python() -> str | None:
+    for candidate in (os.environ.get("SJA_TORCH_PYTHON", ""), sys.executable):
+        if (
+            candidate
+            and subprocess.run([candidate, "-c", "import torch"], capture_output=True).returncode == 0
+        ):
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    out = tmp_path_factory.mktemp("stack")
+    eps = entry_point_path(tmp_path_factory.mktemp("eps"))
+    path = os.pathsep.join(
+        p for p in (str(eps), str(EXAMPLES / "entrypoint-pkg" / "src"), os.environ.get("PYTHONPATH", "")) if p
+    )
+    env = {
+        "SJA_HORIZON_S": "30.0",
+        "SJA_POLICY": "fair",
+        "SJA_LOG_LEVEL": "INFO",
+        "SJA_RAY_NUM_CPUS": "2",
+        "PYTHONPATH": path,
+    }
+    s = LocalStack(out_dir=out, env=env)
+    try:
+        s.start()
+        asyncio.run(s.wait_ready())
+        yield s
+    finally:
+        s.stop()
+
+
+def load(path: Path, **params: Any) -> JobSpec:
+    raw = yaml.safe_load(path.read_text())
+    raw["params"].update(params)
+    return msgspec.convert(raw, JobSpec)
+
+
+def absolute(argv: list[str], python: str = sys.executable) -> list[str]:
+    """The example's argv as the executor must run it here: this interpreter, paths from the root."""
+    return [python if a == "python" else str(ROOT / a) if a.startswith("examples/") else a for a in argv]
+
+
+async def run_jobs(stack: LocalStack, specs: list[JobSpec], timeout_s: float) -> list[JobState]:
+    client = await SjaClient.connect(stack.nats_url)
+    try:
+        ids = [(await client.submit(s)).job_id for s in specs]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = [await client.status(j) for j in ids]
+            if all(s.status in ("done", "failed", "cancelled") for s in states):
+                return states
+            assert time.monotonic() < deadline, [(s.job_id, s.status, s.units_done) for s in states]
+            await asyncio.sleep(0.5)
+    finally:
+        await client.close()
+
+
+async def fetch(stack: LocalStack, state: JobState, out: Path) -> dict[str, Any]:
+    client = await SjaClient.connect(stack.nats_url)
+    try:
+        return await fetch_result(client.nc.jetstream(), state, out)
+    finally:
+        await client.close()
+
+
+def test_batch_inference_and_an_entry_point_workload_equal_their_one_piece_runs(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    infer = load(EXAMPLES / "batch-inference" / "job.yaml")
+    infer = msgspec.structs.replace(
+        infer,
+        params={
+            **infer.params,
+            "argv": absolute(infer.params["argv"]),
+            "merge_argv": absolute(infer.params["merge_argv"]),
+        },
+        # Slower than it is, declared: the first subjobs are cut small.
+        time=msgspec.structs.replace(infer.time, per_unit_s=0.05) if infer.time else None,
+    )
+    primes = load(EXAMPLES / "entrypoint-pkg" / "job.yaml")
+    primes = msgspec.convert(
+        {**msgspec.to_builtins(primes), "time": {"warmup_s": 0.05, "per_unit_s": 0.1, "rel_sd": 0.5}}, JobSpec
+    )
+    states = asyncio.run(run_jobs(stack, [infer, primes], 240))
+    for s in states:
+        assert s.status == "done", (s.job_id, s.error)
+        assert len([h for h in s.history if h.status == "ok"]) >= 2, "the job was cut into subjobs"
+    infer_state, primes_state = states
+
+    got = asyncio.run(fetch(stack, infer_state, tmp_path / "infer"))
+    assert got["merged"] and got["parts"] >= 2
+    one_piece = subprocess.run(
+        [sys.executable, str(EXAMPLES / "batch-inference" / "infer.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SJA_")},
+    ).stdout
+    assert (tmp_path / "infer" / "predictions.jsonl").read_text() == one_piece
+    ok = [h for h in infer_state.history if h.status == "ok"]
+    assert all(h.peak_mem_mib > 1 for h in ok), "the program's memory was measured"
+
+    reference = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; sys.path.insert(0, sys.argv[1]); from sja_example_primes import Primes; "
+            "from sja.workloads import run_in_one_piece; "
+            "print(json.dumps(run_in_one_piece('sja_example_primes:Primes', json.loads(sys.argv[2]))))",
+            str(EXAMPLES / "entrypoint-pkg" / "src"),
+            msgspec.json.encode(primes_state.spec.params).decode(),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert primes_state.result == msgspec.json.decode(reference)
+
+
+def test_a_torch_training_script_resumes_from_its_state_and_ends_as_in_one_piece(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    python = torch_python()
+    if python is None:
+        pytest.skip("no interpreter with torch (install it, or point SJA_TORCH_PYTHON at one)")
+    spec = load(EXAMPLES / "torch-train" / "job.yaml", units=300)
+    spec = msgspec.structs.replace(
+        spec,
+        params={**spec.params, "argv": absolute(spec.params["argv"], python)},
+        time=msgspec.structs.replace(spec.time, per_unit_s=0.03) if spec.time else None,
+    )
+    (state,) = asyncio.run(run_jobs(stack, [spec], 400))
+    assert state.status == "done", state.error
+    assert len([h for h in state.history if h.status == "ok"]) >= 2, "the job was cut into subjobs"
+    asyncio.run(fetch(stack, state, tmp_path / "sja"))
+    subprocess.run(
+        [
+            python,
+            str(EXAMPLES / "torch-train" / "train.py"),
+            "--steps",
+            "300",
+            "--out",
+            str(tmp_path / "one"),
+        ],
+        check=True,
+        capture_output=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SJA_")},
+    )
+    compare = (
+        "import sys, torch; a = torch.load(sys.argv[1], weights_only=True); "
+        "b = torch.load(sys.argv[2], weights_only=True); "
+        "assert a['step'] == b['step'] == 300, (a['step'], b['step']); "
+        "assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model']), 'weights differ'"
+    )
+    subprocess.run(
+        [python, "-c", compare, str(tmp_path / "sja" / "state.pt"), str(tmp_path / "one" / "state.pt")],
+        check=True,
+    )
