@@ -495,8 +495,9 @@ class BestFitMigScheduler(RigidScheduler):
             if not rec.unschedulable and not self.can_place_ever(m):
                 rec.unschedulable = True
                 rec.reason = (
-                    f"declares {m.decl_mem_mib:,.0f} MiB per GPU on {self.need_of(m)} GPU(s); the largest "
-                    f"slice holds {self.max_slice_usable:,.0f} MiB usable and MIG instances do not pool"
+                    f"declares {m.decl_mem_mib:,.0f} MiB per GPU on {self.need_of(m)} GPU(s) (really "
+                    f"{m.true_mem_mib:,.0f}); the largest slice holds {self.max_slice_usable:,.0f} MiB "
+                    f"usable, a whole GPU {self.max_pool_usable:,.0f}, and MIG instances do not pool"
                 )
 
     def poolable(self, g: int) -> bool:
@@ -510,14 +511,18 @@ class BestFitMigScheduler(RigidScheduler):
         return self.gpu_mem[g] - self.reserve
 
     def can_place_ever(self, m: JobModel) -> bool:
-        """Whether some placement of this scheduler can hold the job's declaration."""
+        """Whether some placement of this scheduler can hold the job's declaration, and its real
+        peak (a job resubmitted after an OOM declares that)."""
         need, decl = self.need_of(m), m.decl_mem_mib
+        if m.true_mem_mib > max(self.max_slice_usable, self.max_pool_usable):
+            return False
         if need == 1:
-            return decl <= self.max_slice_usable or self.max_pool_usable > 0.0
+            return decl <= max(self.max_slice_usable, self.max_pool_usable)
         hosts = sum(
             1
             for g, us in self.gpu_units.items()
-            if self.poolable(g) or any(self.units[u].mem_mib - self.reserve >= decl for u in us)
+            if (self.poolable(g) and self.pool_usable(g) >= decl)
+            or any(self.units[u].mem_mib - self.reserve >= decl for u in us)
         )
         return hosts >= need
 
@@ -539,7 +544,7 @@ class BestFitMigScheduler(RigidScheduler):
                 return False  # a slice could hold it once one frees: wait for it
         # No slice holds it, or it wants several GPUs: that many entirely free GPUs that can be
         # pooled, or else (several GPUs) a free slice holding it on each of that many GPUs.
-        free = [g for g in self.free_gpus(min(w.decl_mem_mib, self.max_pool_usable)) if self.poolable(g)]
+        free = [g for g in self.free_gpus(w.decl_mem_mib) if self.poolable(g)]
         taken: list[int] = []
         if len(free) >= w.need:
             taken = [u for g in free[: w.need] for u in self.gpu_units[g]]

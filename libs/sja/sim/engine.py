@@ -57,7 +57,7 @@ import msgspec
 from sja import workloads
 from sja.core import leases
 from sja.core.bidder import Bidder
-from sja.core.jobs import apply_completion, can_take_more, materialize, new_job, propose
+from sja.core.jobs import apply_completion, can_take_more, hopeless, materialize, new_job, propose
 from sja.core.mig import CATALOGUE, GpuModel, gpu_model
 from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
@@ -1097,17 +1097,20 @@ class SjaEngine:
         return bool(self.events)
 
     def _record_stuck(self) -> None:
-        """Give every job still waiting at the end its reason (what its planner says of the largest
-        slice)."""
+        """Fail every job still waiting when nothing is left to happen, with its reason: what the
+        agent's ``hopeless`` check says (it gives such a job up live), else what its planner says of
+        the largest slice."""
         for job in self._unfinished():
             rec = self.recorder.jobs[job.model.trace.job_id]
+            rec.failed = True
             largest = max(self.slices, key=lambda s: (s.state.mem_mib, s.state.compute_share))
             req = WindowRequest(
                 now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
             )
             window = find_windows([msgspec.structs.replace(largest.state, status="free")], req)[0]
             p = propose(job.state, _offer_of(window, self.now), self.now, self.limits)
-            rec.reason = (
+            given_up = hopeless(job.state, window, self.now, self.limits)
+            rec.reason = given_up or (
                 f"never planned: no safe subjob even on the largest slice ({largest.state.profile}, "
                 f"{largest.state.mem_mib} MiB)"
                 if p is None
