@@ -460,6 +460,7 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
     failures = state.attempt_failures
     error = state.error
     merge_error = ""
+    done = c.units
     if c.status == "ok":
         done = c.units_done if 0 < c.units_done < c.units else c.units
         if done < c.units:
@@ -500,7 +501,7 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
         profile=profile_name,
         status=c.status,
         unit_start=c.unit_start,
-        units=c.units,
+        units=done,  # a subjob that stopped early: the units it kept (the rest is planned again)
         planned_mem_q_mib=flight.planned_mem_q_mib,
         peak_mem_mib=c.peak_mem_mib,
         mem_cap_mib=c.mem_cap_mib,

@@ -12,14 +12,18 @@ negotiation latency. There is no bus, no asyncio and no wall clock.
 
 What the simulator models, and the live stack measures:
 
-- **work**: a trace job is ``total_units = ceil(duration x GPUs / unit_s)`` units, one unit being
-  ``unit_s`` seconds of the job's own runtime on what it asked for (``unit_s x f`` GPU-seconds for a job
-  asking for a fraction ``f`` of a GPU; ``unit_s`` GPU-seconds for whole-GPU jobs). A piece progresses at
+- **work**: a trace job is ``total_units = ceil(duration x GPUs / unit_s)`` units, one unit being an
+  equal share (at most ``unit_s`` seconds) of the job's own runtime on what it asked for, so cutting
+  it adds no work (``f`` times that in GPU-seconds for a job asking for a fraction ``f`` of a GPU). A piece progresses at
   rate ``min(speed of the slice, f)``: a slice larger than the job's fraction does not speed it up.
 - **cost of atomization**: every subjob pays ``start_s`` before and ``checkpoint_s`` after its work,
   on the slice, counted as overhead (the planner takes both off the window).
 - **speed**: a slice runs at its compute share of the full GPU (or the measured MISO speed of its
   profile, ``load_speed_table``), times seeded log-normal noise.
+- **time caps**: a subjob that reaches its time cap stops after its last whole unit and keeps the
+  units it finished (what the SDK's ``should_stop``/``report`` and the command contract's SIGTERM
+  grace give a program that checkpoints per unit); the rest of its range is planned again. One that
+  finished no unit is a timeout.
 - **declared vs real memory**: the job declares ``peak(k) = base + per_unit * k`` from the trace's
   declared memory; its real peak follows the trace's true memory the same way, times seeded noise. A
   real peak above the slice's memory cap is an OOM: the work is lost, the completion says ``oom`` and
@@ -219,6 +223,9 @@ class JobModel:
     """Real per-GPU peak memory of the whole job (one window-sized piece for SJA)."""
     k_ref: int
     """Units of one window-long piece at full speed: the size at which the trace memory applies."""
+    unit_run_s: float
+    """Seconds of the job's own runtime in one unit: its runtime over its units (at most ``unit_s``,
+    so that cutting a job into whole units adds no work to it)."""
 
     def decl_memory(self, cfg: SimConfig) -> MemoryDecl:
         return MemoryDecl(
@@ -254,6 +261,7 @@ def job_model(tj: TraceJob, cfg: SimConfig) -> JobModel:
         decl_mem_mib=float(decl),
         true_mem_mib=float(true),
         k_ref=k_ref,
+        unit_run_s=runtime / units,
         beta=min(max(cfg.mem_per_unit_frac, 0.0), 1.0),
     )
 
@@ -736,7 +744,7 @@ class SjaEngine:
         cfg = self.cfg
         m = job.model
         rate = min(s.speed, m.fraction)
-        compute = units * cfg.unit_s * m.fraction / rate * lognormal(self.rng, cfg.time_noise_sd)
+        compute = units * m.unit_run_s * m.fraction / rate * lognormal(self.rng, cfg.time_noise_sd)
         peak = m.true_peak(units) * lognormal(self.rng, cfg.mem_noise_sd)
         if m.true_mem_mib <= m.decl_mem_mib:
             # An honest declaration is a bound (a memory limit the job keeps): noise stays under it.
@@ -750,6 +758,16 @@ class SjaEngine:
             held = cfg.start_s + ran
             overhead = cfg.start_s
             units_done = 0
+        elif compute > compute_cap and int(units * compute_cap / compute) >= 1:
+            # Stopped at its time cap after its last whole unit, which it keeps (the SDK's
+            # ``should_stop``/``report``, the command contract's SIGTERM grace): the rest of the range
+            # is planned again.
+            status = "ok"
+            units_done = int(units * compute_cap / compute)
+            ran = compute_cap
+            held = time_cap_s
+            overhead = cfg.start_s + cfg.checkpoint_s
+            useful = units_done * m.unit_run_s * m.fraction
         elif compute > compute_cap:
             status = "timeout"
             ran = compute_cap
@@ -762,7 +780,7 @@ class SjaEngine:
             held = cfg.start_s + compute + cfg.checkpoint_s
             overhead = cfg.start_s + cfg.checkpoint_s
             units_done = units
-            useful = units * cfg.unit_s * m.fraction
+            useful = units * m.unit_run_s * m.fraction
         completion = Completion(
             subjob_id=subjob_id,
             job_id=job.state.job_id,
