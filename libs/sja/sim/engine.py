@@ -14,8 +14,9 @@ What the simulator models, and the live stack measures:
 
 - **work**: a trace job is ``total_units = ceil(duration x GPUs / unit_s)`` units, one unit being an
   equal share (at most ``unit_s`` seconds) of the job's own runtime on what it asked for, so cutting
-  it adds no work (``f`` times that in GPU-seconds for a job asking for a fraction ``f`` of a GPU). A piece progresses at
-  rate ``min(speed of the slice, f)``: a slice larger than the job's fraction does not speed it up.
+  it adds no work (``f`` times that in GPU-seconds for a job asking for a fraction ``f`` of a GPU).
+  A piece progresses at rate ``min(speed of the slice, f)``: a slice larger than the job's fraction
+  does not speed it up.
 - **cost of atomization**: every subjob pays ``start_s`` before and ``checkpoint_s`` after its work,
   on the slice, counted as overhead (the planner takes both off the window).
 - **speed**: a slice runs at its compute share of the full GPU (or the measured MISO speed of its
