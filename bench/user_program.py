@@ -9,7 +9,9 @@ process, the script's CUDA allocator peak); elsewhere on the CPU.
 
 Per-subjob overhead: a subjob's wall time minus its steps at the speed the same script reaches in
 one piece (its own ``steps_per_s`` report): interpreter and torch start-up, the state loaded and
-saved, the archive packed and unpacked.
+saved, the archive packed and unpacked. Measured twice (``--modes``): ``cold``, every subjob a new
+process, and ``warm`` (``params.warm: true``), where the script continues in the same process
+(``ctx.next_range()``) and skips loading the state it holds.
 
     python bench/user_program.py --python /path/to/python-with-torch --json
     (bench/user_program_gpu.sh runs it on a GPU machine)
@@ -87,6 +89,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024, help="hidden width of the MLP (memory scale)")
     ap.add_argument("--shares", default="0.25,0.5", help="soft slices: fractions of the GPU's memory")
     ap.add_argument("--window-s", type=float, default=20.0)
+    ap.add_argument("--start-overhead-s", type=float, default=5.0)
+    ap.add_argument("--modes", default="cold,warm", help="cold, warm (warm continuation) or both")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -98,9 +102,10 @@ def main() -> None:
         args.python, args.steps, args.width, {**env, "CUDA_VISIBLE_DEVICES": g["uuid"] if g else ""}
     )
     total_mib = g["mem_mib"] if g else 16384
-    limits = PlanLimits(horizon_s=args.window_s, start_overhead_s=5.0)
+    limits = PlanLimits(horizon_s=args.window_s, start_overhead_s=args.start_overhead_s)
     rows: list[dict[str, Any]] = []
-    for share in (float(s) for s in args.shares.split(",")):
+    runs = [(m, float(s)) for m in args.modes.split(",") for s in args.shares.split(",")]
+    for mode, share in runs:
         slice_mib = int(total_mib * share)
         spec = JobSpec(
             name="torch-train",
@@ -110,13 +115,14 @@ def main() -> None:
             params={
                 "argv": [args.python, str(ROOT / "examples/torch-train/train.py")],
                 "units": args.steps,
-                "env": {"TRAIN_WIDTH": str(args.width)},
+                "env": {"TRAIN_WIDTH": str(args.width), "PYTHONPATH": str(ROOT / "libs")},
                 "stop_grace_s": 2.0,
+                "warm": mode == "warm",
             },
             memory=MemoryDecl(base_mib=1200.0, per_unit_mib=0.0, rel_sd=0.5),
             time=TimeDecl(warmup_s=4.0, per_unit_s=0.005, rel_sd=0.5),
         )
-        state = new_job(f"bench-{int(share * 100)}", spec, time.time(), window_s=args.window_s)
+        state = new_job(f"bench-{mode}-{int(share * 100)}", spec, time.time(), window_s=args.window_s)
         n = 0
         while state.status not in ("done", "failed") and n < 40:
             n += 1
@@ -144,7 +150,7 @@ def main() -> None:
             )
             proposal = propose(state, offer, now, limits)
             if proposal is None:
-                rows.append({"share": share, "error": "no safe size in the window"})
+                rows.append({"mode": mode, "share": share, "error": "no safe size in the window"})
                 break
             grant = Grant(
                 grant_id=f"g{n}",
@@ -193,6 +199,8 @@ def main() -> None:
             done = r.units_done
             rows.append(
                 {
+                    "mode": mode,
+                    "warm": r.warm,
                     "share": share,
                     "slice_mib": slice_mib,
                     "subjob": sj.subjob_id,
@@ -209,13 +217,38 @@ def main() -> None:
             )
         rows.append(
             {
+                "mode": mode,
                 "share": share,
                 "job": state.status,
                 "subjobs": n,
                 "mem_q_now_mib": round(profile_of(state).mem_quantile(max(1, args.steps // 4), 0.95), 1),
             }
         )
-    overheads = [r["overhead_s"] for r in rows if r.get("overhead_s") is not None]
+
+    def over(mode: str, first: bool | None = None) -> list[float]:
+        return [
+            r["overhead_s"]
+            for r in rows
+            if r.get("mode") == mode
+            and r.get("overhead_s") is not None
+            and (first is None or (r.get("warm") in ("", "cold")) == first)
+        ]
+
+    modes = {
+        m: {
+            "subjobs": len(over(m)),
+            "overhead_s_median": round(statistics.median(over(m)), 3) if over(m) else None,
+            "overhead_s_max": round(max(over(m)), 3) if over(m) else None,
+            "overhead_s_median_continued": (
+                round(statistics.median(over(m, False)), 3) if over(m, False) else None
+            ),
+            "overhead_s_median_started": (
+                round(statistics.median(over(m, True)), 3) if over(m, True) else None
+            ),
+        }
+        for m in args.modes.split(",")
+    }
+    overheads = over(args.modes.split(",")[0])
     ratios = [r["peak_mem_mib"] / r["planned_mem_q_mib"] for r in rows if r.get("status") == "ok"]
     summary = {
         "bench": "user_program",
@@ -229,6 +262,7 @@ def main() -> None:
         "overhead_s_median": round(statistics.median(overheads), 3) if overheads else None,
         "overhead_s_max": round(max(overheads), 3) if overheads else None,
         "peak_over_planned_median": round(statistics.median(ratios), 3) if ratios else None,
+        "modes": modes,
         "subjobs": rows,
     }
     print(json.dumps(summary))

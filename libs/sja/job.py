@@ -79,6 +79,9 @@ class Context:
     metrics: dict[str, Any] = field(default_factory=dict)
     peak_mem_mib: float = 0.0
     """Peak memory measured for the subjob (set by the runner of a command; PyTorch's peak here)."""
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    """The end of a command's output (set by its runner; the completion carries it)."""
     resumed: bool = False
     """Warm continuation: this process already holds the state this range starts from (the one its
     previous range left): do not load ``state_in`` (it is empty)."""

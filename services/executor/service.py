@@ -39,7 +39,7 @@ from sja.execution.actor import (
 )
 from sja.execution.runner import RunResult, failure_status
 from sja.protocol import subjects
-from sja.protocol.messages import Completion, SliceState, Subjob
+from sja.protocol.messages import OUTPUT_TAIL_CHARS, Completion, SliceState, Subjob
 from sja.telemetry.metrics import watch_consumers
 from sja.workloads import checkpoint as ckpt
 from sja.workloads import statestore
@@ -429,6 +429,8 @@ class ExecutorService(Service):
             output_checkpoint=r.output,
             error=r.error[:4000],
             executor_id=self.instance,
+            stdout=r.stdout[-OUTPUT_TAIL_CHARS:],
+            stderr=r.stderr[-OUTPUT_TAIL_CHARS:],
         )
         payload = encode(c)
         limit = self.nc.max_payload - COMPLETION_HEADROOM if self.nc is not None else len(payload)

@@ -26,7 +26,7 @@ import msgspec
 from sja import job
 from sja.execution import warm
 from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter
-from sja.protocol.messages import Subjob
+from sja.protocol.messages import OUTPUT_TAIL_CHARS, Subjob
 from sja.workloads import workload
 from sja.workloads.command import DEFAULT_STOP_GRACE_S
 
@@ -46,6 +46,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """What measured ``peak_mem_mib`` (``tracemalloc``, ``rss``, ``torch.cuda``, ``nvml``)."""
     node_id: str = ""
     """The Ray node the actor ran on."""
+    stdout: str = ""
+    stderr: str = ""
+    """The end of a command's output (``OUTPUT_TAIL_CHARS`` of each)."""
     warm: str = ""
     """A warm command job's range: ``cold``, ``handed`` or ``resumed`` (``sja.execution.warm``)."""
 
@@ -240,4 +243,6 @@ def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
         device=dev.device,
         meter=meter,
         warm=ctx.warm,
+        stdout=ctx.stdout_tail[-OUTPUT_TAIL_CHARS:],
+        stderr=ctx.stderr_tail[-OUTPUT_TAIL_CHARS:],
     )

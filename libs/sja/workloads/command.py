@@ -281,6 +281,7 @@ class Command:
             handed = held is not None and running is held.running
             if warm:
                 ctx.warm = "resumed" if resumed else ("handed" if handed else "cold")
+            ctx.stdout_tail, ctx.stderr_tail = r.stdout, r.stderr
             reported = _read_report(report)
             torch_peak = reported.get("torch_cuda_peak_mib", 0.0)
             ctx.peak_mem_mib = max(r.peak_mem_mib, torch_peak if isinstance(torch_peak, int | float) else 0.0)
