@@ -4,6 +4,7 @@ program); a subjob that fails says why in its summary too."""
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from sja.client import ApiError
 from sja.protocol import messages as m
 
+from .test_cli_errors import sja_async
 from .test_sequential_checkpoints import Actors, running, until_state
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,3 +75,13 @@ async def test_logs_show_each_subjobs_output_and_why_one_failed(nats_url: str, t
         assert e.value.error.code == "not_found"
         with pytest.raises(ApiError):
             await stack.client.logs("no-such-job")
+
+        # The CLI: text, JSON, one subjob, and a one-line refusal for what is not there.
+        code, out, err = await sja_async("logs", ack.job_id, "--nats", nats_url)
+        assert code == 0, err
+        assert f"== {ack.job_id}.s0" in out and "on purpose" in out and "did units" in out
+        code, out, err = await sja_async("logs", ack.job_id, "--subjob", "1", "--json", "--nats", nats_url)
+        assert code == 0, err
+        assert [s["subjob_id"] for s in json.loads(out)["subjobs"]] == [f"{ack.job_id}.s1"]
+        code, out, err = await sja_async("logs", "no-such-job", "--nats", nats_url)
+        assert code != 0 and "no job no-such-job" in err and len(err.strip().splitlines()) == 1
