@@ -67,6 +67,9 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     directory every node sees, or a URL ``fsspec`` opens (``sja.workloads.statestore``). Empty: all
     go to the object store."""
     state_url_min_mib: float = 64.0
+    warm_grace_s: float = 10.0
+    """How long a warm ``command`` job's program is kept alive after its subjob for the job's next
+    subjob on the same slice (``sja.execution.warm``); 0: never kept."""
 
 
 class ExecutorService(Service):
@@ -199,7 +202,7 @@ class ExecutorService(Service):
             resources[node_resource(self.cfg.node)] = NODE_SHARE
         return SliceActor.options(  # type: ignore[attr-defined]
             resources=resources,
-            runtime_env={"env_vars": actor_env(s)},
+            runtime_env={"env_vars": {**actor_env(s), "SJA_WARM_GRACE_S": f"{self.cfg.warm_grace_s:g}"}},
             max_concurrency=1,
         ).remote(s.slice_id, self.settings.out_dir, self.cfg.preload)
 

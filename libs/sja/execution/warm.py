@@ -69,6 +69,9 @@ _lock = threading.Lock()
 
 def park(job_id: str, slice_id: str, running: Running, digest: str) -> None:
     """Keep ``running`` for the job's next subjob on this slice, for ``grace_s()``."""
+    if grace_s() <= 0:
+        running.kill()
+        return
     p = Parked(job_id, slice_id, running, digest)
     key = (job_id, slice_id)
 
