@@ -9,7 +9,9 @@ process, the script's CUDA allocator peak); elsewhere on the CPU.
 
 Per-subjob overhead: a subjob's wall time minus its steps at the speed the same script reaches in
 one piece (its own ``steps_per_s`` report): interpreter and torch start-up, the state loaded and
-saved, the archive packed and unpacked.
+saved, the archive packed and unpacked. Measured twice (``--modes``): ``cold``, every subjob a new
+process, and ``warm`` (``params.warm: true``), where the script continues in the same process
+(``ctx.next_range()``) and skips loading the state it holds.
 
     python bench/user_program.py --python /path/to/python-with-torch --json
     (bench/user_program_gpu.sh runs it on a GPU machine)
@@ -45,6 +47,7 @@ from sja.protocol.messages import (  # noqa: E402
     TimeDecl,
     Window,
 )
+from sja.workloads.command import summary_of  # noqa: E402
 
 
 def gpu() -> dict[str, Any] | None:
@@ -63,6 +66,18 @@ def gpu() -> dict[str, Any] | None:
         }
     except Exception:
         return None
+
+
+def outside_steps(duration_s: float, done: int, output: bytes) -> float | None:
+    """A subjob's wall time outside its step loop, from the speed it reports itself: start-up, the
+    state loaded and saved, packed and unpacked. Unlike the overhead against the one-piece speed,
+    it does not move with the machine's load between the two runs."""
+    if not done or not output:
+        return None
+    speed = summary_of(output).metrics.get("steps_per_s")
+    if not isinstance(speed, int | float) or speed <= 0:
+        return None
+    return round(duration_s - done / speed, 3)
 
 
 def one_piece(python: str, steps: int, width: int, env: dict[str, str]) -> dict[str, Any]:
@@ -87,6 +102,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024, help="hidden width of the MLP (memory scale)")
     ap.add_argument("--shares", default="0.25,0.5", help="soft slices: fractions of the GPU's memory")
     ap.add_argument("--window-s", type=float, default=20.0)
+    ap.add_argument("--start-overhead-s", type=float, default=5.0)
+    ap.add_argument("--modes", default="cold,warm", help="cold, warm (warm continuation) or both")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -98,9 +115,10 @@ def main() -> None:
         args.python, args.steps, args.width, {**env, "CUDA_VISIBLE_DEVICES": g["uuid"] if g else ""}
     )
     total_mib = g["mem_mib"] if g else 16384
-    limits = PlanLimits(horizon_s=args.window_s, start_overhead_s=5.0)
+    limits = PlanLimits(horizon_s=args.window_s, start_overhead_s=args.start_overhead_s)
     rows: list[dict[str, Any]] = []
-    for share in (float(s) for s in args.shares.split(",")):
+    runs = [(m, float(s)) for m in args.modes.split(",") for s in args.shares.split(",")]
+    for mode, share in runs:
         slice_mib = int(total_mib * share)
         spec = JobSpec(
             name="torch-train",
@@ -110,13 +128,14 @@ def main() -> None:
             params={
                 "argv": [args.python, str(ROOT / "examples/torch-train/train.py")],
                 "units": args.steps,
-                "env": {"TRAIN_WIDTH": str(args.width)},
+                "env": {"TRAIN_WIDTH": str(args.width), "PYTHONPATH": str(ROOT / "libs")},
                 "stop_grace_s": 2.0,
+                "warm": mode == "warm",
             },
             memory=MemoryDecl(base_mib=1200.0, per_unit_mib=0.0, rel_sd=0.5),
             time=TimeDecl(warmup_s=4.0, per_unit_s=0.005, rel_sd=0.5),
         )
-        state = new_job(f"bench-{int(share * 100)}", spec, time.time(), window_s=args.window_s)
+        state = new_job(f"bench-{mode}-{int(share * 100)}", spec, time.time(), window_s=args.window_s)
         n = 0
         while state.status not in ("done", "failed") and n < 40:
             n += 1
@@ -144,7 +163,7 @@ def main() -> None:
             )
             proposal = propose(state, offer, now, limits)
             if proposal is None:
-                rows.append({"share": share, "error": "no safe size in the window"})
+                rows.append({"mode": mode, "share": share, "error": "no safe size in the window"})
                 break
             grant = Grant(
                 grant_id=f"g{n}",
@@ -193,6 +212,8 @@ def main() -> None:
             done = r.units_done
             rows.append(
                 {
+                    "mode": mode,
+                    "warm": r.warm,
                     "share": share,
                     "slice_mib": slice_mib,
                     "subjob": sj.subjob_id,
@@ -204,18 +225,54 @@ def main() -> None:
                     "device": r.device,
                     "duration_s": r.duration_s,
                     "overhead_s": round(r.duration_s - done / ref["steps_per_s"], 3) if done else None,
+                    "outside_steps_s": outside_steps(r.duration_s, done, r.output),
                     "error": r.error[:300],
                 }
             )
         rows.append(
             {
+                "mode": mode,
                 "share": share,
                 "job": state.status,
                 "subjobs": n,
                 "mem_q_now_mib": round(profile_of(state).mem_quantile(max(1, args.steps // 4), 0.95), 1),
             }
         )
-    overheads = [r["overhead_s"] for r in rows if r.get("overhead_s") is not None]
+
+    def over(mode: str, first: bool | None = None, key: str = "overhead_s") -> list[float]:
+        return [
+            r[key]
+            for r in rows
+            if r.get("mode") == mode
+            and r.get(key) is not None
+            and (first is None or (r.get("warm") in ("", "cold", "handed")) == first)
+        ]
+
+    modes = {
+        m: {
+            "subjobs": len(over(m)),
+            "overhead_s_median": round(statistics.median(over(m)), 3) if over(m) else None,
+            "overhead_s_max": round(max(over(m)), 3) if over(m) else None,
+            "overhead_s_median_continued": (
+                round(statistics.median(over(m, False)), 3) if over(m, False) else None
+            ),
+            "overhead_s_median_started": (
+                round(statistics.median(over(m, True)), 3) if over(m, True) else None
+            ),
+            "outside_steps_s_median": (
+                round(statistics.median(over(m, None, "outside_steps_s")), 3)
+                if over(m, None, "outside_steps_s")
+                else None
+            ),
+            "outside_steps_s_median_continued": (
+                round(statistics.median(over(m, False, "outside_steps_s")), 3)
+                if over(m, False, "outside_steps_s")
+                else None
+            ),
+        }
+        for m in args.modes.split(",")
+    }
+    overheads = over(args.modes.split(",")[0])
     ratios = [r["peak_mem_mib"] / r["planned_mem_q_mib"] for r in rows if r.get("status") == "ok"]
     summary = {
         "bench": "user_program",
@@ -229,6 +286,7 @@ def main() -> None:
         "overhead_s_median": round(statistics.median(overheads), 3) if overheads else None,
         "overhead_s_max": round(max(overheads), 3) if overheads else None,
         "peak_over_planned_median": round(statistics.median(ratios), 3) if ratios else None,
+        "modes": modes,
         "subjobs": rows,
     }
     print(json.dumps(summary))

@@ -30,6 +30,8 @@ from sja.protocol.messages import (
     JobSpec,
     JobState,
     JobView,
+    LogsQuery,
+    LogsView,
     RoundRecord,
     RoundsQuery,
     RoundsView,
@@ -198,6 +200,10 @@ class SjaClient:
 
     async def explain(self, job_id: str) -> Explanation:
         return await self._call(subjects.JOB_EXPLAIN, JobQuery(job_id=job_id), Explanation)
+
+    async def logs(self, job_id: str, subjob: str = "") -> LogsView:
+        """What each subjob's program wrote last (or one subjob's: its id or number)."""
+        return await self._call(subjects.JOB_LOGS, LogsQuery(job_id=job_id, subjob=subjob), LogsView)
 
 
 class SpecErrors(ValueError):

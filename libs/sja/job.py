@@ -13,6 +13,10 @@ the context in its process), ``context()`` gives:
 - ``report(units_done=k, **metrics)``: a subjob that stops early keeps its first ``k`` units (the
   rest is planned again); the metrics are kept with the state.
 
+- ``next_range()`` (warm continuation, ``params.warm: true``): once this range's state is written,
+  wait for the job's next range on this slice in this same process; ``None`` when there is none
+  (exit then). ``ctx.resumed`` says the process already holds the state the range starts from.
+
 For PyTorch, the CUDA allocator's peak statistics are reset when the context is made and its peak is
 reported when the program ends, so GPU memory is measured without the program doing anything.
 
@@ -27,6 +31,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -74,6 +79,16 @@ class Context:
     metrics: dict[str, Any] = field(default_factory=dict)
     peak_mem_mib: float = 0.0
     """Peak memory measured for the subjob (set by the runner of a command; PyTorch's peak here)."""
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    """The end of a command's output (set by its runner; the completion carries it)."""
+    resumed: bool = False
+    """Warm continuation: this process already holds the state this range starts from (the one its
+    previous range left): do not load ``state_in`` (it is empty)."""
+    warm: str = ""
+    """How the executor ran the range: ``cold`` (a new process), ``handed`` (to the live process,
+    which restores the state) or ``resumed`` (to the live process, holding the state); ``""``: not
+    warm."""
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -108,6 +123,36 @@ class Context:
         self.metrics.update(metrics)
         self._write_report()
 
+    def next_range(self) -> Context | None:
+        """Warm continuation: this range is over (its state is in ``state_out``, ``report`` said how
+        far it got); wait in this process for the job's next range on this slice. Returns its
+        context (also ``context()`` from now on), or ``None`` when there is none: the job is done,
+        the job is not warm, or the executor did not give one (the program should exit then). The
+        executor may also stop the process while it waits; the state it wrote is what counts."""
+        global _current
+        self._write_report()
+        end = self.unit_start + (self.count if self.units_done is None else self.units_done)
+        if end >= self.total_units or self.report_path is None:
+            return None
+        chan = _channel()
+        if chan is None:
+            return None
+        try:
+            chan.sendall(b"done\n")
+            line = _read_line(chan)
+        except OSError:
+            return None
+        if not line:
+            return None
+        msg = json.loads(line)
+        os.environ.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
+        nxt = _from_env(os.environ)
+        nxt.resumed = bool(msg.get("resumed", False))
+        with _lock:
+            _current = nxt
+        _reset_torch_peak()
+        return nxt
+
     def _write_report(self) -> None:
         if self.report_path is None:
             return
@@ -124,6 +169,39 @@ class Context:
 
 _current: Context | None = None
 _lock = threading.Lock()
+_chan: socket.socket | None = None
+_chan_buf = b""
+
+
+def _channel() -> socket.socket | None:
+    """The warm channel the executor gave this process (``SJA_WARM_FD``), if any."""
+    global _chan
+    if _chan is None:
+        fd = os.environ.get("SJA_WARM_FD", "")
+        if not fd.isdigit():
+            return None
+        try:
+            _chan = socket.socket(fileno=int(fd))
+        except OSError:
+            return None
+    return _chan
+
+
+def _read_line(chan: socket.socket) -> bytes:
+    global _chan_buf
+    while b"\n" not in _chan_buf:
+        data = chan.recv(65536)
+        if not data:
+            return b""
+        _chan_buf += data
+    line, _, _chan_buf = _chan_buf.partition(b"\n")
+    return line
+
+
+def _write_current_report() -> None:
+    if _current is not None:
+        with contextlib.suppress(OSError):
+            _current._write_report()
 
 
 def context() -> Context:
@@ -135,7 +213,7 @@ def context() -> Context:
             _install_sigterm(_current)
             _reset_torch_peak()
             if _current.report_path is not None:
-                atexit.register(_current._write_report)
+                atexit.register(_write_current_report)
         return _current
 
 
@@ -192,7 +270,7 @@ def _install_sigterm(ctx: Context) -> None:
         return
 
     def on_term(signum: int, frame: Any) -> None:
-        ctx.request_stop()
+        (_current or ctx).request_stop()  # the range running now (warm: not the first)
 
     with contextlib.suppress(ValueError, OSError):
         signal.signal(signal.SIGTERM, on_term)

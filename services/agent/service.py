@@ -735,7 +735,7 @@ class AgentService(Service):
         sampled = {o.offer_id: c for o, c in zip(offers, contexts, strict=True) if is_sampled(c)}
         if not sampled:
             return
-        for group, (_, _, proposals) in zip(out, sent, strict=True):
+        for group, (_, _, proposals, _) in zip(out, sent, strict=True):
             attributes: dict[str, AttributeValue] | None = None
             for offer_id in group.offer_ids:
                 parent = sampled.get(offer_id)

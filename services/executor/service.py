@@ -39,7 +39,7 @@ from sja.execution.actor import (
 )
 from sja.execution.runner import RunResult, failure_status
 from sja.protocol import subjects
-from sja.protocol.messages import Completion, SliceState, Subjob
+from sja.protocol.messages import OUTPUT_TAIL_CHARS, Completion, SliceState, Subjob
 from sja.telemetry.metrics import watch_consumers
 from sja.workloads import checkpoint as ckpt
 from sja.workloads import statestore
@@ -67,6 +67,9 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     directory every node sees, or a URL ``fsspec`` opens (``sja.workloads.statestore``). Empty: all
     go to the object store."""
     state_url_min_mib: float = 64.0
+    warm_grace_s: float = 10.0
+    """How long a warm ``command`` job's program is kept alive after its subjob for the job's next
+    subjob on the same slice (``sja.execution.warm``); 0: never kept."""
 
 
 class ExecutorService(Service):
@@ -199,7 +202,7 @@ class ExecutorService(Service):
             resources[node_resource(self.cfg.node)] = NODE_SHARE
         return SliceActor.options(  # type: ignore[attr-defined]
             resources=resources,
-            runtime_env={"env_vars": actor_env(s)},
+            runtime_env={"env_vars": {**actor_env(s), "SJA_WARM_GRACE_S": f"{self.cfg.warm_grace_s:g}"}},
             max_concurrency=1,
         ).remote(s.slice_id, self.settings.out_dir, self.cfg.preload)
 
@@ -429,6 +432,8 @@ class ExecutorService(Service):
             output_checkpoint=r.output,
             error=r.error[:4000],
             executor_id=self.instance,
+            stdout=r.stdout[-OUTPUT_TAIL_CHARS:],
+            stderr=r.stderr[-OUTPUT_TAIL_CHARS:],
         )
         payload = encode(c)
         limit = self.nc.max_payload - COMPLETION_HEADROOM if self.nc is not None else len(payload)

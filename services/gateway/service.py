@@ -20,6 +20,7 @@ import msgspec
 from nats.micro.request import Request
 
 from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.completions import iter_completions
 from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
@@ -37,10 +38,13 @@ from sja.protocol.messages import (
     JobSpec,
     JobState,
     JobView,
+    LogsQuery,
+    LogsView,
     RoundRecord,
     RoundsQuery,
     RoundsView,
     SliceState,
+    SubjobLog,
     SubmitAck,
     SubmitJob,
     Verdict,
@@ -104,6 +108,7 @@ class GatewayService(Service):
             ("cancel", subjects.JOB_CANCEL, self.cancel),
             ("rounds", subjects.JOB_ROUNDS, self.rounds),
             ("explain", subjects.JOB_EXPLAIN, self.explain),
+            ("logs", subjects.JOB_LOGS, self.logs),
         ):
             await micro.add_endpoint(name=name, subject=subject, handler=_typed(handler, self, subject))
             tenant_subject = subjects.tenant_request(subject, "*")
@@ -239,6 +244,37 @@ class GatewayService(Service):
         note = E.deadline_note(policy, spec)
         return [note] if note else []
 
+    async def logs(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
+        """What each subjob's program wrote last (``sja logs``): the output tails its completion
+        carries, read back from ``SJA_COMPLETIONS`` (kept for the stream's age), in subjob order."""
+        q = decode(data, LogsQuery)
+        got = await self._job(q.job_id, tenant)
+        if isinstance(got, ErrorReply):
+            return got
+        wanted = q.subjob if not q.subjob.isdigit() else f"{q.job_id}.s{q.subjob}"
+        found: dict[str, SubjobLog] = {}
+        async for c in iter_completions(self.jetstream, q.job_id):
+            if wanted and c.subjob_id != wanted:
+                continue
+            found[c.subjob_id] = SubjobLog(
+                subjob_id=c.subjob_id,
+                slice_id=c.slice_id,
+                status=c.status,
+                unit_start=c.unit_start,
+                units=c.units,
+                units_done=c.units_done,
+                finished_at=c.finished_at,
+                error=c.error,
+                stdout=c.stdout,
+                stderr=c.stderr,
+            )
+        if wanted and not found:
+            return ErrorReply(
+                code="not_found", message=f"no completed subjob {wanted} of job {q.job_id}", field="subjob"
+            )
+        order = sorted(found.values(), key=lambda s: (_seq(s.subjob_id), s.finished_at))
+        return LogsView(job_id=q.job_id, subjobs=order[-200:])
+
     async def explain(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         """The job's state and, while it waits, why (``sja.core.explain``): from the rounds stored
         in the last ``EXPLAIN_LOOKBACK_S`` and the jobs in the store."""
@@ -303,6 +339,12 @@ def anonymize_round(record: RoundRecord, tenant: str) -> RoundRecord:
     ]
     winner = OTHER if record.winner_job in others else record.winner_job
     return msgspec.structs.replace(record, verdicts=verdicts, winner_job=winner, note=scrub(record.note))
+
+
+def _seq(subjob_id: str) -> int:
+    """A subjob's number in its job (``JOB.s12`` is 12)."""
+    tail = subjob_id.rpartition(".s")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _typed(handler: Any, service: Service | None = None, subject: str = "") -> Any:

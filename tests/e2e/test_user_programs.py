@@ -178,16 +178,25 @@ def test_batch_inference_and_an_entry_point_workload_equal_their_one_piece_runs(
     assert primes_state.result == msgspec.json.decode(reference)
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_a_torch_training_script_resumes_from_its_state_and_ends_as_in_one_piece(
-    stack: LocalStack, tmp_path: Path
+    stack: LocalStack, tmp_path: Path, warm: bool
 ) -> None:
+    """Warm (``params.warm``): the script continues in one process where its subjobs follow each
+    other on a slice (``ctx.next_range()``); the weights are the same bit for bit either way."""
     python = torch_python()
     if python is None:
         pytest.skip("no interpreter with torch (install it, or point SJA_TORCH_PYTHON at one)")
     spec = load(EXAMPLES / "torch-train" / "job.yaml", units=300)
     spec = msgspec.structs.replace(
         spec,
-        params={**spec.params, "argv": absolute(spec.params["argv"], python)},
+        name=f"{spec.name}-{'warm' if warm else 'cold'}",
+        params={
+            **spec.params,
+            "argv": absolute(spec.params["argv"], python),
+            "warm": warm,
+            "env": {"PYTHONPATH": str(ROOT / "libs")} if warm else {},
+        },
         time=msgspec.structs.replace(spec.time, per_unit_s=0.03) if spec.time else None,
     )
     (state,) = asyncio.run(run_jobs(stack, [spec], 400))

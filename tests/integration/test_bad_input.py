@@ -759,6 +759,7 @@ REQUEST_TYPES: dict[str, type[msgspec.Struct]] = {
     subjects.JOB_CANCEL: m.JobView,
     subjects.JOB_ROUNDS: m.RoundsView,
     subjects.JOB_EXPLAIN: m.Explanation,
+    subjects.JOB_LOGS: m.LogsView,
 }
 POLICY_SUBJECT = f"{subjects.PREFIX}.clearer.policy"
 
@@ -775,6 +776,7 @@ def request_payloads(verb: str) -> st.SearchStrategy[bytes]:
         subjects.JOB_CANCEL: queries,
         subjects.JOB_ROUNDS: rounds_q,
         subjects.JOB_EXPLAIN: queries,
+        subjects.JOB_LOGS: st.builds(m.LogsQuery, job_id=unknown_id("-job-"), subjob=weird_text),
     }
     return hostile(valid[verb], list(valid.values())).filter(lambda d: not _declares_huge_profile(d))
 

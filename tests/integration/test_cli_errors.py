@@ -134,7 +134,18 @@ def test_service_and_up_name_a_bad_list_of_services() -> None:
 def test_version_and_conventional_help() -> None:
     done = sja("--version")
     assert done.returncode == 0 and done.stdout.startswith("sja "), done
-    for command in ("up", "submit", "status", "jobs", "trace", "explain", "cancel", "simulate", "demo"):
+    for command in (
+        "up",
+        "submit",
+        "status",
+        "jobs",
+        "trace",
+        "explain",
+        "logs",
+        "cancel",
+        "simulate",
+        "demo",
+    ):
         help_text = subprocess.run(
             [sys.executable, "-m", "sja.cli.main", command, "--help"],
             capture_output=True,

@@ -390,11 +390,12 @@ async def test_a_tenant_submits_and_reads_only_its_own_jobs(secured: Secured, tm
 
             # Reading another tenant's job: it does not exist for this tenant.
             assert (await alpha.status(mine)).spec.tenant == "alpha"
-            for call in (alpha.status, alpha.cancel, alpha.rounds):
+            for call in (alpha.status, alpha.cancel, alpha.rounds, alpha.logs):
                 with pytest.raises(ApiError) as hidden:
                     await call(theirs)
                 assert hidden.value.error.code == "not_found", call
             assert [s.job_id for s in await alpha.jobs()] == [mine]
+            assert (await alpha.logs(mine)).subjobs == []  # its own: readable (nothing ran yet)
             with pytest.raises(ApiError, match="forbidden"):
                 await alpha.jobs(tenant="beta")
             assert (await beta.status(theirs)).status == "pending", "beta's job was not cancelled"
@@ -420,6 +421,7 @@ async def test_a_tenant_submits_and_reads_only_its_own_jobs(secured: Secured, tm
         admin = await SjaClient.connect(secured.url, auth=secured.auth("ADMIN"), timeout_s=5)
         try:
             assert {s.job_id for s in await admin.jobs()} == {mine, theirs}
+            assert (await admin.logs(theirs)).subjobs == []
         finally:
             await admin.close()
         assert gateway.submitted == 2

@@ -181,14 +181,16 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running(nats_url: str, tmp: Path, shared: Actors, **executor_kw: Any) -> AsyncIterator[Stack]:
+async def running(
+    nats_url: str, tmp: Path, shared: Actors, inventory: str = "", **executor_kw: Any
+) -> AsyncIterator[Stack]:
     def c(name: str) -> dict[str, Any]:
         return {"nats_url": nats_url, "out_dir": str(tmp / "out"), "instance": name}
 
     executor = InProcessExecutor(ExecutorSettings(**c("executor-t"), node="local", **executor_kw))
     executor.shared = shared
     services: list[Service] = [
-        InventoryService(InventorySettings(**c("inventory-t"))),
+        InventoryService(InventorySettings(**c("inventory-t"), inventory=inventory)),
         GatewayService(GatewaySettings(**c("gateway-t"))),
         ClearerService(ClearerSettings(**c("clearer-t"), lease_s=3.0)),
         AgentService(

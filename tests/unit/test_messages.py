@@ -290,6 +290,24 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.JobList: m.JobList(jobs=[JOB_STATE, m.JobState(job_id="j2", spec=SPEC, total_units=3)]),
     m.RoundsQuery: m.RoundsQuery(job_id="j1"),
     m.RoundsView: m.RoundsView(rounds=[ROUND_RECORD]),
+    m.LogsQuery: m.LogsQuery(job_id="j1", subjob="3"),
+    m.LogsView: m.LogsView(
+        job_id="j1",
+        subjobs=[
+            m.SubjobLog(
+                subjob_id="j1.s0",
+                slice_id="n0-g0-1g.5gb-0",
+                status="oom",
+                unit_start=0,
+                units=10,
+                units_done=0,
+                finished_at=2.0,
+                error="killed by signal 9",
+                stdout="step 3\n",
+                stderr="Killed\n",
+            )
+        ],
+    ),
     m.Explanation: m.Explanation(
         job_id="j1",
         status="pending",

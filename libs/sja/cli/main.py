@@ -540,6 +540,51 @@ def explain(
 
 
 @app.command()
+def logs(
+    job_id: JobArg,
+    subjob: Annotated[
+        str, typer.Option("--subjob", metavar="N", help="only this subjob: its number in the job, or its id")
+    ] = "",
+    nats: NatsOpt = DEFAULT_NATS,
+    as_json: JsonOpt = False,
+    user: UserOpt = "",
+    password: PasswordOpt = "",
+    tenant: TenantOpt = "",
+) -> None:
+    """What each subjob's program wrote last: the end of its stdout and stderr (16 KiB at most), its
+    status and, when it did not end ok, why."""
+    from sja.client import ApiError
+
+    async def go() -> None:
+        c = await _connect_client(nats, user, password, tenant)
+        try:
+            got = await c.logs(job_id, subjob)
+        except ApiError as err:
+            if err.error.code == "not_found":
+                fail(err.error.message if subjob else f"no job {job_id} (`sja jobs` lists the jobs)")
+            raise
+        finally:
+            await c.close()
+        if as_json:
+            print(json.dumps(msgspec.to_builtins(got), indent=2))
+            return
+        if not got.subjobs:
+            print(f"job {job_id}: no subjob has ended yet")
+        for s in got.subjobs:
+            print(
+                f"== {s.subjob_id} on {s.slice_id}: {s.status}, units {s.unit_start}.."
+                f"{s.unit_start + s.units} ({s.units_done} done)"
+            )
+            if s.error:
+                print(f"-- reason:\n{s.error.rstrip()}")
+            for name, text in (("stdout", s.stdout), ("stderr", s.stderr)):
+                if text:
+                    print(f"-- {name}:\n{text.rstrip()}")
+
+    _with_connection_errors(go, nats)
+
+
+@app.command()
 def inventory(
     source: Annotated[
         str,

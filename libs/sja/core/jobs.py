@@ -43,6 +43,8 @@ from sja.workloads.base import is_sequential
 MAX_CONSECUTIVE_FAILURES = 8
 """A job whose subjobs fail this many times in a row (other than OOM/timeout) is failed."""
 
+SUMMARY_ERROR_CHARS = 300
+"""Characters of a subjob's error its summary keeps (the job's history holds many)."""
 HISTORY_LIMIT = 500
 DECLINED_KEPT = 16
 """Grants a job remembers declining (``JobState.declined_grants``)."""
@@ -510,6 +512,7 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
         time_cap_s=c.time_cap_s,
         started_at=c.started_at,
         finished_at=c.finished_at,
+        error="" if c.status == "ok" else c.error[:SUMMARY_ERROR_CHARS],
     )
     history = [*state.history, summary][-HISTORY_LIMIT:]
     calibrated = profile.to_state()

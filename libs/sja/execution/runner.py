@@ -24,8 +24,9 @@ from typing import Any
 import msgspec
 
 from sja import job
+from sja.execution import warm
 from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter
-from sja.protocol.messages import Subjob
+from sja.protocol.messages import OUTPUT_TAIL_CHARS, Subjob
 from sja.workloads import workload
 from sja.workloads.command import DEFAULT_STOP_GRACE_S
 
@@ -45,6 +46,11 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """What measured ``peak_mem_mib`` (``tracemalloc``, ``rss``, ``torch.cuda``, ``nvml``)."""
     node_id: str = ""
     """The Ray node the actor ran on."""
+    stdout: str = ""
+    stderr: str = ""
+    """The end of a command's output (``OUTPUT_TAIL_CHARS`` of each)."""
+    warm: str = ""
+    """A warm command job's range: ``cold``, ``handed`` or ``resumed`` (``sja.execution.warm``)."""
 
 
 def is_oom(e: BaseException) -> bool:
@@ -180,6 +186,8 @@ def _failed(started: float, error: str) -> RunResult:
 
 def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
     started = time.time()
+    # A program kept warm for another job (or another slice) holds memory this subjob may need.
+    warm.evict_except(sj.job_id, sj.slice_id)
     try:
         w = workload(sj.workload)
         params = w.validate(dict(sj.params))
@@ -234,4 +242,7 @@ def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
         error=error,
         device=dev.device,
         meter=meter,
+        warm=ctx.warm,
+        stdout=ctx.stdout_tail[-OUTPUT_TAIL_CHARS:],
+        stderr=ctx.stderr_tail[-OUTPUT_TAIL_CHARS:],
     )

@@ -483,6 +483,14 @@ class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=
     output_checkpoint: Checkpoint = b""
     error: str = ""
     executor_id: str = ""
+    stdout: str = ""
+    """The last of what a user's program wrote to stdout (at most ``OUTPUT_TAIL_CHARS``): ``sja logs``."""
+    stderr: str = ""
+    """The same for stderr."""
+
+
+OUTPUT_TAIL_CHARS = 8 * 1024
+"""Characters of each of a program's stdout and stderr a completion keeps (16 KiB in all)."""
 
 
 class ProfileState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -537,6 +545,8 @@ class SubjobSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     time_cap_s: float
     started_at: float
     finished_at: float
+    error: str = ""
+    """Why it did not end ``ok`` (its first lines: the oom or timeout reason, the exit status)."""
 
 
 class JobState(Message, Tokens, tag="sja.job_state.v1", frozen=True, kw_only=True):
@@ -608,6 +618,32 @@ class RoundsQuery(Message, Tokens, tag="sja.rounds_query.v1", frozen=True, kw_on
 
 class RoundsView(Message, tag="sja.rounds_view.v1", frozen=True, kw_only=True):
     rounds: list[RoundRecord]
+
+
+class LogsQuery(Message, Tokens, tag="sja.logs_query.v1", frozen=True, kw_only=True):
+    job_id: Id
+    subjob: str = ""
+    """A subjob's id, or its number in the job (``3`` for ``JOB.s3``); empty: every subjob."""
+
+
+class SubjobLog(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What a subjob's program wrote last, from its completion (stream ``SJA_COMPLETIONS``)."""
+
+    subjob_id: str
+    slice_id: str
+    status: str
+    unit_start: int
+    units: int
+    units_done: int
+    finished_at: float
+    error: str = ""
+    stdout: str = ""
+    stderr: str = ""
+
+
+class LogsView(Message, tag="sja.logs_view.v1", frozen=True, kw_only=True):
+    job_id: str
+    subjobs: list[SubjobLog]
 
 
 class WindowReason(msgspec.Struct, frozen=True, kw_only=True, gc=False):

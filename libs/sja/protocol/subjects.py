@@ -72,7 +72,8 @@ JOB_LIST = f"{PREFIX}.job.list"
 JOB_CANCEL = f"{PREFIX}.job.cancel"
 JOB_ROUNDS = f"{PREFIX}.job.rounds"
 JOB_EXPLAIN = f"{PREFIX}.job.explain"
-JOB_REQUESTS = (JOB_SUBMIT, JOB_STATUS, JOB_LIST, JOB_CANCEL, JOB_ROUNDS, JOB_EXPLAIN)
+JOB_LOGS = f"{PREFIX}.job.logs"
+JOB_REQUESTS = (JOB_SUBMIT, JOB_STATUS, JOB_LIST, JOB_CANCEL, JOB_ROUNDS, JOB_EXPLAIN, JOB_LOGS)
 
 TENANT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A tenant name as a subject token: the ``JobSpec.tenant`` pattern, so no tenant is ever renamed."""

@@ -12,6 +12,9 @@ Each subjob runs ``argv`` as a process of its own on the slice, with (see ``docs
 - ``SJA_REPORT``: a file where a program that stops early writes ``{"units_done": k}`` (the SDK's
   ``ctx.report`` does it); without it, exit 0 means every unit is done.
 
+With ``warm: true`` (sequential jobs) the program may keep running between subjobs of its job on the
+same slice (``sja.execution.warm``; the SDK's ``ctx.next_range()``).
+
 The state directory travels as a tar archive in a checkpoint blob (``checkpoint.pack_blob``): the
 executor keeps it in the object store ``sja-checkpoints`` and only its reference travels on NATS.
 For ``sequential: false`` every subjob's state is kept (the accumulator lists their references in
@@ -131,7 +134,9 @@ class Command:
     framework: ClassVar[str] = "command"
 
     def validate(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, {"argv", "units", "env", "sequential", "merge_argv", "stop_grace_s", "cwd"})
+        check_known(
+            params, {"argv", "units", "env", "sequential", "merge_argv", "stop_grace_s", "cwd", "warm"}
+        )
         argv = _str_list(params, "argv", True)
         units = params.get("units")
         if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= MAX_UNITS:
@@ -153,6 +158,11 @@ class Command:
         cwd = params.get("cwd", "")
         if not isinstance(cwd, str):
             raise SpecError("params.cwd", f"expected a path, got {cwd!r}")
+        warm = params.get("warm", False)
+        if not isinstance(warm, bool):
+            raise SpecError("params.warm", f"expected true or false, got {warm!r}")
+        if warm and not sequential:
+            raise SpecError("params.warm", "warm continuation needs sequential: true")
         return {
             "argv": argv,
             "units": units,
@@ -161,6 +171,7 @@ class Command:
             "merge_argv": merge_argv,
             "stop_grace_s": float(grace),
             "cwd": cwd,
+            "warm": warm,
         }
 
     def is_sequential(self, params: dict[str, Any]) -> bool:
@@ -178,7 +189,7 @@ class Command:
 
     def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
         from sja import job
-        from sja.execution.program import last_lines, run_program
+        from sja.execution.program import last_lines, start_program, watch
 
         ctx = job.current()
         if ctx is None:  # run outside an executor (the one-piece reference): no deadline
@@ -189,12 +200,21 @@ class Command:
                 count=units,
                 total_units=params["units"],
             )
+        from sja.execution import warm as warm_reg
+
+        warm = bool(params.get("warm")) and self.is_sequential(params)
+        held = warm_reg.take(ctx.job_id, ctx.slice_id) if warm else None
+        in_digest = warm_reg.state_digest(checkpoint) if held is not None else ""
+        # The parked process already holds the state this subjob starts from: nothing to read.
+        resumed = held is not None and bool(in_digest) and held.digest == in_digest
+        keep: Any = None
         tmp = Path(tempfile.mkdtemp(prefix="sja-subjob-"))
         try:
             state_in, state_out, report = tmp / "state_in", tmp / "state_out", tmp / "report.json"
             state_in.mkdir()
             state_out.mkdir()
-            if checkpoint and self.is_sequential(params):
+
+            def restore() -> None:
                 try:
                     before = unpack_state(checkpoint, state_in)
                 except ValueError as e:
@@ -204,6 +224,17 @@ class Command:
                         "failed",
                         f"input state ends at unit {before.unit_end}, the subjob starts at unit {unit_start}",
                     )
+
+            if checkpoint and self.is_sequential(params):
+                if resumed:
+                    held_end = summary_of(checkpoint).unit_end
+                    if held_end != unit_start:
+                        raise job.Stopped(
+                            "failed",
+                            f"input state ends at unit {held_end}, the subjob starts at unit {unit_start}",
+                        )
+                else:
+                    restore()
             now = time.time()
             deadline = ctx.deadline if math.isfinite(ctx.deadline) else now + 10 * 365 * 86400
             grace = min(params["stop_grace_s"], max(0.0, (deadline - now) / 2))
@@ -228,18 +259,29 @@ class Command:
                 }
             )
             nvml, device = _nvml_for(env)
+            running = None
+            if held is not None:
+                sent = {k: v for k, v in env.items() if k.startswith("SJA_") or k == "CUDA_VISIBLE_DEVICES"}
+                if held.running.send({"env": sent, "resumed": resumed}):
+                    running = held.running
+                else:  # it died since: start afresh, from the state
+                    held.running.kill()
+                    if resumed and checkpoint:
+                        restore()
+                    resumed = False
             try:
-                r = run_program(
-                    params["argv"],
-                    env,
-                    cwd=params["cwd"] or None,
-                    term_at=deadline - grace,
-                    kill_at=deadline,
-                    nvml=nvml,
-                    device_uuid=device,
-                )
+                if running is None:
+                    running = start_program(params["argv"], env, cwd=params["cwd"] or None, warm=warm)
             except OSError as e:
                 raise job.Stopped("failed", f"cannot start {params['argv'][0]!r}: {e}") from None
+            keep = running
+            r = watch(running, term_at=deadline - grace, kill_at=deadline, nvml=nvml, device_uuid=device)
+            if not r.alive:
+                keep = None
+            handed = held is not None and running is held.running
+            if warm:
+                ctx.warm = "resumed" if resumed else ("handed" if handed else "cold")
+            ctx.stdout_tail, ctx.stderr_tail = r.stdout, r.stderr
             reported = _read_report(report)
             torch_peak = reported.get("torch_cuda_peak_mib", 0.0)
             ctx.peak_mem_mib = max(r.peak_mem_mib, torch_peak if isinstance(torch_peak, int | float) else 0.0)
@@ -271,8 +313,14 @@ class Command:
                 files=files,
                 metrics=_clean_metrics(reported.get("metrics", {})),
             )
-            return pack_state(state_out, summary)
+            out = pack_state(state_out, summary)
+            if keep is not None:
+                warm_reg.park(ctx.job_id, ctx.slice_id, keep, warm_reg.state_digest(out))
+                keep = None
+            return out
         finally:
+            if keep is not None:  # the range did not end well: the process goes
+                keep.kill()
             shutil.rmtree(tmp, ignore_errors=True)
 
     def merge(self, acc: bytes, partial: bytes) -> bytes:
