@@ -289,6 +289,16 @@ def next_range(state: JobState) -> tuple[int, int] | None:
     return None
 
 
+def balanced_units(state: JobState, available: int) -> int:
+    """At most how many units the next subjob takes of the ``available`` ones: the work not yet handed
+    out shared evenly over the subjobs the job may still start (``max_parallel`` less those in
+    flight), so that a job that may run ``p`` subjobs at once finishes them together instead of
+    leaving one long piece to run alone at its end."""
+    unassigned = sum(r.count for r in state.retry) + max(state.total_units - state.next_unit, 0)
+    slots = max(state.spec.max_parallel - len(state.in_flight), 1)
+    return max(1, min(available, -(-unassigned // slots)))
+
+
 def can_take_more(state: JobState) -> bool:
     return (
         not is_terminal(state)
@@ -322,7 +332,7 @@ def propose(state: JobState, offer: Offer, now: float, limits: PlanLimits) -> Pr
     rng = next_range(state)
     assert rng is not None
     profile = profile_of(state)
-    req = plan_request(state, offer.window, now, rng[1])
+    req = plan_request(state, offer.window, now, balanced_units(state, rng[1]))
     cands = plan_candidates(profile, req, limits, state.spec.mode)
     if not cands:
         return None
@@ -376,7 +386,7 @@ def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, a
     assert rng is not None
     start, available = rng
     profile = profile_of(state)
-    req = plan_request(state, grant.window, now, available)
+    req = plan_request(state, grant.window, now, balanced_units(state, available))
     size = materialize_size(profile, req, limits, grant.candidate.size)
     if size is None:
         return Materialized(seen, None, "no safe size left in the granted window")
