@@ -1,18 +1,24 @@
-"""Shared fixtures: a real nats-server with JetStream per test, on a free port."""
+"""Shared fixtures: a real nats-server with JetStream per test, on a free port.
+
+The NATS client is imported inside the fixtures that need it, so the pure-core tests
+(``tests/unit``) collect and run without nats-py installed."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from sja.bus.connection import connect, ensure_jetstream
-from sja.bus.natsd import EmbeddedNats
+if TYPE_CHECKING:
+    from sja.bus.natsd import EmbeddedNats
 
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    from sja.bus.natsd import EmbeddedNats
+
     server = EmbeddedNats(store_dir=str(tmp_path / "nats"), log_file=str(tmp_path / "nats.log"))
     server.start()
     try:
@@ -28,6 +34,8 @@ def nats_url(nats_server: EmbeddedNats) -> str:
 
 @pytest.fixture
 async def nc(nats_url: str) -> AsyncIterator[object]:
+    from sja.bus.connection import connect, ensure_jetstream
+
     client = await connect(nats_url, "test")
     await ensure_jetstream(client.jetstream())
     try:

@@ -98,7 +98,7 @@ class AgentSettings(BaseSettings, frozen=True, kw_only=True):
     advertisers (``DemandChanged.ready``) after this pause, so a burst is one message."""
     completion_batch: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
     """Completions fetched (and folded in) at a time. Larger batches cost less per completion; while
-    a batch is folded in, offers wait, so smaller ones answer offers sooner (docs/performance.md: at
+    a batch is folded in, offers wait, so smaller ones answer offers sooner (CHANGELOG.md, items 24 and 29: at
     (1000, 512), 16 gives more grants a second and a shorter offer-to-grant p50 than 32 did before
     completions were fetched by ``Fetcher``; 32 now gives more grants a second still, for a p50
     about 10 ms longer)."""

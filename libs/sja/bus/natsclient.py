@@ -10,7 +10,7 @@ flusher lets the loop turn once between being woken and writing: every callback 
 first and its messages join the same write. One turn costs microseconds; each write saved is a
 system call here and a read on the server (on loopback, the receiving side's work is done in the
 sender's system call). At (1000, 512) in the control-plane benchmark this gave more grants a
-second in each of four interleaved pairs of runs (see docs/performance.md).
+second in interleaved pairs of runs (CHANGELOG.md, item 27).
 
 Most messages SJA receives carry headers (a ``traceparent``, a ``Nats-Msg-Id``). nats-py reads each
 header line and drops one whose name holds whitespace, testing each character of the name with a
