@@ -26,9 +26,10 @@ from tests.integration.test_metrics import common, running
 
 async def test_explain_says_why_a_job_that_fits_no_slice_waits(nats_url: str, tmp_path: Path, nc) -> None:
     c = lambda name: common(nats_url, tmp_path, name, 0)  # noqa: E731
+    inventory = InventoryService(InventorySettings(**c("inventory-x")))
+    gateway = GatewayService(GatewaySettings(**c("gateway-x")))
     services = [
-        InventoryService(InventorySettings(**c("inventory-x"))),
-        GatewayService(GatewaySettings(**c("gateway-x"))),
+        gateway,
         ClearerService(ClearerSettings(**c("clearer-x"))),
         AgentService(AgentSettings(**c("agent-x"))),
         AdvertiserService(AdvertiserSettings(**c("advertiser-x"))),
@@ -40,46 +41,61 @@ async def test_explain_says_why_a_job_that_fits_no_slice_waits(nats_url: str, tm
         params={"units": 10},
         memory=MemoryDecl(base_mib=100_000, per_unit_mib=10),
     )
+    timed = msgspec.structs.replace(huge, name="timed", tenant="beta", deadline_s=30.0)
     async with running(*services):
         client = SjaClient(nc)
+        # Submitted before any slice is published (the gateway refuses nothing against an empty
+        # inventory; the inventory then shrank, say); once the slices are known the same job is
+        # refused at submission, naming the largest slice.
         ack = await client.submit(huge)
-        # Rounds go on (no job can take the free slices): wait until every shape's last offer
-        # was seen after the job was taken on by the agent.
-        while True:
-            e = await client.explain(ack.job_id)
-            if len(e.windows) == 5 and all("needs" in w.reason for w in e.windows):
-                break
-            await asyncio.sleep(0.3)
-        state = await client.status(ack.job_id)
-        assert state.profile is not None
-        need = JobProfile.from_state(state.profile).mem_quantile(1, 1.0 - huge.eps_mem)
-        assert e.status == "pending" and e.policy == "fair"
-        assert [w.mem_mib for w in e.windows] == sorted((w.mem_mib for w in e.windows), reverse=True)
-        for w in e.windows:
-            assert w.outcome == "no_bid"
-            assert f"needs {need:,.0f} MiB at eps_mem 0.05" in w.reason, w.reason
-            assert f"holds {w.mem_mib:,} MiB" in w.reason, w.reason
-        assert (e.position, e.waiting) == (1, 1)
-        assert any("fits none of the slices" in n and "40,448 MiB" in n for n in e.notes), e.notes
-
-        # A deadline under fair: the submission says the policy does not read it.
-        timed = msgspec.structs.replace(huge, name="timed", tenant="beta", deadline_s=30.0)
         ack2 = await client.submit(timed)
-        assert any("sla and jasda" in n and "fair" in n for n in ack2.notes), ack2.notes
-        e2 = await client.explain(ack2.job_id)
-        assert e2.deadline.startswith("deadline 30 s after submission: ") and "left" in e2.deadline
-        assert e2.waiting == 2
+        # A deadline under a policy that ignores it: the submission says so.
+        assert any("sla and jasda" in n for n in ack2.notes), ack2.notes
+        async with running(inventory):
+            assert gateway.slice_view is not None
+            deadline = asyncio.get_running_loop().time() + 30
+            while not gateway.slice_view.entries:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            with pytest.raises(ApiError, match="largest slice") as refused:
+                await client.submit(msgspec.structs.replace(huge, name="later"))
+            assert refused.value.error.field == "spec.memory"
+            # Rounds go on (no job can take the free slices): wait until every shape's last offer
+            # was seen after the job was taken on by the agent.
+            while True:
+                e = await client.explain(ack.job_id)
+                if len(e.windows) == 5 and all("needs" in w.reason for w in e.windows):
+                    break
+                assert asyncio.get_running_loop().time() < deadline + 60
+                await asyncio.sleep(0.3)
+            state = await client.status(ack.job_id)
+            assert state.profile is not None
+            need = JobProfile.from_state(state.profile).mem_quantile(1, 1.0 - huge.eps_mem)
+            assert e.status == "pending" and e.policy == "fair"
+            assert [w.mem_mib for w in e.windows] == sorted((w.mem_mib for w in e.windows), reverse=True)
+            for w in e.windows:
+                assert w.outcome == "no_bid"
+                assert f"needs {need:,.0f} MiB at eps_mem 0.05" in w.reason, w.reason
+                assert f"holds {w.mem_mib:,} MiB" in w.reason, w.reason
+            assert (e.position, e.waiting) == (1, 2)
+            assert any("fits none of the slices" in n and "40,448 MiB" in n for n in e.notes), e.notes
+            e2 = await client.explain(ack2.job_id)
+            assert e2.deadline.startswith("deadline 30 s after submission: ") and "left" in e2.deadline
+            assert e2.waiting == 2
+            await _tenant_and_cli(nc, nats_url, ack.job_id)
 
-        # Tenant-scoped: alpha sees its job, beta does not.
-        assert (await SjaClient(nc, tenant="alpha").explain(ack.job_id)).job_id == ack.job_id
-        with pytest.raises(ApiError, match="not_found"):
-            await SjaClient(nc, tenant="beta").explain(ack.job_id)
 
-        code, out, err_text = await sja_async("explain", ack.job_id, "--json", "--nats", nats_url)
-        assert code == 0, err_text
-        got = json.loads(out)
-        assert got["job_id"] == ack.job_id and got["windows"][0]["outcome"] == "no_bid"
-        code, out, err_text = await sja_async("explain", ack.job_id, "--nats", nats_url)
-        assert code == 0 and "no bid: its smallest subjob (1 unit) needs" in " ".join(out.split()), out
-        code, out, err_text = await sja_async("explain", "no-such-job", "--nats", nats_url)
-        assert code == 2 and "no job no-such-job" in err_text
+async def _tenant_and_cli(nc, nats_url: str, job_id: str) -> None:  # type: ignore[no-untyped-def]
+    # Tenant-scoped: alpha sees its job, beta does not.
+    assert (await SjaClient(nc, tenant="alpha").explain(job_id)).job_id == job_id
+    with pytest.raises(ApiError, match="not_found"):
+        await SjaClient(nc, tenant="beta").explain(job_id)
+
+    code, out, err_text = await sja_async("explain", job_id, "--json", "--nats", nats_url)
+    assert code == 0, err_text
+    got = json.loads(out)
+    assert got["job_id"] == job_id and got["windows"][0]["outcome"] == "no_bid"
+    code, out, err_text = await sja_async("explain", job_id, "--nats", nats_url)
+    assert code == 0 and "no bid: its smallest subjob (1 unit) needs" in " ".join(out.split()), out
+    code, out, err_text = await sja_async("explain", "no-such-job", "--nats", nats_url)
+    assert code == 2 and "no job no-such-job" in err_text

@@ -145,8 +145,18 @@ def test_a_job_with_no_declaration_measures_first_on_the_largest_slice(
     w = req.window
     largest = free_window(w.gpu_model, w.profile, w.mem_mib, w.compute_share, largest=w.mem_mib)
     smaller = free_window(w.gpu_model, w.profile, w.mem_mib, w.compute_share, largest=w.mem_mib + 1)
-    on_largest = PlanRequest(**{**req.__dict__, "window": largest})
-    on_smaller = PlanRequest(**{**req.__dict__, "window": smaller})
+    on_largest, on_smaller = (
+        PlanRequest(
+            window=w,
+            now=req.now,
+            eps_mem=req.eps_mem,
+            eps_time=req.eps_time,
+            max_units=req.max_units,
+            min_units=req.min_units,
+            remaining_units=req.remaining_units,
+        )
+        for w in (largest, smaller)
+    )
     if w.mem_mib - limits.mem_reserve_mib > 0:
         assert largest_safe_size(profile, on_largest, limits) == req.min_units
     assert largest_safe_size(profile, on_smaller, limits) is None

@@ -1025,15 +1025,22 @@ class SjaEngine:
             self._repartition()
 
     def _wanted_idle(self, kinds: set[WindowKind]) -> list[_Slice]:
-        """The idle slices of ``kinds`` for which some job bids now (one probe per kind)."""
+        """The idle slices of ``kinds`` that the jobs bidding now could take: per kind, one probe
+        asks the bidder, and as many idle slices are offered as the bidders have room for subjobs
+        (an advertiser re-offers idle windows to demand the same way: ``OfferPacer``)."""
         out: list[_Slice] = []
         for kind in sorted(kinds):
-            idle = sorted(self.idle_by_kind[kind])
+            idle = self.idle_by_kind[kind]
             if not idle:
                 continue
-            probe = self._probe(self.slices[idle[0]])
-            if probe is not None and self.bidder.proposals_for(probe, self.now, len(idle), self.cfg.policy):
-                out.extend(self.slices[i] for i in idle)
+            first = min(idle)
+            probe = self._probe(self.slices[first])
+            if probe is None:
+                continue
+            bids = self.bidder.proposals_for(probe, self.now, len(idle), self.cfg.policy)
+            room = sum(p.capacity for p in bids)
+            if room:
+                out.extend(self.slices[i] for i in sorted(idle)[:room])
         return out
 
     def _probe(self, s: _Slice) -> Offer | None:
