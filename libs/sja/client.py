@@ -262,21 +262,26 @@ def load_spec(text: str, source: str = "spec") -> JobSpec:
         try:
             workload(raw["workload"]).validate(dict(raw.get("params") or {}))
         except SpecError as e:
-            problems.append(f"{source}: {e.field}: {e.message}")
+            if not _left_to_the_gateway(e, raw["workload"]):
+                problems.append(f"{source}: {e.field}: {e.message}")
     if problems:
         raise SpecErrors(problems)
     try:
         spec = msgspec.convert(raw, JobSpec)
     except (msgspec.ValidationError, ValueError) as e:
         raise SpecErrors([f"{source}: {plain(str(e))}"]) from None
-    from sja.workloads import WORKLOADS
-
     try:
         validate_spec(spec)
     except SpecError as e:
-        if e.field == "workload" and ":" in spec.workload and spec.workload not in WORKLOADS:
-            # A module:attr workload need not be importable where the CLI runs: the gateway,
-            # which must have it, checks it (and refuses it naming the error).
+        if _left_to_the_gateway(e, spec.workload):
             return spec
         raise SpecErrors([f"{source}: {e.field}: {e.message}"]) from None
     return spec
+
+
+def _left_to_the_gateway(e: Exception, name: str) -> bool:
+    """A ``module:attr`` workload need not be importable where the CLI runs: the gateway, which must
+    have it, checks it (and refuses it naming the import error)."""
+    from sja.workloads import WORKLOADS, SpecError
+
+    return isinstance(e, SpecError) and e.field == "workload" and ":" in name and name not in WORKLOADS
