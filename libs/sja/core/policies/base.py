@@ -542,6 +542,11 @@ def excluded_verdict(b: Bid, pending: int) -> Verdict:
     )
 
 
+PolicyState = object
+"""What a policy keeps for a group of like offers while a batch is cleared (``Group.state``). A
+name of the module's own: the compiled dataclass looks its fields' types up among the module's."""
+
+
 @dataclass
 class Group:
     """The bids of a group of like offers while a batch is cleared."""
@@ -571,7 +576,7 @@ class Group:
     repush: int | None = None
     """A winner's index: back in the heap with its new key before the next offer (it may win again
     while it has capacity)."""
-    state: object = None
+    state: PolicyState = None
     """What else a policy keeps for the group while the batch is cleared (``jasda``: its heaps)."""
     shared: tuple[Verdict, ...] = ()
     entry_of: dict[str, int] = field(default_factory=dict)
