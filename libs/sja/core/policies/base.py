@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
+from mypy_extensions import mypyc_attr
 
 from sja.protocol.messages import Candidate, Offer, Proposal, RoundRecord, Verdict, Window
 
@@ -406,8 +407,10 @@ class ClearingPolicy(Protocol):
         ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy:
-    """The defaults of a ``ClearingPolicy``: a subclass defines ``clear`` (and what it knows better)."""
+    """The defaults of a ``ClearingPolicy``: a subclass defines ``clear`` (and what it knows better).
+    A policy defined outside the compiled core (a plug-in, a test's) may subclass it too."""
 
     def __init__(
         self, name: str, bid_order: BidOrder | None = None, explains_by_tenant: bool = False
