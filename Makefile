@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CORE   := build/.core-attempted
-CORE_SRC := $(wildcard libs/sja/core/*.py) libs/sja/accel.py
+CORE_SRC := $(wildcard libs/sja/core/*.py libs/sja/core/*/*.py) libs/sja/accel.py
 
 .PHONY: demo test test-fast core lint typecheck up bench clean
 

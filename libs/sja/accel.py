@@ -32,14 +32,18 @@ STAMP = "SOURCES"
 
 
 def core_sources() -> list[Path]:
-    """The modules compiled: all of ``sja.core`` but its ``__init__`` (which loads them)."""
-    return sorted(p for p in CORE.glob("*.py") if p.name != "__init__.py")
+    """The modules compiled: all of ``sja.core`` and its subpackages (``sja.core.policies``) but
+    ``sja.core``'s own ``__init__`` (which loads them). A subpackage's ``__init__`` is compiled with
+    it: its compiled modules are then found through the compiled package."""
+    return sorted(p for p in CORE.rglob("*.py") if p != CORE / "__init__.py")
 
 
 def digest(paths: list[Path]) -> str:
     h = hashlib.sha256(f"{sys.implementation.cache_tag}\n".encode())
     for p in paths:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        # by the path within sja.core: two subpackages' modules of one name are told apart
+        name = p.relative_to(CORE).as_posix() if p.is_relative_to(CORE) else p.name
+        h.update(name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
 

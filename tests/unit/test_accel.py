@@ -145,3 +145,11 @@ def test_a_changed_source_changes_the_digest(tmp_path: Path) -> None:
     b.write_text("y = 3\n")
     assert accel.digest([a, b]) != before
     assert accel.digest([a]) != accel.digest([b])
+
+
+def test_the_core_s_subpackages_are_compiled_with_it() -> None:
+    """``sja.core.policies`` (a package of one module per policy) is compiled like the rest; the
+    digest tells apart modules of one name in different packages."""
+    names = {p.relative_to(accel.CORE).as_posix() for p in accel.core_sources()}
+    assert {"policies/__init__.py", "policies/base.py", "policies/fair.py", "planner.py"} <= names
+    assert "__init__.py" not in names

@@ -1,0 +1,78 @@
+"""``fair``: least attained service normalized by the tenant's share; within a tenant, least
+attained job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from sja.core.policies.base import (
+    Bid,
+    BidOrder,
+    Group,
+    Keyed,
+    Ledger,
+    MonotonePolicy,
+    PolicyConfig,
+    Ranked,
+    best_candidate,
+)
+from sja.protocol.messages import Offer, Proposal
+
+
+def fair_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
+    # The clearer's key within a tenant is (job attained, submitted_at): the agent counts the same
+    # GPU-seconds for its job (``JobState.attained_gpu_s``).
+    return (p.attained_gpu_s, p.submitted_at, p.job_id)
+
+
+class Fair(MonotonePolicy):
+    """The tenant part of the key is its normalized attained service, the bid's part the job's own
+    attained service, then its age. A bid is explained by its tenant alone."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "fair",
+            BidOrder(per_tenant=True, key=fair_order, static=True),
+            explains_by_tenant=True,
+            by_tenant=True,
+            tie_break="the job's own attained GPU-seconds, then submission time",
+        )
+
+    def key(self, offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
+        def key(b: Bid) -> Keyed:
+            p = b.proposal
+            cand = best_candidate(offer, p, cfg.horizon_s)
+            norm = ledger.normalized(p.tenant)
+            job = ledger.job_attained.get(p.job_id, 0.0)
+            why = (
+                f"tenant {p.tenant} attained {ledger.tenant_attained.get(p.tenant, 0.0):.2f} GPU-s"
+                f" / share {ledger.share(p.tenant):g} = {norm:.2f}"
+            )
+            return (norm, job, p.submitted_at), cand, why
+
+        return key
+
+    def score(self, k: Keyed) -> float:
+        return k[0][0]
+
+    def rank(self, offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig) -> Ranked:
+        p = b.proposal
+        return (ledger.job_attained.get(p.job_id, 0.0), p.submitted_at), best_candidate(
+            offer, p, cfg.horizon_s
+        )
+
+    def partition_key(
+        self, part: str, scratch: Ledger, cfg: PolicyConfig, tenants: Sequence[str]
+    ) -> tuple[float, ...]:
+        return (scratch.normalized(part),)
+
+    def lost_in_batch(self, b: Bid, why: str, g: Group, scratch: Ledger) -> str:
+        p = b.proposal
+        if p.tenant == g.last_win_tenant:
+            # Its own tenant's jobs won: within a tenant, fair serves the least attained job.
+            attained = scratch.job_attained.get(p.job_id, 0.0)
+            return (
+                f"lost to better-ranked bids: jobs of its own tenant {p.tenant}, which fair "
+                f"serves least-attained first (this job: {attained:.2f} GPU-s)"
+            )
+        return super().lost_in_batch(b, why, g, scratch)
