@@ -50,14 +50,17 @@ def _shape(offer: Offer, horizon_s: float) -> tuple[object, ...]:
     return (w.mem_mib, w.compute_share, window_len(offer, horizon_s), offer.issued_at, offer.reply_by)
 
 
-def _scratch(ledger: Ledger) -> Ledger:
+def _scratch(ledger: Ledger, jobs: set[str]) -> Ledger:
     """A copy of the ledger that a batch may charge without touching the original (grant lists are
-    shared and replaced, never appended to, in the copy)."""
+    shared and replaced, never appended to, in the copy). Per job it holds only the ``jobs`` that
+    bid in the batch, the only ones a policy reads: a batch costs its bids, not every job the ledger
+    has ever charged."""
+    attained, grants = ledger.job_attained, ledger.job_grants
     return Ledger(
         tenant_shares=ledger.tenant_shares,
         tenant_attained=dict(ledger.tenant_attained),
-        job_attained=dict(ledger.job_attained),
-        job_grants=dict(ledger.job_grants),
+        job_attained={j: attained[j] for j in jobs if j in attained},
+        job_grants={j: grants[j] for j in jobs if j in grants},
         tenant_budgets=dict(ledger.tenant_budgets),
     )
 
@@ -97,7 +100,6 @@ def clear_batch(
     """
     cfg = config if config is not None else PolicyConfig()
     pol = get(name)
-    scratch = _scratch(ledger)
     agents = sorted(set(replied))
     order = sorted(offers, key=lambda o: (o.window.start_s, o.window.slice_id, o.offer_id))
     groups: dict[tuple[object, ...], list[Offer]] = {}
@@ -112,6 +114,7 @@ def clear_batch(
         else:
             groups.setdefault((id(bids), *_shape(o, cfg.horizon_s)), []).append(o)
     group_of = {o.offer_id: key for key, g in groups.items() for o in g}
+    scratch = _scratch(ledger, {b.proposal.job_id for bids in bid_lists.values() for b in bids})
     state: dict[tuple[object, ...], Group] = {}
     cleared: list[tuple[Offer, Decision, Group]] = []
     for o in order:
