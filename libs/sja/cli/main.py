@@ -32,7 +32,7 @@ def _conventional_help() -> None:
                 return None
             if self.metavar is not None:
                 return str(self.metavar)
-            text = original(self, ctx)
+            text: str | None = original(self, ctx)
             if text is None:
                 return None
             suffix = ""
@@ -50,7 +50,7 @@ def _conventional_help() -> None:
     for cls in (core.TyperOption, core.TyperArgument):
         if hasattr(cls, "display_type_rich") and not getattr(cls, "_sja_conventional", False):
             cls.display_type_rich = conventional(cls.display_type_rich)  # type: ignore[method-assign]
-            cls._sja_conventional = True  # type: ignore[attr-defined]
+            setattr(cls, "_sja_conventional", True)  # noqa: B010 (marks typer's class as patched)
 
 
 _conventional_help()
@@ -816,7 +816,9 @@ def main() -> None:
     from rich.markup import escape
 
     # Typer raises click's exceptions (its own copy of click in recent versions): found by name.
-    by_name = {c.__name__: c for c in typer.BadParameter.__mro__}
+    by_name: dict[str, type[BaseException]] = {
+        c.__name__: c for c in typer.BadParameter.__mro__ if issubclass(c, BaseException)
+    }
     usage_error, click_exception = by_name["UsageError"], by_name["ClickException"]
 
     def one_line(e: Any) -> str:
@@ -828,10 +830,10 @@ def main() -> None:
         ctx = getattr(e, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         err_console.print(f"[bold red]error:[/] {one_line(e)}{where}", soft_wrap=True, highlight=False)
-        sys.exit(e.exit_code)
+        sys.exit(getattr(e, "exit_code", 2))
     except click_exception as e:
         err_console.print(f"[bold red]error:[/] {one_line(e)}", soft_wrap=True, highlight=False)
-        sys.exit(e.exit_code)
+        sys.exit(getattr(e, "exit_code", 1))
     except typer.Abort:
         err_console.print("aborted")
         sys.exit(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import RenderableType
 from rich.tree import Tree
@@ -63,7 +64,7 @@ def status_json(state: JobState, now: float) -> dict[str, object]:
 
     from sja.core.explain import deadline_status
 
-    d = msgspec.to_builtins(state)
+    d: dict[str, Any] = msgspec.to_builtins(state)
     d.pop("accumulator", None)
     d.pop("profile", None)
     d["history"] = sorted(d["history"], key=lambda h: (h["unit_start"], h["started_at"]))
