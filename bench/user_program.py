@@ -37,9 +37,8 @@ sys.path.insert(0, str(ROOT / "libs"))
 
 from sja.core.jobs import apply_completion, materialize, new_job, profile_of, propose  # noqa: E402
 from sja.core.planner import PlanLimits  # noqa: E402
-from sja.execution.runner import run_subjob  # noqa: E402
+from sja.execution.runner import completion_of, run_subjob  # noqa: E402
 from sja.protocol.messages import (  # noqa: E402
-    Completion,
     Grant,
     JobSpec,
     MemoryDecl,
@@ -189,25 +188,7 @@ def main() -> None:
                 }
             )
             r = run_subjob(sj)
-            c = Completion(
-                subjob_id=sj.subjob_id,
-                job_id=sj.job_id,
-                grant_id=sj.grant_id,
-                fence=sj.fence,
-                slice_id=sj.slice_id,
-                status=r.status,  # type: ignore[arg-type]
-                unit_start=sj.unit_start,
-                units=sj.units,
-                units_done=r.units_done,
-                peak_mem_mib=r.peak_mem_mib,
-                duration_s=r.duration_s,
-                mem_cap_mib=sj.mem_cap_mib,
-                time_cap_s=sj.time_cap_s,
-                started_at=r.started_at,
-                finished_at=r.finished_at,
-                output_checkpoint=r.output,
-                error=r.error,
-            )
+            c = completion_of(sj, r)
             state, _ = apply_completion(state, c, time.time())
             done = r.units_done
             rows.append(

@@ -37,9 +37,9 @@ from sja.execution.actor import (
     node_resources,
     slice_resource,
 )
-from sja.execution.runner import RunResult, failure_status
+from sja.execution.runner import RunResult, completion_of, failure_status
 from sja.protocol import subjects
-from sja.protocol.messages import OUTPUT_TAIL_CHARS, Completion, SliceState, Subjob
+from sja.protocol.messages import SliceState, Subjob
 from sja.telemetry.metrics import watch_consumers
 from sja.workloads import checkpoint as ckpt
 from sja.workloads import statestore
@@ -413,28 +413,7 @@ class ExecutorService(Service):
         await asyncio.wait_for(asyncio.wrap_future(actor.info.remote().future()), timeout=120)
 
     async def _complete(self, sj: Subjob, r: RunResult, carrier: dict[str, str]) -> None:
-        c = Completion(
-            subjob_id=sj.subjob_id,
-            job_id=sj.job_id,
-            grant_id=sj.grant_id,
-            fence=sj.fence,
-            slice_id=sj.slice_id,
-            status=r.status,  # type: ignore[arg-type]
-            unit_start=sj.unit_start,
-            units=sj.units,
-            units_done=r.units_done,
-            peak_mem_mib=r.peak_mem_mib,
-            duration_s=r.duration_s,
-            mem_cap_mib=sj.mem_cap_mib,
-            time_cap_s=sj.time_cap_s,
-            started_at=r.started_at,
-            finished_at=r.finished_at,
-            output_checkpoint=r.output,
-            error=r.error[:4000],
-            executor_id=self.instance,
-            stdout=r.stdout[-OUTPUT_TAIL_CHARS:],
-            stderr=r.stderr[-OUTPUT_TAIL_CHARS:],
-        )
+        c = completion_of(sj, r, self.instance)
         payload = encode(c)
         limit = self.nc.max_payload - COMPLETION_HEADROOM if self.nc is not None else len(payload)
         if len(payload) > limit:

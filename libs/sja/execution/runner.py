@@ -26,7 +26,7 @@ import msgspec
 from sja import job
 from sja.execution import warm
 from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter
-from sja.protocol.messages import OUTPUT_TAIL_CHARS, Subjob
+from sja.protocol.messages import OUTPUT_TAIL_CHARS, Completion, Subjob
 from sja.workloads import workload
 from sja.workloads.command import DEFAULT_STOP_GRACE_S
 
@@ -51,6 +51,33 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """The end of a command's output (``OUTPUT_TAIL_CHARS`` of each)."""
     warm: str = ""
     """A warm command job's range: ``cold``, ``handed`` or ``resumed`` (``sja.execution.warm``)."""
+
+
+def completion_of(sj: Subjob, r: RunResult, executor_id: str = "") -> Completion:
+    """The completion that reports ``r``, the run of ``sj`` (an error cut to 4,000 characters, the
+    program's output to ``OUTPUT_TAIL_CHARS`` of each stream)."""
+    return Completion(
+        subjob_id=sj.subjob_id,
+        job_id=sj.job_id,
+        grant_id=sj.grant_id,
+        fence=sj.fence,
+        slice_id=sj.slice_id,
+        status=r.status,  # type: ignore[arg-type]
+        unit_start=sj.unit_start,
+        units=sj.units,
+        units_done=r.units_done,
+        peak_mem_mib=r.peak_mem_mib,
+        duration_s=r.duration_s,
+        mem_cap_mib=sj.mem_cap_mib,
+        time_cap_s=sj.time_cap_s,
+        started_at=r.started_at,
+        finished_at=r.finished_at,
+        output_checkpoint=r.output,
+        error=r.error[:4000],
+        executor_id=executor_id,
+        stdout=r.stdout[-OUTPUT_TAIL_CHARS:],
+        stderr=r.stderr[-OUTPUT_TAIL_CHARS:],
+    )
 
 
 def is_oom(e: BaseException) -> bool:
