@@ -265,7 +265,7 @@ async def run_stack(
     from services.gateway.service import GatewayService, GatewaySettings
     from services.inventory.service import InventoryService, InventorySettings
     from sja.bus.codec import decode, encode
-    from sja.bus.connection import stores
+    from sja.bus.store import stores
     from sja.client import SjaClient
     from sja.core import jobs as J
     from sja.execution.runner import RunResult

@@ -10,7 +10,7 @@ import uuid
 from nats.aio.client import Client as Nats
 
 from sja.bus.codec import encode
-from sja.bus.connection import stores
+from sja.bus.store import stores
 from sja.core.jobs import new_job
 from sja.protocol import subjects
 from sja.protocol.messages import JobSpec

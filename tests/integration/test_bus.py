@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from sja.bus.codec import DecodeError, decode, encode
-from sja.bus.connection import Store, ensure_jetstream, stores
+from sja.bus.connection import ensure_jetstream
+from sja.bus.store import Store, stores
 from sja.bus.tracing import extract, publish
 from sja.bus.watch import KvView
 from sja.inventory.declared import load_declared
@@ -73,7 +75,7 @@ async def test_store_rejects_foreign_payload_with_clear_error(nc) -> None:
     js = nc.jetstream()
     kv = await js.key_value(subjects.BUCKET_SLICES)
     await kv.put("junk", b"\x01\x02not msgpack")
-    store = Store(kv, SliceState)
+    store = Store(js, kv, subjects.BUCKET_SLICES, SliceState)
     with pytest.raises(DecodeError, match="invalid SliceState"):
         await store.get("junk")
 
@@ -226,7 +228,7 @@ async def _bucket(nc, name: str) -> Store[SliceState]:
 
     js = nc.jetstream()
     kv = await js.create_key_value(KeyValueConfig(bucket=name, history=5))
-    return Store(kv, SliceState)
+    return Store(js, kv, name, SliceState)
 
 
 async def test_kv_view_reads_the_bucket_as_it_stands_then_every_change_in_order(nc) -> None:
@@ -324,3 +326,36 @@ async def test_kv_view_goes_on_after_its_consumer_is_lost(nc) -> None:
         assert set(view.entries) == {s.slice_id for s in declared}
     finally:
         await view.stop()
+
+
+async def _contract(store) -> list[object]:
+    """The same reads and writes, and what each answered (revisions as 'rev', since the two
+    stores number differently)."""
+    s = load_declared(None)[0]
+    other = msgspec.structs.replace(s, slice_id="other")
+    out: list[object] = []
+    r1 = await store.create("a", s)
+    out.append(r1 is not None)
+    out.append(await store.create("a", s))  # exists: None
+    r2 = await store.cas("a", other, r1)
+    out.append(r2 is not None and r2 > r1)
+    out.append(await store.cas("a", s, r1))  # stale revision: None
+    out.append(await store.cas("missing", s, 1))  # no entry: None
+    got = await store.get("a")
+    out.append(got is not None and got[0].slice_id == "other" and got[1] == r2)
+    out.append(await store.get("missing"))
+    await store.put("b", s)
+    out.append(sorted(await store.keys()))
+    out.append(sorted(v.slice_id for v, _ in await store.all()))
+    return out
+
+
+async def test_memory_store_answers_as_the_bucket_does(nc) -> None:
+    """``MemoryStore`` stands in for the bucket in unit tests: the same sequence of reads and
+    writes, including the refused ones, answers the same on both."""
+    from sja.bus.store import MemoryStore
+
+    on_bus = await _contract(await _bucket(nc, "contract-test"))
+    in_memory = await _contract(MemoryStore(SliceState))
+    assert on_bus == in_memory
+    assert on_bus[:5] == [True, None, True, None, None]

@@ -17,7 +17,7 @@ from services.clearer.service import ClearerService, ClearerSettings
 from services.executor.service import ExecutorService, ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
-from sja.bus.connection import stores
+from sja.bus.store import stores
 from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.inventory.fake_nvml import FakeNvml

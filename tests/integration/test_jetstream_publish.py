@@ -13,8 +13,8 @@ import nats.js.errors
 import pytest
 from nats.js.api import KeyValueConfig
 
-from sja.bus.connection import Store
 from sja.bus.jetstream import Fetcher, FetcherStopped, JetStream, jetstream
+from sja.bus.store import Store
 from sja.inventory.declared import load_declared
 from sja.protocol import subjects
 from sja.protocol.messages import SliceState
@@ -130,7 +130,7 @@ async def test_kv_compare_and_set_through_it(nc) -> None:
     js = jetstream(nc)
     assert isinstance(js, JetStream)
     kv = await js.create_key_value(KeyValueConfig(bucket="jsp-test", history=2))
-    store = Store(kv, SliceState)
+    store = Store(js, kv, "jsp-test", SliceState)
     s = load_declared(None)[0]
     rev = await store.create(s.slice_id, s)
     assert rev is not None

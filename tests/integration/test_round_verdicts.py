@@ -19,7 +19,7 @@ from rich.console import Console
 from services.clearer.service import ClearerService, ClearerSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from sja.bus.codec import decode, encode
-from sja.bus.connection import stores
+from sja.bus.store import stores
 from sja.cli.render import render_rounds
 from sja.client import SjaClient
 from sja.core.policies import NO_BID

@@ -17,8 +17,8 @@ from services.clearer.service import ClearerService, ClearerSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from sja.bus.codec import decode, encode
-from sja.bus.connection import stores
 from sja.bus.rounds import decode_grants
+from sja.bus.store import stores
 from sja.client import ApiError, SjaClient
 from sja.protocol import subjects
 from sja.protocol.messages import ErrorReply, Grant, GrantBatch, JobSpec, OfferBatch, SliceState, Subjob

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sja.bus.connection import Store, stores
+from sja.bus.store import Store, stores
 from sja.core import leases
 from sja.execution import slicelease
 from sja.inventory.declared import load_declared

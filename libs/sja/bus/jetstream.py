@@ -392,3 +392,28 @@ class Fetcher:
 def _finish(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+async def stream_subjects(
+    js: JetStreamContext, stream: str, subjects_filter: str, strip: int = 0
+) -> set[str]:
+    """Every subject with a message in ``stream`` that matches ``subjects_filter`` (less its first
+    ``strip`` characters), page by page: the server lists at most 100,000 a page.
+
+    nats-py's ``stream_info(name, subjects_filter)`` asks for the first page only and has no
+    offset, so this sends the same API request itself, through the context's connection and API
+    prefix (nats-py's ``_nc`` and ``_prefix``: the one place SJA reads them, and why
+    ``pyproject.toml`` bounds nats-py below 3)."""
+    nc: Client = js._nc
+    found: set[str] = set()
+    while True:
+        req = msgspec.json.encode({"subjects_filter": subjects_filter, "offset": len(found)})
+        reply = await nc.request(f"{js._prefix}.STREAM.INFO.{stream}", req, timeout=10)
+        resp = msgspec.json.decode(reply.data)
+        if resp.get("error"):
+            nats.js.errors.APIError.from_error(resp["error"])  # raises the typed error
+        page = (resp.get("state") or {}).get("subjects") or {}
+        before = len(found)
+        found.update(subject[strip:] for subject in page)
+        if len(found) == before or len(found) >= int(resp.get("total") or 0):
+            return found

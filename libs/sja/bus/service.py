@@ -37,10 +37,11 @@ from nats.aio.subscription import Subscription
 
 from sja import __version__
 from sja.bus.codec import DecodeError
-from sja.bus.connection import NatsAuth, PermissionViolation, Store, connect, ensure_jetstream, stores
+from sja.bus.connection import NatsAuth, PermissionViolation, connect, ensure_jetstream
 from sja.bus.jetstream import JetStream, jetstream
 from sja.bus.natsclient import Client
 from sja.bus.settings import BaseSettings
+from sja.bus.store import KvStore, stores
 from sja.bus.tasks import cancel_all
 from sja.protocol.messages import JobState, SliceState
 from sja.telemetry.metrics import MetricsEndpoint, ServiceMetrics, flush_metrics, serve_metrics, setup_metrics
@@ -65,8 +66,8 @@ class Service:
         self.instance = settings.instance or f"{self.name}-{socket.gethostname()}-{os.getpid()}"
         self.nc: Client | None = None
         self.js: JetStream | None = None
-        self.slices: Store[SliceState] | None = None
-        self.jobs: Store[JobState] | None = None
+        self.slices: KvStore[SliceState] | None = None
+        self.jobs: KvStore[JobState] | None = None
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []

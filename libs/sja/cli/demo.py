@@ -139,7 +139,7 @@ async def read_rounds(url: str) -> list[RoundRecord]:
 
 
 async def read_slices(url: str) -> list[SliceState]:
-    from sja.bus.connection import stores
+    from sja.bus.store import stores
 
     nc = await connect(url, "sja-demo-reader")
     try:

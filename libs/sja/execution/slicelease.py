@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sja.bus.connection import Store
+from sja.bus.store import KvStore
 from sja.core import leases
 from sja.protocol.messages import SliceState, Subjob
 
@@ -40,7 +40,7 @@ class Admitted:
 
 
 async def start(
-    slices: Store[SliceState],
+    slices: KvStore[SliceState],
     sj: Subjob,
     *,
     known: bool,
@@ -67,7 +67,7 @@ async def start(
 
 
 async def _start(
-    slices: Store[SliceState],
+    slices: KvStore[SliceState],
     sj: Subjob,
     known: bool,
     grace_s: float,
@@ -125,7 +125,7 @@ async def _start(
     return Admitted("moved")
 
 
-async def free(slices: Store[SliceState], sj: Subjob, held: Held | None = None, tries: int = 10) -> bool:
+async def free(slices: KvStore[SliceState], sj: Subjob, held: Held | None = None, tries: int = 10) -> bool:
     """Give the slice back after ``sj`` (only while it still holds ``sj``'s lease). True if freed
     here, False if the lease had moved on."""
     if held is not None:
