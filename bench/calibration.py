@@ -39,6 +39,10 @@ from statistics import NormalDist
 
 import msgspec
 
+from sja.accel import use_compiled_core
+
+use_compiled_core()  # before the decision core is imported
+
 from sja.core.mig import gpu_model
 from sja.core.planner import PlanLimits, PlanRequest, largest_safe_size, usable_memory
 from sja.core.profiles import JobProfile

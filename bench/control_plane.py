@@ -80,6 +80,10 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from services.registry import parse_cohost
+from sja.accel import use_compiled_core
+
+use_compiled_core()  # before the decision core is imported
+
 from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
 from sja.bus.connection import connect, ensure_jetstream

@@ -34,6 +34,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sja.accel import use_compiled_core
+
+use_compiled_core()  # before the decision core is imported
+
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SimConfig
 from sja.sim.metrics import finished_ids

@@ -17,6 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from sja.accel import use_compiled_core
+
+use_compiled_core()  # before the decision core is imported
+
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SimConfig, run_sja
 from sja.sim.metrics import summarize

@@ -35,10 +35,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "libs"))
 
-from sja.core.jobs import apply_completion, materialize, new_job, profile_of, propose  # noqa: E402
-from sja.core.planner import PlanLimits  # noqa: E402
-from sja.execution.runner import completion_of, run_subjob  # noqa: E402
-from sja.protocol.messages import (  # noqa: E402
+from sja.accel import use_compiled_core
+
+use_compiled_core()  # before the decision core is imported
+
+from sja.core.jobs import (
+    ProfileCache,
+    apply_completion,
+    materialize,
+    new_job,
+    profile_of,
+    propose,
+)
+from sja.core.planner import PlanLimits
+from sja.execution.runner import completion_of, run_subjob
+from sja.protocol.messages import (
     Grant,
     JobSpec,
     MemoryDecl,
@@ -46,7 +57,7 @@ from sja.protocol.messages import (  # noqa: E402
     TimeDecl,
     Window,
 )
-from sja.workloads.command import summary_of  # noqa: E402
+from sja.workloads.command import summary_of
 
 
 def gpu() -> dict[str, Any] | None:
@@ -115,6 +126,7 @@ def main() -> None:
     )
     total_mib = g["mem_mib"] if g else 16384
     limits = PlanLimits(horizon_s=args.window_s, start_overhead_s=args.start_overhead_s)
+    profiles = ProfileCache()
     rows: list[dict[str, Any]] = []
     runs = [(m, float(s)) for m in args.modes.split(",") for s in args.shares.split(",")]
     for mode, share in runs:
@@ -160,7 +172,7 @@ def main() -> None:
                 reply_by=now + 0.05,
                 reply_to="_INBOX.b",
             )
-            proposal = propose(state, offer, now, limits)
+            proposal = propose(state, offer, now, limits, profiles=profiles)
             if proposal is None:
                 rows.append({"mode": mode, "share": share, "error": "no safe size in the window"})
                 break
@@ -178,7 +190,7 @@ def main() -> None:
                 policy="fair",
                 granted_at=now,
             )
-            mat = materialize(state, grant, now, limits, "bench")
+            mat = materialize(state, grant, now, limits, "bench", profiles=profiles)
             assert mat.subjob is not None, mat.reason
             state, sj = mat.state, mat.subjob
             os.environ.update(
@@ -189,7 +201,7 @@ def main() -> None:
             )
             r = run_subjob(sj)
             c = completion_of(sj, r)
-            state, _ = apply_completion(state, c, time.time())
+            state, _ = apply_completion(state, c, time.time(), profiles=profiles)
             done = r.units_done
             rows.append(
                 {
@@ -216,7 +228,9 @@ def main() -> None:
                 "share": share,
                 "job": state.status,
                 "subjobs": n,
-                "mem_q_now_mib": round(profile_of(state).mem_quantile(max(1, args.steps // 4), 0.95), 1),
+                "mem_q_now_mib": round(
+                    profile_of(state, profiles).mem_quantile(max(1, args.steps // 4), 0.95), 1
+                ),
             }
         )
 

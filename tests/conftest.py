@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     from sja.bus.natsd import EmbeddedNats
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The test session is a process start: it uses the compiled decision core where it is built,
+    asked for before any test module imports the core."""
+    from sja.accel import use_compiled_core
+
+    use_compiled_core()
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     from sja.bus.natsd import EmbeddedNats

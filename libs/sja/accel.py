@@ -2,10 +2,14 @@
 
 ``sja.core`` is pure, typed Python and stays the reference. ``make`` compiles it once into
 ``build/core`` (``python -m sja.accel build``; about a minute): every decision then runs about
-twice as fast, with the same numbers, since it is the same code. ``sja.core`` imports the compiled
-modules only when the build matches its sources exactly (a digest written with the build): after
+twice as fast, with the same numbers, since it is the same code. The compiled
+modules are used only when the build matches its sources exactly (a digest written with the build): after
 an edit the pure modules are used, with a warning in the log, until the next build. Where no C
 compiler is found the build is skipped and everything runs as pure Python.
+
+Importing ``sja.core`` loads nothing: a process that wants the compiled modules calls
+``use_compiled_core()`` where it starts, before it imports a decision module (the ``sja`` command
+does, for every service, the simulator and the demo; so do the benchmarks and the test session).
 
 Environment: ``SJA_PURE_PYTHON=1`` ignores a build; ``SJA_COMPILED_CORE_DIR`` builds to and loads
 from another directory.
@@ -61,9 +65,32 @@ def state() -> str:
     return "compiled" if stamp.read_text().strip() == digest(core_sources()) else "stale"
 
 
+_used: bool | None = None
+
+
+def use_compiled_core() -> bool:
+    """Use the compiled decision core in this process when it is built and current; whether it is.
+
+    Call it where the process starts, before any ``sja.core`` module is imported: a module
+    imported already stays the pure one (said in the log). Later calls answer as the first."""
+    global _used
+    if _used is not None:
+        return _used
+    import sja.core
+
+    early = sorted(name for name in sys.modules if name.startswith("sja.core."))
+    if early:
+        log.warning(
+            "the compiled decision core was asked for after %s was imported: those modules stay pure Python",
+            ", ".join(early),
+        )
+    _used = enable(sja.core.__path__)
+    return _used
+
+
 def enable(package_path: list[str]) -> bool:
     """Put the compiled modules ahead of the pure ones on ``sja.core``'s path, if they match its
-    sources. Called once, by ``sja.core`` itself."""
+    sources (``use_compiled_core`` calls it with ``sja.core``'s path)."""
     how = state()
     if how == "stale":
         log.warning(

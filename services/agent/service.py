@@ -123,7 +123,9 @@ class AgentService(Service):
         )
         self.owned: dict[str, tuple[JobState, int]] = {}
         self.policy_config = PolicyConfig(horizon_s=settings.horizon_s)
-        self.bidder = Bidder(self.limits, self.policy_config)
+        self.profiles = J.ProfileCache()
+        """The profiles of the jobs this agent plans for (dropped when it no longer does)."""
+        self.bidder = Bidder(self.limits, self.policy_config, self.profiles)
         """What the jobs this agent owns bid (``core.bidder``): memoized plans, shortlists, the jobs
         that sit out."""
         self.policy_of: dict[str, str] = {}
@@ -290,7 +292,7 @@ class AgentService(Service):
                     new = state
                     for f in J.overdue(state, holders, now, lease_s):
                         c = J.lost_completion(state, f, now, "no completion, and its slice moved on")
-                        new, ok = J.apply_completion(new, c, now)
+                        new, ok = J.apply_completion(new, c, now, profiles=self.profiles)
                         if ok:
                             made.append((c, f))
                     return new if made else None
@@ -314,13 +316,13 @@ class AgentService(Service):
         if best is None:
             return
         for job_id, (state, _) in list(self.owned.items()):
-            if J.hopeless(state, best, now, self.limits) is None:
+            if J.hopeless(state, best, now, self.limits, profiles=self.profiles) is None:
                 continue
             async with self.lock(job_id):
                 why: list[str] = []
 
                 def transition(state: JobState, why: list[str] = why) -> JobState | None:
-                    reason = J.hopeless(state, best, now, self.limits)
+                    reason = J.hopeless(state, best, now, self.limits, profiles=self.profiles)
                     if reason is None:
                         return None
                     why[:] = [reason]
@@ -455,7 +457,7 @@ class AgentService(Service):
                 made.clear()
                 new = state
                 for c in found:
-                    new, ok = J.apply_completion(new, c, time.time())
+                    new, ok = J.apply_completion(new, c, time.time(), profiles=self.profiles)
                     if ok:
                         made.append(c)
                 return new if made else None
@@ -528,7 +530,7 @@ class AgentService(Service):
                 self.locks.pop(job_id, None)
                 return None
             for _msg, c in self._unsaved.get(job_id, []):
-                fresh, _ = J.apply_completion(fresh, c, time.time())
+                fresh, _ = J.apply_completion(fresh, c, time.time(), profiles=self.profiles)
             self._own(fresh, fresh_rev)
         raise RuntimeError(f"could not update job {job_id}: too much contention")
 
@@ -584,7 +586,7 @@ class AgentService(Service):
     def _disown(self, job_id: str) -> None:
         self.owned.pop(job_id, None)
         self.bidder.drop(job_id)
-        J.forget_profile(job_id)
+        self.profiles.forget(job_id)
         self._job_traces.pop(job_id, None)
 
     # --- the job-level span ------------------------------------------------------------------------
@@ -863,7 +865,7 @@ class AgentService(Service):
                 made: list[J.Materialized] = []
 
                 def transition(state: JobState) -> JobState | None:
-                    m = J.materialize(state, grant, now, self.limits, self.agent_id)
+                    m = J.materialize(state, grant, now, self.limits, self.agent_id, profiles=self.profiles)
                     made[:] = [m]
                     return m.state
 
@@ -953,7 +955,7 @@ class AgentService(Service):
                     return
                 current, rev = self.owned[c.job_id]
                 with child_span(tracer, "sja.calibrate", attributes={"sja.job_id": c.job_id}):
-                    new, ok = J.apply_completion(current, c, time.time())
+                    new, ok = J.apply_completion(current, c, time.time(), profiles=self.profiles)
                 span.set_attribute("sja.applied", ok)
                 if not ok:
                     pending = self._unsaved.get(c.job_id, [])

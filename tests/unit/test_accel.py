@@ -22,6 +22,7 @@ SCRIPT = """
 import hashlib, json, sys
 import msgspec
 from sja import accel
+accel.use_compiled_core()
 from sja.protocol.messages import JobState
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SimConfig, SjaEngine
@@ -153,3 +154,40 @@ def test_the_core_s_subpackages_are_compiled_with_it() -> None:
     names = {p.relative_to(accel.CORE).as_posix() for p in accel.core_sources()}
     assert {"policies/__init__.py", "policies/base.py", "policies/fair.py", "planner.py"} <= names
     assert "__init__.py" not in names
+
+
+def _python(code: str, **env: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.strip() + "\n" + done.stderr
+
+
+def test_importing_the_core_loads_nothing() -> None:
+    """``import sja.core`` has no side effect: no compiled module, not even ``sja.accel``."""
+    out = _python(
+        "import sys, sja.core, sja.core.jobs, sja.core.policies\n"
+        "print('accel' if 'sja.accel' in sys.modules else 'none', sja.core.jobs.__file__.endswith('.py'))"
+    )
+    assert out.splitlines()[0] == "none True"
+
+
+@pytest.mark.skipif(accel.state() != "compiled", reason="the compiled core is not built (make core)")
+def test_the_compiled_core_is_used_where_the_process_asks_first() -> None:
+    out = _python("from sja import accel; print(accel.use_compiled_core(), accel.is_compiled())")
+    assert out.splitlines()[0] == "True True"
+    # Asked for too late: the module imported before stays pure, and the log says so.
+    late = _python(
+        "import logging; logging.basicConfig()\n"
+        "import sja.core.profiles\n"
+        "from sja import accel; accel.use_compiled_core(); print(sja.core.profiles.__file__.endswith('.py'))"
+    )
+    assert late.splitlines()[0] == "True" and "stay pure Python" in late
+    # The command line asks for it first.
+    cli = _python("import sja.cli.main\nfrom sja import accel; print(accel.is_compiled())")
+    assert cli.splitlines()[0] == "True"

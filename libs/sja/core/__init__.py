@@ -1,8 +1,5 @@
 """The decision core: pure functions the services and the simulator both call.
 
-Compiled with mypyc when built (``sja.accel``): the compiled modules are then found first.
+Importing it has no side effects. Where it is built, the same modules compiled with mypyc are used
+by a process that asks for them when it starts (``sja.accel.use_compiled_core``).
 """
-
-from sja import accel
-
-accel.enable(__path__)

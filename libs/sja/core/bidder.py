@@ -44,9 +44,13 @@ def _count(counts: dict[str, int], key: str, delta: int) -> None:
 class Bidder:
     """The bids of a set of jobs (see the module docstring)."""
 
-    def __init__(self, limits: PlanLimits, config: PolicyConfig) -> None:
+    def __init__(
+        self, limits: PlanLimits, config: PolicyConfig, profiles: J.ProfileCache | None = None
+    ) -> None:
         self.limits = limits
         self.config = config
+        self.profiles = profiles if profiles is not None else J.ProfileCache()
+        """The jobs' profiles, shared with the owner's other uses of them (materializing, calibrating)."""
         self.states: dict[str, JobState] = {}
         self.plans: dict[str, dict[tuple[object, ...], Proposal | None]] = {}
         """job id -> its answer per (window shape, policy) at its current state."""
@@ -117,7 +121,9 @@ class Bidder:
         if key in plans:
             p = plans[key]
         else:
-            p = J.propose(state, offer, J.plan_time(now, offer.window.start_s), self.limits)
+            p = J.propose(
+                state, offer, J.plan_time(now, offer.window.start_s), self.limits, profiles=self.profiles
+            )
             if p is not None and policy:
                 p = bid_for(policy, offer, p, self.config)
             if len(plans) >= PLAN_CACHE_LIMIT:

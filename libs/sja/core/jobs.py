@@ -113,7 +113,9 @@ def new_job(job_id: str, spec: JobSpec, now: float, *, window_s: float | None = 
     )
 
 
-def never_fits(state: JobState, slices: Iterable[SliceState], limits: PlanLimits) -> str | None:
+def never_fits(
+    state: JobState, slices: Iterable[SliceState], limits: PlanLimits, *, profiles: ProfileCache | None = None
+) -> str | None:
     """Why no slice of the inventory can ever hold the job's smallest subjob, or ``None``.
 
     Only a ceiling the job vouches for (its declared peak at ``min_units``) can say so: a job with
@@ -121,7 +123,7 @@ def never_fits(state: JobState, slices: Iterable[SliceState], limits: PlanLimits
     live = [s for s in slices if s.status != "offline"]
     if not live:
         return None
-    profile = profile_of(state)
+    profile = profile_of(state, profiles)
     need = profile.mem_ceiling(state.spec.min_units)
     largest = max(live, key=lambda s: (s.mem_mib, s.compute_share, s.slice_id))
     usable = largest.mem_mib - limits.mem_reserve_mib
@@ -230,40 +232,63 @@ def is_consistent(state: JobState) -> bool:
     )
 
 
-_PROFILES: dict[str, tuple[ProfileState, JobProfile]] = {}
-"""job id -> its latest profile state read here and that state's profile."""
-_PROFILES_LIMIT = 20_000
+class ProfileCache:
+    """Job profiles rebuilt from their states, one held per job: a process passes its own to the
+    functions below (the agent and the simulator one each, for as long as they run).
+
+    Rebuilding a profile refits both of its regressions; held here, it is rebuilt once per profile
+    state, not once per offer, grant and completion. Job states are immutable, so a profile state's
+    identity is its content while it is held. One profile is held per job, its latest state's: a
+    calibration replaces it, so the cache holds as many profiles as its owner has jobs, not every
+    one since it started (they were a large part of what the cycle collector went through), and at
+    most ``limit`` (past that it starts again empty). Profiles handed out are to read (plan with),
+    not to change: to update one, ``JobProfile.from_state`` makes one of your own."""
+
+    def __init__(self, limit: int = 20_000) -> None:
+        self.limit = limit
+        self._held: dict[str, tuple[ProfileState, JobProfile]] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._held
+
+    def of(self, state: JobState) -> JobProfile:
+        """The profile of ``state.profile``: the one held when it is that state's, else rebuilt and held."""
+        ps = state.profile
+        assert ps is not None
+        got = self._held.get(state.job_id)
+        if got is not None and got[0] is ps:
+            return got[1]
+        profile = JobProfile.from_state(ps)
+        self.keep(state.job_id, ps, profile)
+        return profile
+
+    def held(self, job_id: str) -> ProfileState | None:
+        """The profile state whose profile is held for the job, if any."""
+        got = self._held.get(job_id)
+        return None if got is None else got[0]
+
+    def keep(self, job_id: str, ps: ProfileState, profile: JobProfile) -> None:
+        """Hold ``profile`` as the job's, that of ``ps`` (it must be what ``JobProfile.from_state(ps)``
+        gives): read-only from now on, its predictions remembered (``JobProfile.freeze``)."""
+        if job_id not in self._held and len(self._held) >= self.limit:
+            self._held.clear()
+        self._held[job_id] = (ps, profile.freeze())
+
+    def forget(self, job_id: str) -> None:
+        """Drop the profile held for a job its owner no longer plans for (finished, or not its own)."""
+        self._held.pop(job_id, None)
 
 
-def profile_of(state: JobState) -> JobProfile:
-    """The job's profile, to read (plan with) and not to change: rebuilt from ``state.profile``
-    once per profile state, not once per offer, grant and completion (rebuilding refits both
-    regressions). Job states are immutable, so a profile state's identity is its content while it is
-    held here. One profile is held per job, its latest state's: a calibration replaces it, so a
-    process holds as many profiles as it has jobs, not every one since it started (they were a
-    large part of what its cycle collector went through). To update a profile,
-    ``JobProfile.from_state`` makes one of your own."""
-    ps = state.profile
-    assert ps is not None
-    got = _PROFILES.get(state.job_id)
-    if got is not None and got[0] is ps:
-        return got[1]
-    profile = JobProfile.from_state(ps)
-    _keep_profile(state.job_id, ps, profile)
-    return profile
-
-
-def forget_profile(job_id: str) -> None:
-    """Drop the profile held for a job this process no longer plans for (finished, or not its own)."""
-    _PROFILES.pop(job_id, None)
-
-
-def _keep_profile(job_id: str, ps: ProfileState, profile: JobProfile) -> None:
-    """Hold ``profile`` as the job's, that of ``ps`` (it must be what ``JobProfile.from_state(ps)``
-    gives): read-only from now on, its predictions remembered (``JobProfile.freeze``)."""
-    if job_id not in _PROFILES and len(_PROFILES) >= _PROFILES_LIMIT:
-        _PROFILES.clear()
-    _PROFILES[job_id] = (ps, profile.freeze())
+def profile_of(state: JobState, profiles: ProfileCache | None = None) -> JobProfile:
+    """The job's profile, to read and not to change: held in ``profiles`` when given (see
+    ``ProfileCache``), else rebuilt for this one use."""
+    if profiles is not None:
+        return profiles.of(state)
+    assert state.profile is not None
+    return JobProfile.from_state(state.profile).freeze()
 
 
 TERMINAL = frozenset(("done", "failed", "cancelled"))
@@ -325,13 +350,15 @@ def expected_remaining_s(state: JobState, profile: JobProfile) -> float:
     return profile.duration_mean(left, "7g", 1.0) if left else 0.0
 
 
-def propose(state: JobState, offer: Offer, now: float, limits: PlanLimits) -> Proposal | None:
+def propose(
+    state: JobState, offer: Offer, now: float, limits: PlanLimits, *, profiles: ProfileCache | None = None
+) -> Proposal | None:
     """The job's reply to an offer, or ``None`` when it cannot fit anything there."""
     if not can_take_more(state):
         return None
     rng = next_range(state)
     assert rng is not None
-    profile = profile_of(state)
+    profile = profile_of(state, profiles)
     req = plan_request(state, offer.window, now, balanced_units(state, rng[1]))
     cands = plan_candidates(profile, req, limits, state.spec.mode)
     if not cands:
@@ -366,7 +393,15 @@ class Materialized:
     reason: str = ""
 
 
-def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, agent_id: str) -> Materialized:
+def materialize(
+    state: JobState,
+    grant: Grant,
+    now: float,
+    limits: PlanLimits,
+    agent_id: str,
+    *,
+    profiles: ProfileCache | None = None,
+) -> Materialized:
     """Cut the subjob for a granted window, sized with the latest profile, never larger than the
     proposal; or decline (the caller releases the lease)."""
     if any(f.grant_id == grant.grant_id for f in state.in_flight):
@@ -385,7 +420,7 @@ def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, a
     rng = next_range(state)
     assert rng is not None
     start, available = rng
-    profile = profile_of(state)
+    profile = profile_of(state, profiles)
     req = plan_request(state, grant.window, now, balanced_units(state, available))
     size = materialize_size(profile, req, limits, grant.candidate.size)
     if size is None:
@@ -456,7 +491,9 @@ def materialize(state: JobState, grant: Grant, now: float, limits: PlanLimits, a
     return Materialized(new_state, subjob)
 
 
-def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobState, bool]:
+def apply_completion(
+    state: JobState, c: Completion, now: float, *, profiles: ProfileCache | None = None
+) -> tuple[JobState, bool]:
     """Fold a completion into the job. Returns ``(state, applied)``; a completion for a subjob not in
     flight (a duplicate or a stale one) changes nothing."""
     flight = next((f for f in state.in_flight if f.subjob_id == c.subjob_id), None)
@@ -464,7 +501,7 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
         return state, False
     in_flight = [f for f in state.in_flight if f.subjob_id != c.subjob_id]
     profile_name, compute_share = flight.profile, flight.compute_share
-    profile = profile_of(state).copy()  # updated below: a copy of its own
+    profile = profile_of(state, profiles).copy()  # updated below: a copy of its own
     w = workload(state.spec.workload)
     retry = list(state.retry)
     acc = state.accumulator
@@ -526,7 +563,10 @@ def apply_completion(state: JobState, c: Completion, now: float) -> tuple[JobSta
     )
     history = [*state.history, summary][-HISTORY_LIMIT:]
     calibrated = profile.to_state()
-    _keep_profile(state.job_id, calibrated, profile)  # fitted already: the next proposal need not refit it
+    if profiles is not None:
+        profiles.keep(
+            state.job_id, calibrated, profile
+        )  # fitted already: the next proposal need not refit it
     new = msgspec.structs.replace(
         state,
         in_flight=in_flight,
@@ -596,7 +636,9 @@ def safe_finalize(state: JobState) -> tuple[dict[str, Any], str]:
     return result, ""
 
 
-def hopeless(state: JobState, best: Window, now: float, limits: PlanLimits) -> str | None:
+def hopeless(
+    state: JobState, best: Window, now: float, limits: PlanLimits, *, profiles: ProfileCache | None = None
+) -> str | None:
     """Why the job can never run again, or ``None``.
 
     A job whose last subjob, already at the smallest size it may be cut to, ran out of memory or
@@ -616,7 +658,7 @@ def hopeless(state: JobState, best: Window, now: float, limits: PlanLimits) -> s
     req = plan_request(state, best, now, rng[1])
     if last.units > req.min_units:
         return None
-    if largest_safe_size(profile_of(state), req, limits) is not None:
+    if largest_safe_size(profile_of(state, profiles), req, limits) is not None:
         return None
     what = (
         f"ran out of memory ({last.mem_cap_mib} MiB)"

@@ -62,7 +62,15 @@ import msgspec
 from sja import workloads
 from sja.core import leases
 from sja.core.bidder import Bidder
-from sja.core.jobs import apply_completion, can_take_more, hopeless, materialize, new_job, propose
+from sja.core.jobs import (
+    ProfileCache,
+    apply_completion,
+    can_take_more,
+    hopeless,
+    materialize,
+    new_job,
+    propose,
+)
 from sja.core.mig import CATALOGUE, GpuModel, gpu_model
 from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
@@ -547,7 +555,8 @@ class SjaEngine:
                 )
             )
         self.jobs: dict[str, _Job] = {}
-        self.bidder = Bidder(self.limits, self.policy_config)
+        self.profiles = ProfileCache()
+        self.bidder = Bidder(self.limits, self.policy_config, self.profiles)
         """The jobs' bids, as an agent makes them (one agent for every job)."""
         self.changed_since: set[WindowKind] = set()
         """Kinds of window an idle slice of which some job may take now (a job changed since the
@@ -694,7 +703,7 @@ class SjaEngine:
         self.ledger.record_grant(grant.job_id, grant.lease_until)
         self.ledger.spend(grant.tenant, decision.price)
         was_waiting = self._is_waiting(job)
-        made = materialize(job.state, grant, now, self.limits, "sim")
+        made = materialize(job.state, grant, now, self.limits, "sim", profiles=self.profiles)
         self._set_state(job, made.state)
         if made.subjob is None:
             s.state = leases.release(leased, grant_id=grant_id, fence=leased.fence, now=now)
@@ -826,7 +835,7 @@ class SjaEngine:
         self._set_idle(s, False)
         self.fresh.add(s.idx)
         was_waiting = self._is_waiting(job)
-        state, applied = apply_completion(job.state, c, self.now)
+        state, applied = apply_completion(job.state, c, self.now, profiles=self.profiles)
         assert applied, f"completion {c.subjob_id} not applied"
         self._set_state(job, state)
         if job.state.status in ("done", "failed", "cancelled"):
@@ -1134,8 +1143,8 @@ class SjaEngine:
                 now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
             )
             window = find_windows([msgspec.structs.replace(largest.state, status="free")], req)[0]
-            p = propose(job.state, _offer_of(window, self.now), self.now, self.limits)
-            given_up = hopeless(job.state, window, self.now, self.limits)
+            p = propose(job.state, _offer_of(window, self.now), self.now, self.limits, profiles=self.profiles)
+            given_up = hopeless(job.state, window, self.now, self.limits, profiles=self.profiles)
             rec.reason = given_up or (
                 f"never planned: no safe subjob even on the largest slice ({largest.state.profile}, "
                 f"{largest.state.mem_mib} MiB)"
