@@ -433,8 +433,8 @@ class AgentService(Service):
                 },
             ) as span:
                 if grant.job_id not in self.owned:
-                    span.set_attribute("sja.note", "job not owned here")
-                    await self.release(grant, "job not owned here")
+                    span.set_attribute("sja.note", str(J.Declined.NOT_OWNED))
+                    await self.release(grant, J.Declined.NOT_OWNED)
                     return
                 # A grant is only as good as its lease. The grant carries the lease the clearer
                 # wrote: one that disagrees with it is refused here; one that agrees but has since
@@ -471,9 +471,9 @@ class AgentService(Service):
                 saved = await self.save(grant.job_id, transition)
                 m = made[0] if made and saved is not None else None
                 if m is None or m.subjob is None:
-                    reason = m.reason if m else "job gone"
-                    span.set_attribute("sja.note", reason)
-                    if reason not in ("grant already materialized", "grant already declined"):
+                    reason = m.reason if m is not None and m.reason is not None else J.Declined.JOB_GONE
+                    span.set_attribute("sja.note", str(reason))
+                    if J.gives_slice_back(reason):
                         await self.release(grant, reason)
                     return
                 sj = m.subjob
