@@ -1,6 +1,9 @@
 """Job agents: many jobs per process. Claims submitted jobs, answers offers from each job's
 profiles, materializes a subjob on grant, and folds completions back into the job (calibrating its
-profiles). Every decision is a call into ``sja.core.jobs``; this module only moves state."""
+profiles). Every decision is a call into ``sja.core`` (``jobs``, ``bidder``); this module handles
+the messages and wires the rest: job writes with deferred acknowledgement (``sja.bus.persist``),
+heartbeats and takeover (``takeover``), reaping (``reaping``), demand signals (``demand``) and the
+agent's own spans (``spans``)."""
 
 from __future__ import annotations
 
@@ -9,22 +12,22 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Annotated
 
-import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.util.types import AttributeValue
 
+from services.agent.demand import Demand
+from services.agent.reaping import Reaper
+from services.agent.settings import AgentSettings
+from services.agent.spans import JobSpans, batch_reply_spans, reply_attributes
+from services.agent.takeover import Takeover
 from sja.bus.codec import DecodeError, decode, encode
-from sja.bus.completions import iter_completions
 from sja.bus.jetstream import Fetcher
+from sja.bus.persist import DeferredWriter
 from sja.bus.service import Service
-from sja.bus.settings import BaseSettings
-from sja.bus.tracing import ROOT, child_span, extract, inject, is_sampled, item_contexts, publish
+from sja.bus.tracing import child_span, extract, inject, is_sampled, item_contexts, publish
 from sja.core import jobs as J
 from sja.core import leases
 from sja.core.bidder import Bidder
@@ -32,16 +35,13 @@ from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES, PolicyConfig
 from sja.protocol import subjects
 from sja.protocol.messages import (
-    AgentHeartbeat,
     BatchReply,
     Completion,
-    DemandChanged,
     ErrorReply,
     Grant,
     GrantBatch,
     InFlight,
     JobCancel,
-    JobHead,
     JobState,
     LeaseRelease,
     LeaseReleased,
@@ -52,7 +52,6 @@ from sja.protocol.messages import (
     Reply,
     ReplyGroup,
     Subjob,
-    Window,
 )
 from sja.telemetry.metrics import RATIO_BUCKETS, watch_consumers
 
@@ -62,51 +61,8 @@ tracer = trace.get_tracer("sja.agent")
 JOBS_CONSUMER = "agents"
 MAX_POOLS = 10_000
 """Pools whose policy an agent remembers (bounded against outcomes naming made-up pools)."""
-MAX_AGENTS_SEEN = 10_000
-"""Agents whose last heartbeat an agent remembers (bounded against heartbeats naming made-up agents)."""
 COMPLETIONS_ACK_PENDING = 50_000
 """Completions an agent may hold unacknowledged (delivered, waiting to be written with their job)."""
-MAX_JOB_LINKS = 128
-"""Links to rounds a job's ``sja.job`` span keeps (the rest are counted: ``sja.links_dropped``)."""
-
-
-class AgentSettings(BaseSettings, frozen=True, kw_only=True):
-    mem_reserve_mib: float = 256.0
-    start_overhead_s: float = 0.3
-    horizon_s: float = 8.0
-    heartbeat_s: float = 1.0
-    max_jobs: int = 10_000
-    lease_s: float = 5.0
-    """The clearers' lease (``SJA_LEASE_S``): a subjob with no completion two leases past its time
-    cap, whose slice moved on, is given up (``reap``)."""
-    reap_every_s: float = 1.0
-    takeover_after_s: float = 10.0
-    """Liveness bound: the jobs of an agent not heard from (``AgentHeartbeat``) for this long are
-    taken over by the live agents (a job by one agent: compare-and-set on its owner). Keep it many
-    heartbeats long, so that an agent that is merely slow keeps its jobs. 0: no takeover."""
-    takeover_scan_s: float = 60.0
-    """Besides whenever an agent falls silent, the job store is scanned this often for jobs whose
-    owner was never heard from (an agent gone before this one started)."""
-    completions_inactive_s: float = 600.0
-    """An agent's own ``SJA_COMPLETIONS`` consumer is deleted by the server once nobody has pulled
-    from it this long (a recreated or scaled-down agent's, whose id never comes back)."""
-    release_timeout_s: float = 1.0
-    """How long a request to give a grant back (``sja.v1.lease.release``) waits for the inventory;
-    unanswered, the lease simply runs out."""
-    demand_coalesce_s: float = 0.005
-    """Jobs that became able to take a window (claimed, or a subjob done) are announced to the
-    advertisers (``DemandChanged.ready``) after this pause, so a burst is one message."""
-    completion_batch: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
-    """Completions fetched (and folded in) at a time. Larger batches cost less per completion; while
-    a batch is folded in, offers wait, so smaller ones answer offers sooner (CHANGELOG.md, items 24 and 29: at
-    (1000, 512), 16 gives more grants a second and a shorter offer-to-grant p50 than 32 did before
-    completions were fetched by ``Fetcher``; 32 now gives more grants a second still, for a p50
-    about 10 ms longer)."""
-    completion_flush_s: float = 0.25
-    """A completion is folded into its job at once, and written to ``sja-jobs`` with the job's next
-    write (its next subjob, usually) or after this long, whichever comes first; it is acknowledged
-    only once written (a crash in between redelivers it). A job's last completion is written at
-    once. 0: every completion is written on its own."""
 
 
 class AgentService(Service):
@@ -130,23 +86,22 @@ class AgentService(Service):
         that sit out."""
         self.policy_of: dict[str, str] = {}
         """pool -> the policy its clearer clears with, as the last outcome from it said."""
-        self.locks: dict[str, asyncio.Lock] = {}
-        self._best_window: Window | None = None
-        """The largest window offered since start (see ``J.hopeless``)."""
-        self._ready_new = 0
-        """Windows this agent's jobs became able to take since the last ``DemandChanged``."""
-        self._demand = asyncio.Event()
-        self._unsaved: dict[str, list[tuple[Msg, Completion]]] = {}
-        """job id -> completions folded into its state here and not yet written to ``sja-jobs``
-        (acknowledged once written)."""
-        self._unsaved_since: dict[str, float] = {}
-        self._last_seen: dict[str, float] = {}
-        """agent id -> when its last heartbeat arrived here (this host's clock)."""
-        self._heard_since = time.time()
-        """When this agent started listening to heartbeats (its first scan for jobs of silent
-        agents is a bound later)."""
-        self._job_traces: dict[str, JobTrace] = {}
-        """job id -> what its ``sja.job`` span will hold (from when this process took the job)."""
+        self.writer: DeferredWriter[JobState, Completion] = DeferredWriter(
+            lambda: self.jobs,
+            self.owned,
+            refold=self._refold,
+            still_mine=self._mine,
+            on_saved=self.remember,
+            on_reloaded=self._own,
+            on_lost=self._lost,
+        )
+        """Writes the jobs to ``sja-jobs``; completions folded into a job here are deferred to its
+        next write, and acknowledged once written."""
+        self.takeover = Takeover(self)
+        self.reaper = Reaper(self)
+        self.demand = Demand(self)
+        self.spans = JobSpans(self.agent_id)
+        """The ``sja.job`` span of each job, from when this process took the job."""
         self.m_subjobs = self.metrics.counter(
             "sja_subjobs",
             "Subjob outcomes folded into their jobs, by status (ok, oom, timeout, failed, cancelled, lost).",
@@ -169,8 +124,8 @@ class AgentService(Service):
         await self.subscribe(subjects.grant_issued(self.agent_id), self.on_grant)
         await self.subscribe(subjects.outcome_sent(self.agent_id), self.on_outcome)
         await self.subscribe(subjects.JOB_CANCEL_REQUESTED, self.on_cancel)
-        self._heard_since = time.time()
-        await self.subscribe(subjects.AGENT_HEARTBEAT, self.on_heartbeat)
+        self.takeover.heard_since = time.time()
+        await self.subscribe(subjects.AGENT_HEARTBEAT, self.takeover.on_heartbeat)
         js = self.jetstream
         self._jobs_fetch = await js.pull_consumer(
             f"{subjects.PREFIX}.job.submitted.>",
@@ -197,13 +152,13 @@ class AgentService(Service):
         )
         self.loop(self._pull_forever(self._jobs_fetch, self.on_submitted, batch=16))
         self.loop(self._pull_forever(self._done_fetch, self.on_completed, batch=self.cfg.completion_batch))
-        self.loop(self._heartbeat_forever())
-        self.loop(self._demand_forever())
-        self.loop(self._reap_forever())
+        self.loop(self.takeover.heartbeat_forever())
+        self.loop(self.demand.forever())
+        self.loop(self.reaper.reap_forever())
         if self.cfg.takeover_after_s > 0:
-            self.loop(self._takeover_forever())
+            self.loop(self.takeover.takeover_forever())
         if self.cfg.completion_flush_s > 0:
-            self.loop(self._flush_forever())
+            self.loop(self.writer.flush_forever(self.cfg.completion_flush_s))
         self.loop(
             watch_consumers(
                 js,
@@ -215,7 +170,7 @@ class AgentService(Service):
     async def on_stop(self) -> None:
         # Completions folded in and not yet written: write them (and acknowledge) while connected.
         with contextlib.suppress(Exception):
-            await self.flush_all()
+            await self.writer.flush_all()
         # See ExecutorService.on_stop: pull subscriptions go before the connection drains.
         for fetcher in (getattr(self, "_jobs_fetch", None), getattr(self, "_done_fetch", None)):
             if fetcher is not None:
@@ -229,7 +184,7 @@ class AgentService(Service):
             assert isinstance(state, JobState)
             if state.owner_agent == self.agent_id and not J.is_terminal(state):
                 self._own(state, rev)
-                self._job_taken(state.job_id, recovered=True)
+                self.spans.taken(state.job_id, recovered=True)
         if self.owned:
             log.info("recovered %d jobs", len(self.owned))
 
@@ -257,320 +212,45 @@ class AgentService(Service):
             with contextlib.suppress(Exception):
                 await msg.nak(delay=1.0)
 
-    async def _reap_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.reap_every_s)
-            try:
-                await self.reap(time.time())
-            except Exception:
-                log.exception("reaping overdue subjobs failed")
-
-    async def reap(self, now: float) -> int:
-        """Give up in-flight subjobs that will never complete (see ``J.overdue``): their units go
-        back to their jobs, like a subjob reported lost."""
-        assert self.slices is not None
-        lease_s = self.cfg.lease_s
-        suspects = [
-            (job_id, f)
-            for job_id, (state, _) in list(self.owned.items())
-            for f in J.past_due(state, now, lease_s)
-        ]
-        reaped = 0
-        holders: dict[str, str | None] = {}
-        for _, f in suspects:
-            if f.slice_id not in holders:
-                got = await self.slices.get(f.slice_id)
-                holders[f.slice_id] = got[0].grant_id or None if got is not None else None
-        for job_id in sorted({j for j, _ in suspects}):
-            async with self.lock(job_id):
-                made: list[tuple[Completion, InFlight]] = []
-
-                def transition(
-                    state: JobState, made: list[tuple[Completion, InFlight]] = made
-                ) -> JobState | None:
-                    made.clear()
-                    new = state
-                    for f in J.overdue(state, holders, now, lease_s):
-                        c = J.lost_completion(state, f, now, "no completion, and its slice moved on")
-                        new, ok = J.apply_completion(new, c, now, profiles=self.profiles)
-                        if ok:
-                            made.append((c, f))
-                    return new if made else None
-
-                if job_id not in self.owned:
-                    continue
-                workload = self.owned[job_id][0].spec.workload
-                if await self.save(job_id, transition) is None:
-                    made.clear()  # the job is gone, or another agent's now: nothing was written
-                for c, f in made:
-                    log.warning("subjob %s of %s given up: %s", c.subjob_id, job_id, c.error)
-                    self._record_completion(c, f, workload)
-                    reaped += 1
-                self.ready(len(made))
-        await self._give_up_hopeless(now)
-        return reaped
-
-    async def _give_up_hopeless(self, now: float) -> None:
-        """Fail the jobs that can never run again (``J.hopeless``) instead of leaving them pending."""
-        best = self._best_window
-        if best is None:
-            return
-        for job_id, (state, _) in list(self.owned.items()):
-            if J.hopeless(state, best, now, self.limits, profiles=self.profiles) is None:
-                continue
-            async with self.lock(job_id):
-                why: list[str] = []
-
-                def transition(state: JobState, why: list[str] = why) -> JobState | None:
-                    reason = J.hopeless(state, best, now, self.limits, profiles=self.profiles)
-                    if reason is None:
-                        return None
-                    why[:] = [reason]
-                    return J.give_up(state, reason, now)
-
-                if await self.save(job_id, transition, force=True) is not None and why:
-                    log.warning("job %s failed: %s", job_id, why[0])
-
-    async def _heartbeat_forever(self) -> None:
-        while True:
-            hb = AgentHeartbeat(
-                agent_id=self.agent_id,
-                jobs=len(self.owned),
-                sent_at=time.time(),
-                interval_s=self.cfg.heartbeat_s,
-            )
-            with contextlib.suppress(Exception):
-                await self.bus.publish(subjects.AGENT_HEARTBEAT, encode(hb))
-            await asyncio.sleep(self.cfg.heartbeat_s)
-
-    async def on_heartbeat(self, msg: Msg) -> None:
-        hb = decode(msg.data, AgentHeartbeat)
-        if hb.agent_id == self.agent_id:
-            return
-        if hb.agent_id not in self._last_seen and len(self._last_seen) >= MAX_AGENTS_SEEN:
-            return
-        self._last_seen[hb.agent_id] = time.time()
-
-    async def _takeover_forever(self) -> None:
-        liveness_s = self.cfg.takeover_after_s
-        every = max(liveness_s / 4, 0.1)
-        next_scan = self._heard_since + liveness_s + every
-        while True:
-            await asyncio.sleep(every)
-            now = time.time()
-            silent = any(now - t > liveness_s for t in self._last_seen.values())
-            if not silent and now < next_scan:
-                continue
-            try:
-                taken = await self.take_over(now)
-                if taken:
-                    log.info("took over %d jobs of silent agents", taken)
-            except Exception:
-                log.exception("taking over the jobs of silent agents failed")
-            if now >= next_scan:
-                next_scan = now + self.cfg.takeover_scan_s
-
-    async def take_over(self, now: float) -> int:
-        """Take over the jobs of agents silent for longer than ``takeover_after_s`` (``J.takeover``:
-        this agent takes the ones it is heir to at once, any after twice the bound), each by
-        compare-and-set on its revision; returns how many. An agent silent that long with no job
-        left is forgotten."""
-        assert self.jobs is not None
-        liveness_s = self.cfg.takeover_after_s
-        live = [a for a, t in self._last_seen.items() if now - t <= liveness_s]
-        live.append(self.agent_id)
-        still_owning: set[str] = set()
-        taken = 0
-        # Only the jobs of silent owners are decoded whole: a scan of a store of thousands of jobs
-        # owned by live agents reads three fields of each.
-        for head, raw, rev in await self.jobs.heads(JobHead):
-            owner = head.owner_agent
-            if not owner or owner == self.agent_id or head.status in J.TERMINAL:
-                continue
-            if len(self.owned) >= self.cfg.max_jobs:
-                still_owning.add(owner)
-                continue
-            seen = self._last_seen.get(owner)
-            if seen is None:
-                # Never heard from: gone before this agent started, or just started with its first
-                # heartbeat on its way. Counted as heard now, so taken over a full bound from now.
-                if len(self._last_seen) < MAX_AGENTS_SEEN:
-                    self._last_seen[owner] = now
-                still_owning.add(owner)
-                continue
-            if now - seen <= liveness_s:
-                still_owning.add(owner)
-                continue
-            try:
-                state = self.jobs.load(raw)
-            except DecodeError as e:
-                log.warning("job %s unreadable, not taken over: %s", head.job_id, e)
-                continue
-            new = J.takeover(state, self.agent_id, seen, now, liveness_s, live_agents=live)
-            if new is None:
-                still_owning.add(owner)
-                continue
-            new_rev = await self.jobs.cas(state.job_id, new, rev)
-            if new_rev is None:
-                continue  # another agent took it first (or its owner wrote it: alive after all)
-            log.warning(
-                "took over job %s of %s (silent %.1fs, %d subjobs in flight)",
-                state.job_id,
-                owner,
-                now - seen,
-                len(new.in_flight),
-            )
-            self._remember(new, new_rev)
-            self._job_taken(new.job_id, recovered=True)  # its rounds before were another agent's
-            await self.replay_completions(new.job_id)
-            now_state = self.owned.get(new.job_id)
-            if now_state is not None and J.can_take_more(now_state[0]):
-                self.ready(now_state[0].spec.max_parallel - len(now_state[0].in_flight))
-            taken += 1
-        for agent, t in list(self._last_seen.items()):
-            if now - t > liveness_s and agent not in still_owning:
-                del self._last_seen[agent]
-        return taken
-
-    async def replay_completions(self, job_id: str) -> int:
-        """Fold in the completions of a job just taken over that reached this agent before the job
-        was its own (acknowledged and dropped then; its old owner never acknowledges them now): read
-        back from ``SJA_COMPLETIONS``, for the subjobs still in flight. Returns how many were
-        applied. Without this they would be given up as overdue and run again."""
-        got = self.owned.get(job_id)
-        if got is None or not got[0].in_flight:
-            return 0
-        try:
-            found = [c async for c in iter_completions(self.jetstream, job_id)]
-        except Exception as e:
-            log.warning(
-                "could not read back the completions of %s (%r): overdue subjobs are given up", job_id, e
-            )
-            return 0
-        async with self.lock(job_id):
-            before = self.owned.get(job_id)
-            if before is None:
-                return 0
-            made: list[Completion] = []
-
-            def transition(state: JobState, made: list[Completion] = made) -> JobState | None:
-                made.clear()
-                new = state
-                for c in found:
-                    new, ok = J.apply_completion(new, c, time.time(), profiles=self.profiles)
-                    if ok:
-                        made.append(c)
-                return new if made else None
-
-            if await self.save(job_id, transition) is None:
-                made.clear()  # nothing to apply, or the job is gone or another agent's now
-            flights = {f.subjob_id: f for f in before[0].in_flight}
-            for c in made:
-                self._record_completion(c, flights.get(c.subjob_id), before[0].spec.workload)
-            if made:
-                log.info("job %s taken over: %d completions read back", job_id, len(made))
-        return len(made)
-
     def ready(self, windows: int) -> None:
         """Jobs here can take ``windows`` more windows: tell the advertisers (coalesced)."""
-        if windows > 0:
-            self._ready_new += windows
-            self._demand.set()
-
-    async def _demand_forever(self) -> None:
-        while True:
-            await self._demand.wait()
-            await asyncio.sleep(self.cfg.demand_coalesce_s)
-            self._demand.clear()
-            n, self._ready_new = self._ready_new, 0
-            if n <= 0:
-                continue
-            demand = DemandChanged(agent_id=self.agent_id, jobs=len(self.owned), ready=min(n, 1_000_000))
-            with contextlib.suppress(Exception):
-                await self.bus.publish(subjects.DEMAND_CHANGED, encode(demand))
+        self.demand.ready(windows)
 
     def lock(self, job_id: str) -> asyncio.Lock:
-        return self.locks.setdefault(job_id, asyncio.Lock())
+        return self.writer.lock(job_id)
 
-    # --- state persistence -------------------------------------------------------------------------
+    # --- state persistence (sja.bus.persist) ---------------------------------------------------------
 
     async def save(
         self, job_id: str, transition: Callable[[JobState], JobState | None], force: bool = False
     ) -> JobState | None:
-        """Apply ``transition`` to the job and CAS it (with the completions folded in and not yet
-        written); on conflict reload, fold those completions in again, and apply it again.
-        ``force``: write even if the transition changes nothing (to write those completions)."""
-        assert self.jobs is not None
-        for _ in range(20):
-            if job_id not in self.owned:
-                return None
-            state, rev = self.owned[job_id]
-            new = transition(state)
-            if new is None or new == state:
-                if not (force and self._unsaved.get(job_id)):
-                    return new
-                new = state
-            new_rev = await self.jobs.cas(job_id, new, rev)
-            if new_rev is not None:
-                await self._written(job_id)
-                self._remember(new, new_rev)
-                return new
-            got = await self.jobs.get(job_id)
-            if got is None:
-                await self._written(job_id)  # the job is gone: nothing to fold them into
-                self._disown(job_id)
-                return None
-            fresh, fresh_rev = got
-            if not J.is_owned_by(fresh, self.agent_id):
-                # Taken over while this agent was silent: it is the new owner's now. Completions
-                # folded in here reach the new owner too (or their subjobs are given up there).
-                log.warning("job %s is owned by %s now: disowned", job_id, fresh.owner_agent)
-                await self._written(job_id)
-                self._disown(job_id)
-                self.locks.pop(job_id, None)
-                return None
-            for _msg, c in self._unsaved.get(job_id, []):
-                fresh, _ = J.apply_completion(fresh, c, time.time(), profiles=self.profiles)
-            self._own(fresh, fresh_rev)
-        raise RuntimeError(f"could not update job {job_id}: too much contention")
-
-    async def _written(self, job_id: str) -> None:
-        """The job's unwritten completions are in ``sja-jobs`` now: acknowledge them."""
-        self._unsaved_since.pop(job_id, None)
-        for msg, _ in self._unsaved.pop(job_id, []):
-            with contextlib.suppress(Exception):
-                await msg.ack()
-
-    async def _write_unsaved(self, job_id: str) -> JobState | None:
-        """Write the job as it is here, with its completions not yet written (caller holds its lock)."""
-        return await self.save(job_id, lambda s: None, force=True)
+        """Apply ``transition`` to the job and write it by compare-and-set, with the completions
+        folded in and not yet written (``DeferredWriter.save``)."""
+        return await self.writer.save(job_id, transition, force)
 
     async def flush(self, job_id: str) -> None:
         """Write the job's completions folded in here and not yet written."""
-        async with self.lock(job_id):
-            if self._unsaved.get(job_id):
-                await self._write_unsaved(job_id)
+        await self.writer.flush(job_id)
 
-    async def flush_all(self) -> None:
-        await asyncio.gather(*(self.flush(j) for j in list(self._unsaved)), return_exceptions=True)
+    def _refold(self, state: JobState, c: Completion) -> JobState:
+        return J.apply_completion(state, c, time.time(), profiles=self.profiles)[0]
 
-    async def _flush_forever(self) -> None:
-        every = self.cfg.completion_flush_s
-        while True:
-            await asyncio.sleep(every / 2)
-            due = time.monotonic() - every
-            jobs = [j for j, since in list(self._unsaved_since.items()) if since <= due]
-            if jobs:
-                results = await asyncio.gather(*(self.flush(j) for j in jobs), return_exceptions=True)
-                for job_id, r in zip(jobs, results, strict=True):
-                    if isinstance(r, Exception):
-                        log.warning("writing the completions of %s failed: %r", job_id, r)
+    def _mine(self, state: JobState) -> bool:
+        return J.is_owned_by(state, self.agent_id)
 
-    def _remember(self, state: JobState, rev: int) -> None:
+    def _lost(self, job_id: str, state: JobState | None) -> None:
+        if state is not None:
+            # Taken over while this agent was silent: it is the new owner's now. Completions
+            # folded in here reach the new owner too (or their subjobs are given up there).
+            log.warning("job %s is owned by %s now: disowned", job_id, state.owner_agent)
+        self._disown(job_id)
+
+    def remember(self, state: JobState, rev: int) -> None:
+        """The job as written at ``rev``: held, or let go if it is over."""
         if J.is_terminal(state):
-            self._job_ended(state)
+            self.spans.ended(state)
             self._disown(state.job_id)
-            self.locks.pop(state.job_id, None)
+            self.writer.forget(state.job_id)
         else:
             self._own(state, rev)
 
@@ -587,57 +267,7 @@ class AgentService(Service):
         self.owned.pop(job_id, None)
         self.bidder.drop(job_id)
         self.profiles.forget(job_id)
-        self._job_traces.pop(job_id, None)
-
-    # --- the job-level span ------------------------------------------------------------------------
-
-    def _job_taken(self, job_id: str, recovered: bool) -> None:
-        """This process took the job (claimed it, or took it back after a restart): its
-        ``sja.job`` span starts now."""
-        self._job_traces.setdefault(job_id, JobTrace(time.time_ns(), recovered))
-
-    def _job_granted(self, job_id: str, ctx: otel_context.Context) -> None:
-        """A grant for the job came: its ``sja.job`` span links to the grant's round (if traced)."""
-        jt = self._job_traces.get(job_id)
-        if jt is None:
-            return
-        jt.grants += 1
-        sc = trace.get_current_span(ctx).get_span_context()
-        if not (sc.is_valid and sc.trace_flags.sampled):
-            return  # a round not traced: nothing to link to
-        if len(jt.links) < MAX_JOB_LINKS:
-            jt.links.append(trace.Link(sc))
-        else:
-            jt.links_dropped += 1
-
-    def _job_ended(self, state: JobState) -> None:
-        """The job reached a final state: emit its ``sja.job`` span, a trace of its own that links to
-        the rounds it took part in."""
-        jt = self._job_traces.pop(state.job_id, None)
-        if jt is None:
-            return
-        span = tracer.start_span(
-            "sja.job",
-            context=ROOT,
-            links=jt.links,
-            start_time=jt.started_ns,
-            attributes={
-                "sja.job_id": state.job_id,
-                "sja.tenant": state.spec.tenant,
-                "sja.workload": state.spec.workload,
-                "sja.status": state.status,
-                "sja.units": state.total_units,
-                "sja.units_done": state.units_done,
-                "sja.subjobs": state.next_seq,
-                "sja.grants": jt.grants,
-                "sja.links_dropped": jt.links_dropped,
-                "sja.recovered": jt.recovered,
-                "sja.agent": self.agent_id,
-            },
-        )
-        if state.status == "failed":
-            span.set_status(trace.Status(trace.StatusCode.ERROR, state.error[:200]))
-        span.end()
+        self.spans.drop(job_id)
 
     # --- handlers ----------------------------------------------------------------------------------
 
@@ -666,8 +296,8 @@ class AgentService(Service):
             if claimed is not None:
                 new_rev = await self.jobs.cas(state.job_id, claimed, rev)
                 if new_rev is not None:
-                    self._remember(claimed, new_rev)
-                    self._job_taken(state.job_id, recovered=False)
+                    self.remember(claimed, new_rev)
+                    self.spans.taken(state.job_id, recovered=False)
                     self.ready(claimed.spec.max_parallel)
                     log.info(
                         "claimed job %s (%s, %d units)",
@@ -691,7 +321,7 @@ class AgentService(Service):
             return
         now = time.time()
         self.bidder.expire(now)
-        self._saw_window(offers)
+        self.reaper.saw(offers)
         ctx = extract(msg)
         if batch is None:
             with child_span(
@@ -704,7 +334,7 @@ class AgentService(Service):
                 proposals = self.proposals_for(offers[0], now, 1)
                 self.bidder.answered(offers[0].offer_id, now, [(offers[0], 1, proposals, self._policy(pool))])
                 if span.is_recording():
-                    span.set_attributes(_reply_attributes(proposals))
+                    span.set_attributes(reply_attributes(proposals))
                 reply = Reply(offer_id=offers[0].offer_id, agent_id=self.agent_id, proposals=proposals)
                 await publish(self.bus, reply_to, reply)
                 self.bus.flush_now()  # the round waits for it
@@ -737,37 +367,8 @@ class AgentService(Service):
         sampled = {o.offer_id: c for o, c in zip(offers, contexts, strict=True) if is_sampled(c)}
         if not sampled:
             return
-        for group, (_, _, proposals, _) in zip(out, sent, strict=True):
-            attributes: dict[str, AttributeValue] | None = None
-            for offer_id in group.offer_ids:
-                parent = sampled.get(offer_id)
-                if parent is None:
-                    continue
-                if attributes is None:
-                    attributes = {
-                        "sja.batch_id": batch.batch_id,
-                        "sja.offers": len(offers),
-                        "sja.like_offers": len(group.offer_ids),
-                        "sja.agent": self.agent_id,
-                        **_reply_attributes(proposals),
-                    }
-                span = tracer.start_span(
-                    "sja.reply",
-                    context=parent,
-                    kind=trace.SpanKind.CONSUMER,
-                    start_time=started_ns,
-                    attributes={"sja.offer_id": offer_id, **attributes},
-                )
-                span.end()
-
-    def _saw_window(self, offers: list[Offer]) -> None:
-        """Keep the largest window offered (the most memory, then compute share), open-ended."""
-        best = self._best_window
-        for o in offers:
-            w = o.window
-            if best is None or (w.mem_mib, w.compute_share) > (best.mem_mib, best.compute_share):
-                best = msgspec.structs.replace(w, end_s=None)
-        self._best_window = best
+        groups_sent = [(group, proposals) for group, (_, _, proposals, _) in zip(out, sent, strict=True)]
+        batch_reply_spans(batch.batch_id, len(offers), self.agent_id, groups_sent, sampled, started_ns)
 
     def _policy(self, pool: str) -> str:
         return self.policy_of.get(pool, "")
@@ -803,7 +404,7 @@ class AgentService(Service):
             todo = list(zip(got.grants, contexts, strict=True))
         for grant, ctx in todo:
             self.bidder.grant_started(grant.job_id)
-            self._job_granted(grant.job_id, ctx)
+            self.spans.granted(grant.job_id, ctx)
         try:
             if len(todo) == 1:
                 await self._materialize(*todo[0])
@@ -834,8 +435,8 @@ class AgentService(Service):
                 },
             ) as span:
                 if grant.job_id not in self.owned:
-                    span.set_attribute("sja.note", "job not owned here")
-                    await self.release(grant, "job not owned here")
+                    span.set_attribute("sja.note", str(J.Declined.NOT_OWNED))
+                    await self.release(grant, J.Declined.NOT_OWNED)
                     return
                 # A grant is only as good as its lease. The grant carries the lease the clearer
                 # wrote: one that disagrees with it is refused here; one that agrees but has since
@@ -872,9 +473,9 @@ class AgentService(Service):
                 saved = await self.save(grant.job_id, transition)
                 m = made[0] if made and saved is not None else None
                 if m is None or m.subjob is None:
-                    reason = m.reason if m else "job gone"
-                    span.set_attribute("sja.note", reason)
-                    if reason not in ("grant already materialized", "grant already declined"):
+                    reason = m.reason if m is not None and m.reason is not None else J.Declined.JOB_GONE
+                    span.set_attribute("sja.note", str(reason))
+                    if J.gives_slice_back(reason):
                         await self.release(grant, reason)
                     return
                 sj = m.subjob
@@ -958,30 +559,29 @@ class AgentService(Service):
                     new, ok = J.apply_completion(current, c, time.time(), profiles=self.profiles)
                 span.set_attribute("sja.applied", ok)
                 if not ok:
-                    pending = self._unsaved.get(c.job_id, [])
+                    pending = self.writer.pending(c.job_id)
                     if any(u.subjob_id == c.subjob_id and u.grant_id == c.grant_id for _, u in pending):
                         # Delivered again before its first delivery was written (the write is
                         # late): acknowledged with that write, never before it.
-                        pending.append((msg, c))
+                        self.writer.defer(c.job_id, msg, c)
                         return
                     await msg.ack()  # a duplicate, or for a subjob no longer in flight: nothing to do
                     return
                 flight = next((f for f in current.in_flight if f.subjob_id == c.subjob_id), None)
-                self._record_completion(c, flight, current.spec.workload)
+                self.record_completion(c, flight, current.spec.workload)
                 # Folded in here at once (the job bids on it); written with the job's next write or
                 # by the flusher, and acknowledged then. A finished job is written at once.
                 self._own(new, rev)
-                self._unsaved.setdefault(c.job_id, []).append((msg, c))
-                self._unsaved_since.setdefault(c.job_id, time.monotonic())
+                self.writer.defer(c.job_id, msg, c)
                 if J.is_terminal(new) or self.cfg.completion_flush_s <= 0:
-                    state = await self._write_unsaved(c.job_id)
+                    state = await self.writer.write_deferred(c.job_id)
                     if state is not None and J.is_terminal(state):
                         log.info("job %s %s after %d subjobs", c.job_id, state.status, state.next_seq)
                         return
                 if J.can_take_more(new):
                     self.ready(1)
 
-    def _record_completion(self, c: Completion, flight: InFlight | None, workload: str) -> None:
+    def record_completion(self, c: Completion, flight: InFlight | None, workload: str) -> None:
         """Count an applied completion (a duplicate is not applied, so not counted twice)."""
         self.m_subjobs.add(1, status=c.status)
         if c.status == "ok" and flight is not None and flight.planned_mem_q_mib > 0 and c.peak_mem_mib > 0:
@@ -996,30 +596,3 @@ class AgentService(Service):
         async with self.lock(req.job_id):
             if req.job_id in self.owned:
                 await self.save(req.job_id, lambda s: J.request_cancel(s, time.time()))
-
-
-@dataclass(slots=True)
-class JobTrace:
-    """What a job's ``sja.job`` span holds until the job ends."""
-
-    started_ns: int
-    recovered: bool
-    """Taken back after a restart: links to rounds before it are lost (they lived in memory)."""
-    links: list[trace.Link] = field(default_factory=list)
-    grants: int = 0
-    links_dropped: int = 0
-
-
-def _reply_attributes(proposals: list[Proposal]) -> dict[str, AttributeValue]:
-    """A reply span's attributes: the jobs that bid, and the best candidate's job and score."""
-    attributes: dict[str, AttributeValue] = {
-        "sja.proposals": len(proposals),
-        "sja.job_ids": [p.job_id for p in proposals[:64]],
-    }
-    best = max(
-        ((c.score, p.job_id) for p in proposals for c in p.candidates), default=None, key=lambda b: b[0]
-    )
-    if best is not None:
-        attributes["sja.score"] = best[0]
-        attributes["sja.job_id"] = best[1]
-    return attributes

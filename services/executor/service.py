@@ -28,6 +28,7 @@ from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.jetstream import delivery_count
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
+from sja.core.leases import Admission
 from sja.execution import slicelease
 from sja.execution.actor import (
     NODE_SHARE,
@@ -249,12 +250,12 @@ class ExecutorService(Service):
             redelivered=delivery_count(msg) > 1,
             started=self.started_fences,
         )
-        if admitted.verdict == "moved":
+        if admitted.verdict == Admission.MOVED:
             await msg.nak(delay=0.05)  # the slice moved under us; look again
             return
-        if admitted.verdict != "run":
+        if admitted.verdict != Admission.RUN:
             await self._complete(sj, _lost(time.time(), LOST_BECAUSE[admitted.verdict]), {})
-            if admitted.verdict == "interrupted":
+            if admitted.verdict == Admission.INTERRUPTED:
                 await self._free(sj)
             await msg.ack()
             return
@@ -448,10 +449,10 @@ class ExecutorService(Service):
         await slicelease.free(self.slices, sj, held)
 
 
-LOST_BECAUSE = {
-    "unknown": "slice unknown to this executor",
-    "stale": "lease lapsed before start (stale fence)",
-    "interrupted": "executor restarted during the subjob",
+LOST_BECAUSE: dict[Admission, str] = {
+    Admission.UNKNOWN: "slice unknown to this executor",
+    Admission.STALE: "lease lapsed before start (stale fence)",
+    Admission.INTERRUPTED: "executor restarted during the subjob",
 }
 
 

@@ -185,7 +185,7 @@ async def test_a_completion_dropped_before_the_takeover_is_read_back(
         assert written.units_done == 1 and written.owner_agent == "agent-taker"
         assert [(h.subjob_id, h.status) for h in written.history] == [("job-x.s0", "ok")]
         # Read back once: taking another look applies nothing more.
-        assert await taker.replay_completions("job-x") == 0
+        assert await taker.takeover.replay_completions("job-x") == 0
 
 
 async def test_a_scan_reads_whole_only_the_jobs_of_silent_owners(
@@ -206,7 +206,7 @@ async def test_a_scan_reads_whole_only_the_jobs_of_silent_owners(
     async with taker:
         assert taker.jobs is not None
         now = time.time()
-        taker._last_seen.update({"agent-live": now, "agent-dead": now - 100})
+        taker.takeover.last_seen.update({"agent-live": now, "agent-dead": now - 100})
         loaded: list[str] = []
         load = taker.jobs.load
 
@@ -216,7 +216,7 @@ async def test_a_scan_reads_whole_only_the_jobs_of_silent_owners(
             return state
 
         taker.jobs.load = counting_load  # type: ignore[method-assign]
-        assert await taker.take_over(now) == 3
+        assert await taker.takeover.take_over(now) == 3
         assert sorted(loaded) == sorted(s.job_id for s in dead)
         assert set(taker.owned) == {s.job_id for s in dead}
         assert await owner_of(taker, "job-over") == "agent-dead"

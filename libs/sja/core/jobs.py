@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import msgspec
@@ -386,11 +387,39 @@ def propose(
     )
 
 
+class Declined(StrEnum):
+    """Why a grant became no subjob (``Materialized.reason``). The text is what logs, spans and the
+    release request (``LeaseRelease.reason``) say."""
+
+    ALREADY_MATERIALIZED = "grant already materialized"
+    """The same grant delivered again (a replay): its subjob exists already."""
+    ALREADY_DECLINED = "grant already declined"
+    """Declined before, its slice given back then (and maybe granted again since)."""
+    CANNOT_TAKE_MORE = "job cannot take more work now"
+    NO_SAFE_SIZE = "no safe size left in the granted window"
+    JOB_GONE = "job gone"
+    """The agent no longer holds the job (finished, or another agent's now)."""
+    NOT_OWNED = "job not owned here"
+    """The grant names a job this agent does not hold."""
+
+
+HANDLED_BEFORE = frozenset({Declined.ALREADY_MATERIALIZED, Declined.ALREADY_DECLINED})
+"""Declines of a grant seen before: its slice was dealt with at its first delivery (it runs the
+subjob, or was given back), so it is not given back again."""
+
+
+def gives_slice_back(reason: Declined) -> bool:
+    """Whether a grant declined for ``reason`` has its slice given back at once (``LeaseRelease``)
+    rather than left to its subjob or to an earlier release."""
+    return reason not in HANDLED_BEFORE
+
+
 @dataclass(frozen=True)
 class Materialized:
     state: JobState
     subjob: Subjob | None
-    reason: str = ""
+    reason: Declined | None = None
+    """Why there is no subjob (``None`` when there is one)."""
 
 
 def materialize(
@@ -406,17 +435,17 @@ def materialize(
     proposal; or decline (the caller releases the lease)."""
     if any(f.grant_id == grant.grant_id for f in state.in_flight):
         # The same grant delivered again (a replay): its subjob exists already.
-        return Materialized(state, None, "grant already materialized")
+        return Materialized(state, None, Declined.ALREADY_MATERIALIZED)
     if grant.grant_id in state.declined_grants:
         # Declined before, its slice given back (and maybe granted again since): never a subjob.
-        return Materialized(state, None, "grant already declined")
+        return Materialized(state, None, Declined.ALREADY_DECLINED)
     seen = msgspec.structs.replace(
         state,
         grants_seen=state.grants_seen + 1,
         declined_grants=[*state.declined_grants, grant.grant_id][-DECLINED_KEPT:],
     )
     if not can_take_more(state):
-        return Materialized(seen, None, "job cannot take more work now")
+        return Materialized(seen, None, Declined.CANNOT_TAKE_MORE)
     rng = next_range(state)
     assert rng is not None
     start, available = rng
@@ -424,7 +453,7 @@ def materialize(
     req = plan_request(state, grant.window, now, balanced_units(state, available))
     size = materialize_size(profile, req, limits, grant.candidate.size)
     if size is None:
-        return Materialized(seen, None, "no safe size left in the granted window")
+        return Materialized(seen, None, Declined.NO_SAFE_SIZE)
     retry = list(state.retry)
     next_unit = state.next_unit
     if retry:

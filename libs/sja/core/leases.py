@@ -6,6 +6,8 @@ checks the holder's ``grant_id`` and ``fence``, so a stale holder cannot touch a
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import msgspec
 
 from sja.protocol.messages import SliceState
@@ -159,11 +161,21 @@ def offline(s: SliceState, now: float) -> SliceState:
     )
 
 
-Admission = str
-"""``run``: start it; ``stale``: the lease lapsed or moved on (never run it); ``interrupted``: an
-earlier delivery may have started it and its executor died (the slice is busy with this very grant,
-or the subjob is delivered again while the grant still holds the slice); ``unknown``: the slice is
-not this executor's."""
+class Admission(StrEnum):
+    """What an executor does with a delivered subjob (``admit``)."""
+
+    RUN = "run"
+    """Start it."""
+    STALE = "stale"
+    """The lease lapsed or moved on: never run it."""
+    INTERRUPTED = "interrupted"
+    """An earlier delivery may have started it and its executor died (the slice is busy with this
+    very grant, or the subjob is delivered again while the grant still holds the slice)."""
+    UNKNOWN = "unknown"
+    """The slice is not this executor's."""
+    MOVED = "moved"
+    """Not ``admit``'s: the slice kept changing under the executor's compare-and-set
+    (``execution.slicelease``); look again later."""
 
 
 def admit(
@@ -176,9 +188,9 @@ def admit(
     executor died mid-run: a subjob delivered again is never run twice, it is ``interrupted``
     (reported lost, its units planned again)."""
     if s is None or not known:
-        return "unknown"
+        return Admission.UNKNOWN
     if not holds(s, grant_id, fence):
-        return "stale"
+        return Admission.STALE
     if s.status == "busy" or redelivered:
-        return "interrupted"
-    return "run"
+        return Admission.INTERRUPTED
+    return Admission.RUN

@@ -33,8 +33,8 @@ class Held:
 
 @dataclass(frozen=True)
 class Admitted:
-    verdict: str
-    """``leases.Admission`` (``run``, ``stale``, ``interrupted``, ``unknown``), or ``moved``: the slice
+    verdict: leases.Admission
+    """``run``, ``stale``, ``interrupted``, ``unknown`` (``leases.admit``), or ``moved``: the slice
     changed under the compare-and-set (look again later)."""
     held: Held | None = None
 
@@ -61,7 +61,7 @@ async def start(
     # A run admitted here before at this very fence (the subjob published again): as redelivered.
     again = redelivered or (started is not None and started.get(sj.slice_id, 0) >= sj.fence)
     admitted = await _start(slices, sj, known, grace_s, now, again, started, tries)
-    if admitted.verdict == "run" and started is not None:
+    if admitted.verdict == leases.Admission.RUN and started is not None:
         started[sj.slice_id] = max(started.get(sj.slice_id, 0), sj.fence)
     return admitted
 
@@ -96,7 +96,7 @@ async def _start(
         and snap is not None
         and sj.slice_revision > 0
         and snap.slice_id == sj.slice_id
-        and leases.admit(snap, grant_id=sj.grant_id, fence=sj.fence, known=True) == "run"
+        and leases.admit(snap, grant_id=sj.grant_id, fence=sj.fence, known=True) == leases.Admission.RUN
     ):
         if (
             started is not None
@@ -105,24 +105,24 @@ async def _start(
         ):
             # Nothing to write: the lease outlasts the run. Should the slice have changed since
             # the grant (taken offline, say), freeing it fails its compare-and-set and leaves it be.
-            return Admitted("run", Held(snap, sj.slice_revision))
+            return Admitted(leases.Admission.RUN, Held(snap, sj.slice_revision))
         busy = busy_at(snap, at)
         rev = await slices.cas(sj.slice_id, busy, sj.slice_revision)
         if rev is not None:
-            return Admitted("run", Held(busy, rev))
+            return Admitted(leases.Admission.RUN, Held(busy, rev))
     for _ in range(max(tries, 1)):
         got = await slices.get(sj.slice_id)
         current, rev0 = got if got is not None else (None, 0)
         verdict = leases.admit(
             current, grant_id=sj.grant_id, fence=sj.fence, known=known, redelivered=redelivered
         )
-        if verdict != "run" or current is None:
+        if verdict != leases.Admission.RUN or current is None:
             return Admitted(verdict)
         busy = busy_at(current, at)
         rev = await slices.cas(sj.slice_id, busy, rev0)
         if rev is not None:
-            return Admitted("run", Held(busy, rev))
-    return Admitted("moved")
+            return Admitted(leases.Admission.RUN, Held(busy, rev))
+    return Admitted(leases.Admission.MOVED)
 
 
 async def free(slices: KvStore[SliceState], sj: Subjob, held: Held | None = None, tries: int = 10) -> bool:
