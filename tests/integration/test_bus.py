@@ -10,8 +10,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from sja.bus.codec import DecodeError, decode, encode
-from sja.bus.connection import ensure_jetstream
 from sja.bus.store import Store, stores
+from sja.bus.streams import ensure_jetstream
 from sja.bus.tracing import extract, publish
 from sja.bus.watch import KvView
 from sja.inventory.declared import load_declared
