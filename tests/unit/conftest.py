@@ -24,6 +24,7 @@ NEEDS_NATS_CLIENT = [
     "test_event_loop.py",
     "test_executor_join.py",
     "test_natsclient_headers.py",
+    "test_service_settings.py",
     "test_spec_wording.py",
     "test_tracing.py",
 ]
