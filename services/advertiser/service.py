@@ -93,8 +93,7 @@ class AdvertiserService(Service):
 
     async def on_start(self) -> None:
         assert self.js is not None
-        kv = await self.js.key_value(subjects.BUCKET_SLICES)
-        self.view = KvView(kv, SliceState, on_change=self._changed)
+        self.view = KvView(self.js, subjects.BUCKET_SLICES, SliceState, on_change=self._changed)
         await self.view.start()
         await self.subscribe(subjects.DEMAND_CHANGED, self._demand_changed)
         self.loop(self._advertise_forever())
