@@ -417,11 +417,3 @@ def run_loop(coro: Coroutine[Any, Any, T], loop: str | None = None) -> T:
         else:
             return uvloop.run(coro)
     return asyncio.run(coro)
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("nats").setLevel(logging.WARNING)

@@ -160,8 +160,9 @@ def service(
     import socket
 
     from services.registry import cohosted_instance, load, parse_names
-    from sja.bus.service import configure_logging, freeze_after_start, run_loop, run_services, tune_gc
+    from sja.bus.service import freeze_after_start, run_loop, run_services, tune_gc
     from sja.bus.settings import SettingsError
+    from sja.telemetry.logs import configure_logging
 
     try:
         names = parse_names(name)
