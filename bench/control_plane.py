@@ -86,12 +86,13 @@ use_compiled_core()  # before the decision core is imported
 
 from sja.audit import read_rounds
 from sja.bus.codec import decode, encode
-from sja.bus.connection import connect, ensure_jetstream
+from sja.bus.connection import connect
 from sja.bus.jetstream import JetStream, delivery_count, jetstream
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 from sja.bus.rounds import decode_grants
 from sja.bus.service import freeze_after_start, run_loop, tune_gc
 from sja.bus.store import stores
+from sja.bus.streams import ensure_jetstream
 from sja.bus.tasks import cancel_all
 from sja.client import SjaClient
 from sja.execution import slicelease

@@ -56,10 +56,11 @@ import psutil
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from sja.bus.connection import connect, ensure_jetstream
+from sja.bus.connection import connect
 from sja.bus.jetstream import jetstream
 from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 from sja.bus.service import freeze_after_start, run_loop, tune_gc
+from sja.bus.streams import ensure_jetstream
 from sja.protocol import subjects
 
 ROLES = ("agent", "clearer", "executor", "advertiser")

@@ -42,7 +42,8 @@ def nats_url(nats_server: EmbeddedNats) -> str:
 
 @pytest.fixture
 async def nc(nats_url: str) -> AsyncIterator[object]:
-    from sja.bus.connection import connect, ensure_jetstream
+    from sja.bus.connection import connect
+    from sja.bus.streams import ensure_jetstream
 
     client = await connect(nats_url, "test")
     await ensure_jetstream(client.jetstream())

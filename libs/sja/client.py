@@ -18,8 +18,10 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as Nats
 
+from sja.bus.auth import NatsSettings
 from sja.bus.codec import decode_union, encode
-from sja.bus.connection import NatsAuth, PermissionViolation, connect
+from sja.bus.connection import connect
+from sja.bus.permissions import PermissionViolation
 from sja.protocol import subjects
 from sja.protocol.messages import (
     ErrorReply,
@@ -104,7 +106,7 @@ class SjaClient:
         timeout_s: float = 10.0,
         *,
         tenant: str = "",
-        auth: NatsAuth | None = None,
+        auth: NatsSettings | None = None,
     ) -> SjaClient:
         """Connect to the gateway's NATS; ``tenant`` scopes every request to that tenant (required with a
         tenant's credentials), ``auth`` gives the credentials (none: an open server). With no server

@@ -19,7 +19,7 @@ from opentelemetry import trace
 
 from sja.bus.codec import decode, encode
 from sja.bus.service import Service
-from sja.bus.settings import BaseSettings
+from sja.bus.settings import BaseSettings, Pools
 from sja.bus.tracing import start_roots
 from sja.bus.watch import KvView
 from sja.core import leases
@@ -33,8 +33,8 @@ tracer = trace.get_tracer("sja.advertiser")
 
 
 class AdvertiserSettings(BaseSettings, frozen=True, kw_only=True):
-    pools: str = ""
-    """Comma-separated pools this replica advertises; empty: all."""
+    pools: Pools = ()
+    """Pools this replica advertises (``SJA_POOLS``, comma-separated); empty: all."""
     horizon_s: float = 8.0
     """Length of an offered window when nothing bounds it (the planning horizon)."""
     reply_window_s: float = 0.05
@@ -64,7 +64,7 @@ class AdvertiserService(Service):
     def __init__(self, settings: AdvertiserSettings) -> None:
         super().__init__(settings)
         self.cfg = settings
-        self.pools = {p for p in settings.pools.split(",") if p}
+        self.pools = set(settings.pools)
         self.view: KvView[SliceState] | None = None
         self._largest: tuple[float, dict[str, int]] = (-math.inf, {})
         self.round = 0
@@ -93,8 +93,7 @@ class AdvertiserService(Service):
 
     async def on_start(self) -> None:
         assert self.js is not None
-        kv = await self.js.key_value(subjects.BUCKET_SLICES)
-        self.view = KvView(kv, SliceState, on_change=self._changed)
+        self.view = KvView(self.js, subjects.BUCKET_SLICES, SliceState, on_change=self._changed)
         await self.view.start()
         await self.subscribe(subjects.DEMAND_CHANGED, self._demand_changed)
         self.loop(self._advertise_forever())

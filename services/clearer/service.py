@@ -18,7 +18,7 @@ from opentelemetry import trace
 from sja.bus.codec import decode, encode
 from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
-from sja.bus.settings import BaseSettings
+from sja.bus.settings import BaseSettings, Pools, TenantBudgets, TenantShares, Weights3
 from sja.bus.tracing import child_span, extract, inject, publish, trace_id_hex
 from sja.core import leases
 from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
@@ -74,16 +74,17 @@ one that overtook its offer."""
 
 
 class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
-    pools: str = ""
-    """Comma-separated pools this replica clears; empty: all. Pools must not overlap between
-    replicas (a slice is still never granted twice: the KV compare-and-set decides)."""
+    pools: Pools = ()
+    """Pools this replica clears (``SJA_POOLS``, comma-separated); empty: all. Pools must not
+    overlap between replicas (a slice is still never granted twice: the KV compare-and-set
+    decides)."""
     policy: str = "fair"
-    tenant_shares: str = ""
-    """``tenant=weight,...`` target shares for fairness policies."""
-    tenant_budgets: str = ""
+    tenant_shares: TenantShares = msgspec.field(default_factory=dict)
+    """``tenant=weight,...`` target shares for fairness policies (each weight positive)."""
+    tenant_budgets: TenantBudgets = msgspec.field(default_factory=dict)
     """``tenant=credits,...`` budgets for the ``auction`` policy (unlisted tenants: unlimited)."""
-    jasda_weights: str = "0.5,0.3,0.2"
-    """``jasda`` policy: weights of utilization, fairness, responsiveness."""
+    jasda_weights: Weights3 = (0.5, 0.3, 0.2)
+    """``jasda`` policy: weights of utilization, fairness, responsiveness (three, non-negative)."""
     token_overuse: float = 0.10
     offer_queue: str = "sja-clearers"
     """NATS queue group for offers: replicas on the same pools share the rounds (each offer is
@@ -165,19 +166,15 @@ class ClearerService(Service):
         if settings.policy not in POLICIES:
             raise ValueError(f"unknown policy {settings.policy!r} (known: {', '.join(POLICIES)})")
         self.policy = settings.policy
-        self.pools = [p for p in settings.pools.split(",") if p]
+        self.pools = list(settings.pools)
+        # Copies: the ledger charges budgets in place; the settings stay as they were read.
         self.ledger = Ledger(
-            tenant_shares=parse_shares(settings.tenant_shares),
-            tenant_budgets=parse_shares(settings.tenant_budgets, allow_zero=True),
+            tenant_shares=dict(settings.tenant_shares),
+            tenant_budgets=dict(settings.tenant_budgets),
         )
-        weights = tuple(float(w) for w in settings.jasda_weights.split(","))
-        if len(weights) != 3 or any(w < 0 for w in weights):
-            raise ValueError(
-                f"jasda_weights must be three non-negative numbers, got {settings.jasda_weights!r}"
-            )
         self.policy_config = PolicyConfig(
             horizon_s=settings.horizon_s,
-            jasda_weights=weights,
+            jasda_weights=settings.jasda_weights,
             token_overuse=settings.token_overuse,
         )
         self.rounds: dict[str, OpenRound] = {}
@@ -662,17 +659,3 @@ class ClearerService(Service):
             )
         finally:
             self._record_retries -= 1
-
-
-def parse_shares(text: str, allow_zero: bool = False) -> dict[str, float]:
-    shares: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        tenant, _, weight = part.partition("=")
-        try:
-            value = float(weight)
-        except ValueError:
-            raise ValueError(f"bad tenant share {part!r}: expected tenant=weight") from None
-        if value < 0 or (value == 0 and not allow_zero):
-            raise ValueError(f"bad tenant setting {part!r}: must be positive")
-        shares[tenant] = value
-    return shares

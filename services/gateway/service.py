@@ -93,7 +93,7 @@ class GatewayService(Service):
 
     async def on_start(self) -> None:
         assert self.js is not None
-        self.slice_view = KvView(await self.js.key_value(subjects.BUCKET_SLICES), SliceState)
+        self.slice_view = KvView(self.js, subjects.BUCKET_SLICES, SliceState)
         await self.slice_view.start()
 
     async def on_stop(self) -> None:

@@ -29,11 +29,10 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.clearer.service import parse_shares
 from services.ui import page, views
 from sja.bus.rounds import decode_rounds
 from sja.bus.service import Service
-from sja.bus.settings import BaseSettings
+from sja.bus.settings import BaseSettings, TenantShares
 from sja.client import ApiError, SjaClient
 from sja.core import explain as E
 from sja.protocol import subjects
@@ -62,7 +61,7 @@ class UiSettings(BaseSettings, frozen=True, kw_only=True):
     jaeger_url: str = ""
     """Base URL of a Jaeger UI (e.g. ``http://localhost:16686``): a job's page links each round to
     its trace there. Empty: no links."""
-    tenant_shares: str = ""
+    tenant_shares: TenantShares = msgspec.field(default_factory=dict)
     """``tenant=weight,...``: the tenants' target shares, as the clearer's ``SJA_TENANT_SHARES``."""
 
 
@@ -72,7 +71,7 @@ class UiService(Service):
     def __init__(self, settings: UiSettings) -> None:
         super().__init__(settings)
         self.ui: UiSettings = settings
-        self.targets = parse_shares(settings.tenant_shares)
+        self.targets = dict(settings.tenant_shares)
         self.records: collections.deque[RoundRecord] = collections.deque(maxlen=settings.ui_rounds_kept)
         self.http_port = 0
         """The port the dashboard listens on once started (``ui_port``, or the one picked for 0)."""

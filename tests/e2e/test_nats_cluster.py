@@ -35,8 +35,9 @@ import pytest
 from services.gateway.service import GatewayService, GatewaySettings
 from sja.audit import Mix, audit, call, mixed_specs, read_rounds, statuses
 from sja.bus.cluster import NatsCluster
-from sja.bus.connection import connect, ensure_jetstream
+from sja.bus.connection import connect
 from sja.bus.store import stores
+from sja.bus.streams import ensure_jetstream
 from sja.core import jobs as J
 from sja.protocol import subjects
 from sja.protocol.messages import JobSpec, SliceState

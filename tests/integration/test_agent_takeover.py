@@ -15,8 +15,8 @@ from nats.js.errors import NotFoundError
 
 from services.agent.service import AgentService, AgentSettings
 from sja.bus.codec import encode
-from sja.bus.connection import ensure_jetstream
 from sja.bus.store import stores
+from sja.bus.streams import ensure_jetstream
 from sja.core import jobs as J
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, InFlight, JobSpec, JobState

@@ -53,11 +53,12 @@ from services.executor.service import ExecutorService, ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from sja.bus.codec import MAX_MESSAGE_BYTES, DecodeError, decode, encode
-from sja.bus.connection import connect, ensure_jetstream
+from sja.bus.connection import connect
 from sja.bus.natsd import EmbeddedNats
 from sja.bus.rounds import decode_grants
 from sja.bus.service import Service
 from sja.bus.store import stores
+from sja.bus.streams import ensure_jetstream
 from sja.client import ApiError, SjaClient
 from sja.core import jobs as J
 from sja.execution import slicelease

@@ -10,8 +10,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from sja.bus.codec import DecodeError, decode, encode
-from sja.bus.connection import ensure_jetstream
 from sja.bus.store import Store, stores
+from sja.bus.streams import ensure_jetstream
 from sja.bus.tracing import extract, publish
 from sja.bus.watch import KvView
 from sja.inventory.declared import load_declared
@@ -59,7 +59,7 @@ async def test_kv_view_follows_updates(nc) -> None:
         seen.append(key)
         changed.set()
 
-    view = KvView(await js.key_value(subjects.BUCKET_SLICES), SliceState, on_change)
+    view = KvView(js, subjects.BUCKET_SLICES, SliceState, on_change)
     await view.start()
     try:
         s = load_declared(None)[1]
@@ -249,7 +249,7 @@ async def test_kv_view_reads_the_bucket_as_it_stands_then_every_change_in_order(
     async def on_change(key: str, value: SliceState | None, rev: int) -> None:
         seen.append((key, value.status if value else None, rev))
 
-    view = KvView(store.kv, SliceState, on_change)
+    view = KvView(store.js, store.bucket, SliceState, on_change)
     assert not view.watching
     await asyncio.wait_for(view.start(), 10)
     try:
@@ -289,7 +289,7 @@ async def test_kv_view_of_an_empty_bucket_is_ready_at_once_and_skips_a_bad_entry
     async def on_change(key: str, value: SliceState | None, rev: int) -> None:
         seen.append(key)
 
-    view = KvView(store.kv, SliceState, on_change)
+    view = KvView(store.js, store.bucket, SliceState, on_change)
     await asyncio.wait_for(view.start(), 10)
     try:
         assert view.entries == {}
@@ -306,17 +306,53 @@ async def test_kv_view_of_an_empty_bucket_is_ready_at_once_and_skips_a_bad_entry
         await view.stop()
 
 
+async def test_kv_view_is_no_longer_watching_once_a_delivery_is_cancelled(nc) -> None:
+    """A handler that fails goes to the log and the view goes on; a cancellation out of a delivery
+    ends the subscription's task (nats-py), and the view says so."""
+    store = await _bucket(nc, "view-cancelled")
+    declared = load_declared(None)[:3]
+    handled: list[str] = []
+    cancelled = asyncio.Event()
+
+    async def on_change(key: str, value: SliceState | None, rev: int) -> None:
+        handled.append(key)
+        if key == declared[0].slice_id:
+            raise RuntimeError("a handler's bug")
+        if key == declared[1].slice_id:
+            cancelled.set()
+            raise asyncio.CancelledError
+
+    view = KvView(store.js, store.bucket, SliceState, on_change)
+    await asyncio.wait_for(view.start(), 10)
+    try:
+        await store.put(declared[0].slice_id, declared[0])
+        await store.put(declared[2].slice_id, declared[2])
+        for _ in range(200):
+            if declared[2].slice_id in handled:
+                break
+            await asyncio.sleep(0.02)
+        assert handled == [declared[0].slice_id, declared[2].slice_id]
+        assert view.watching, "a handler's exception does not end the view"
+        await store.put(declared[1].slice_id, declared[1])
+        await asyncio.wait_for(cancelled.wait(), 5)
+        await asyncio.sleep(0)
+        assert not view.watching
+    finally:
+        await view.stop()
+    assert not view.watching
+
+
 async def test_kv_view_goes_on_after_its_consumer_is_lost(nc) -> None:
     """The server drops the view's consumer (a restart, the inactivity limit): the ordered
     consumer is made again from where the view was, and no change is missed."""
     store = await _bucket(nc, "view-lost")
     declared = load_declared(None)[:2]
     await store.put(declared[0].slice_id, declared[0])
-    view = KvView(store.kv, SliceState)
+    view = KvView(store.js, store.bucket, SliceState)
     await asyncio.wait_for(view.start(), 10)
     try:
         js = nc.jetstream()
-        await js.delete_consumer(store.kv._stream, view._sub._consumer)
+        await js.delete_consumer(store.stream, (await view._sub.consumer_info()).name)
         rev = await store.put(declared[1].slice_id, declared[1])
         for _ in range(300):  # the client notices by its missed heartbeats
             if declared[1].slice_id in view.entries:

@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from services.registry import SERVICES
-from sja.bus.connection import NatsAuth
+from sja.bus.auth import NatsSettings
 from sja.bus.natsd import EmbeddedNats, free_port, nats_server_binary
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, JobState
@@ -420,7 +420,7 @@ def wait_healthy(
 
 
 async def run_jobs(url: str, creds: Mapping[str, str]) -> list[JobState]:
-    auth = NatsAuth(user="tenant-alpha", password=creds["NATS_PASSWORD_TENANT_ALPHA"])
+    auth = NatsSettings(user="tenant-alpha", password=creds["NATS_PASSWORD_TENANT_ALPHA"])
     client = await SjaClient.connect(url, tenant="alpha", auth=auth)
     try:
         specs = [

@@ -15,8 +15,9 @@ import sys
 import pytest
 
 from services.gateway.service import GatewaySettings
-from sja.bus.connection import JetStreamReplicasError, connect, ensure_jetstream
+from sja.bus.connection import connect
 from sja.bus.settings import SettingsError
+from sja.bus.streams import JetStreamReplicasError, ensure_jetstream
 from sja.protocol import subjects
 
 STREAMS = [s.name for s in subjects.STREAMS] + [f"KV_{b}" for b in subjects.BUCKETS]

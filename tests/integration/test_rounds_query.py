@@ -15,9 +15,9 @@ from nats.aio.client import Client as NATS
 import services.gateway.service as gateway_module
 from services.gateway.service import GatewayService, GatewaySettings
 from sja.bus.codec import encode
-from sja.bus.connection import ensure_jetstream
 from sja.bus.rounds import iter_rounds
 from sja.bus.store import stores
+from sja.bus.streams import ensure_jetstream
 from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.protocol import subjects

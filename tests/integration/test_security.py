@@ -38,20 +38,14 @@ from services.clearer.service import ClearerService, ClearerSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from services.ui.service import UiService, UiSettings
+from sja.bus.auth import NatsAuthError, NatsConfigError, NatsSettings
 from sja.bus.codec import decode, encode
-from sja.bus.connection import (
-    JetStreamReplicasError,
-    NatsAuth,
-    NatsAuthError,
-    NatsConfigError,
-    PermissionViolation,
-    connect,
-    ensure_jetstream,
-    parse_permission_violation,
-)
+from sja.bus.connection import connect
 from sja.bus.natsd import EmbeddedNats
+from sja.bus.permissions import PermissionViolation, parse_permission_violation
 from sja.bus.rounds import decode_grants
 from sja.bus.service import Service
+from sja.bus.streams import JetStreamReplicasError, ensure_jetstream
 from sja.client import ApiError, SjaClient
 from sja.core import leases
 from sja.protocol import subjects
@@ -105,16 +99,15 @@ class Secured:
     def url(self) -> str:
         return self.server.url
 
-    def auth(self, role: str) -> NatsAuth:
-        return NatsAuth(user=USERS[role], password=self.passwords[role])
+    def auth(self, role: str) -> NatsSettings:
+        return NatsSettings(user=USERS[role], password=self.passwords[role])
 
     def settings(self, role: str, tmp_path: Path, instance: str) -> dict[str, Any]:
         return {
             "nats_url": self.url,
             "out_dir": str(tmp_path / "out"),
             "instance": instance,
-            "nats_user": USERS[role],
-            "nats_password": self.passwords[role],
+            "nats": self.auth(role),
         }
 
 
@@ -143,7 +136,7 @@ class Conn:
         self.violations: list[PermissionViolation] = []
         self.nc: Client | None = None
 
-    async def open(self, url: str, name: str, auth: NatsAuth) -> Conn:
+    async def open(self, url: str, name: str, auth: NatsSettings) -> Conn:
         self.nc = await connect(url, name, auth=auth, on_permission_violation=self.violations.append)
         return self
 
@@ -157,7 +150,7 @@ class Conn:
 
 
 @contextlib.asynccontextmanager
-async def opened(url: str, name: str, auth: NatsAuth) -> AsyncIterator[Conn]:
+async def opened(url: str, name: str, auth: NatsSettings) -> AsyncIterator[Conn]:
     conn = await Conn().open(url, name, auth)
     try:
         yield conn
@@ -653,13 +646,13 @@ async def test_a_service_user_may_not_change_a_stream_and_is_told_who_may(secure
 async def test_wrong_credentials_fail_fast_and_clearly(secured: Secured, tmp_path: Path) -> None:
     with pytest.raises(NatsAuthError, match=r"refused the credentials.*sja-agent"):
         await asyncio.wait_for(
-            connect(secured.url, "t", auth=NatsAuth(user="sja-agent", password="nope")), 10
+            connect(secured.url, "t", auth=NatsSettings(user="sja-agent", password="nope")), 10
         )
     with pytest.raises(NatsAuthError):
         await asyncio.wait_for(connect(secured.url, "t"), 10)  # no credentials at all
     pw = tmp_path / "pw"
     pw.write_text(f"  {secured.passwords['AGENT']}\n")
-    nc = await connect(secured.url, "t", auth=NatsAuth(user="sja-agent", password_file=str(pw)))
+    nc = await connect(secured.url, "t", auth=NatsSettings(user="sja-agent", password_file=str(pw)))
     await nc.close()
 
 
@@ -667,19 +660,19 @@ def test_inconsistent_options_fail_before_connecting(tmp_path: Path) -> None:
     pw = tmp_path / "pw"
     pw.write_text("x")
     for auth, message in (
-        (NatsAuth(user="u", password="p", password_file=str(pw)), "not both"),
-        (NatsAuth(password="p"), "needs a user"),
-        (NatsAuth(user="u", password_file=str(tmp_path / "missing")), "cannot read"),
-        (NatsAuth(creds_file=str(tmp_path / "missing.creds")), "does not exist"),
-        (NatsAuth(tls_cert=str(pw)), "needs its key"),
-        (NatsAuth(tls_ca=str(tmp_path / "missing.pem")), "bad NATS TLS files"),
+        (NatsSettings(user="u", password="p", password_file=str(pw)), "not both"),
+        (NatsSettings(password="p"), "needs a user"),
+        (NatsSettings(user="u", password_file=str(tmp_path / "missing")), "cannot read"),
+        (NatsSettings(creds=str(tmp_path / "missing.creds")), "does not exist"),
+        (NatsSettings(tls_cert=str(pw)), "needs its key"),
+        (NatsSettings(tls_ca=str(tmp_path / "missing.pem")), "bad NATS TLS files"),
     ):
         with pytest.raises(NatsConfigError, match=message):
             auth.connect_options()
-    assert repr(NatsAuth(user="u", password="sekrit")) == "NatsAuth(user 'u')"
-    assert NatsAuth(user="tenant-alpha").effective_inbox_prefix() == "_INBOX.tenant-alpha"
-    assert NatsAuth(user="a.b*c").effective_inbox_prefix() == "_INBOX.a_b_c"
-    assert NatsAuth().effective_inbox_prefix() == "_INBOX"
+    assert repr(NatsSettings(user="u", password="sekrit")) == "NatsSettings(user 'u')"
+    assert NatsSettings(user="tenant-alpha").effective_inbox_prefix() == "_INBOX.tenant-alpha"
+    assert NatsSettings(user="a.b*c").effective_inbox_prefix() == "_INBOX.a_b_c"
+    assert NatsSettings().effective_inbox_prefix() == "_INBOX"
     v = parse_permission_violation('nats: permissions violation for publish to "sja.v1.offer.opened.x"')
     assert v == PermissionViolation("publish", "sja.v1.offer.opened.x", v.message if v else "")
     assert parse_permission_violation("nats: stale connection") is None
@@ -736,7 +729,9 @@ async def test_tls_with_a_client_certificate(tls_files: dict[str, Path], tmp_pat
         log_file=str(tmp_path / "nats-tls.log"),
     )  # fmt: skip
     with server:
-        auth = NatsAuth(tls_ca=str(f["ca_crt"]), tls_cert=str(f["client_crt"]), tls_key=str(f["client_key"]))
+        auth = NatsSettings(
+            tls_ca=str(f["ca_crt"]), tls_cert=str(f["client_crt"]), tls_key=str(f["client_key"])
+        )
         nc = await connect(server.url, "tls-client", auth=auth)
         try:
             assert nc.is_connected
@@ -755,7 +750,9 @@ async def test_tls_with_a_client_certificate(tls_files: dict[str, Path], tmp_pat
             await nc.close()
         # Without a client certificate the server refuses the handshake: no connection.
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(connect(server.url, "no-cert", auth=NatsAuth(tls_ca=str(f["ca_crt"]))), 2)
+            await asyncio.wait_for(
+                connect(server.url, "no-cert", auth=NatsSettings(tls_ca=str(f["ca_crt"]))), 2
+            )
 
 
 def test_a_tenant_sees_other_tenants_bids_anonymized() -> None:

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from services.gateway.service import GatewayService, GatewaySettings
-from sja.bus.connection import NatsAuth, NatsAuthError, connect
+from sja.bus.auth import NatsAuthError, NatsSettings
+from sja.bus.connection import connect
 from sja.bus.natsd import EmbeddedNats
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec
@@ -81,8 +82,8 @@ class TlsServer:
     def url(self) -> str:
         return f"tls://127.0.0.1:{self.server.port}"
 
-    def auth(self, user: str, role: str, *, cert: bool = True) -> NatsAuth:
-        return NatsAuth(
+    def auth(self, user: str, role: str, *, cert: bool = True) -> NatsSettings:
+        return NatsSettings(
             user=user,
             password=self.passwords[role],
             tls_ca=str(self.certs / "ca.crt"),
@@ -124,11 +125,7 @@ async def test_a_service_and_a_tenant_work_over_mutual_tls_with_their_users(
             nats_url=t.url,
             out_dir=str(tmp_path / "out"),
             instance="gateway-tls",
-            nats_user="sja-gateway",
-            nats_password=t.passwords["GATEWAY"],
-            nats_tls_ca=str(t.certs / "ca.crt"),
-            nats_tls_cert=str(t.certs / "client.crt"),
-            nats_tls_key=str(t.certs / "client.key"),
+            nats=t.auth("sja-gateway", "GATEWAY"),
         )
     )
     async with gateway:
@@ -163,12 +160,12 @@ async def test_without_a_certificate_without_tls_or_with_a_wrong_password_the_se
             connect(
                 f"nats://127.0.0.1:{t.server.port}",
                 "plain",
-                auth=NatsAuth(user="sja-agent", password=t.passwords["AGENT"]),
+                auth=NatsSettings(user="sja-agent", password=t.passwords["AGENT"]),
             ),
             3,
         )
     # The certificate is not a login: auth.conf still checks the user's password.
-    wrong = NatsAuth(
+    wrong = NatsSettings(
         user="sja-agent",
         password="not-the-password",
         tls_ca=str(t.certs / "ca.crt"),

@@ -53,7 +53,7 @@ async def test_the_dashboard_shows_subjobs_explanations_shares_and_rounds(
             ui_host="127.0.0.1",
             ui_refresh_s=0.1,
             jaeger_url="http://jaeger.example:16686/",
-            tenant_shares="alpha=3,beta=1",
+            tenant_shares={"alpha": 3.0, "beta": 1.0},
         )
     )
     services = [

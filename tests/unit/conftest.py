@@ -24,7 +24,9 @@ NEEDS_NATS_CLIENT = [
     "test_delivery_count.py",
     "test_event_loop.py",
     "test_executor_join.py",
+    "test_log_context.py",
     "test_natsclient_headers.py",
+    "test_service_settings.py",
     "test_spec_wording.py",
     "test_tracing.py",
 ]

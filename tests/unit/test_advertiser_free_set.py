@@ -45,7 +45,7 @@ changes = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(changes)
 def test_free_slices_in_order_follow_every_change(seq: list[tuple[str, str, int, str]]) -> None:
-    adv = AdvertiserService(AdvertiserSettings(instance="advertiser-t", pools="node0"))
+    adv = AdvertiserService(AdvertiserSettings(instance="advertiser-t", pools=("node0",)))
     latest: dict[str, SliceState] = {}
 
     async def apply() -> None:

@@ -5,10 +5,10 @@ in-flight handlers up to the drain timeout, drains the connection, then flushes 
 ``start()`` and ``stop()`` are idempotent. A request an endpoint is handling when ``stop()`` begins
 is answered: endpoint handlers run as tracked tasks, like subscription handlers.
 
-A service connects with the credentials of its settings (``SJA_NATS_USER`` and friends, see
-``NatsAuth``); every publish or subscribe the server refuses is logged at ERROR by ``connect`` and
-counted here (``permission_violations``, also exported as ``sja_permission_violations_total``), so a
-deployment with a wrong permission is visible.
+A service connects with the credentials of its settings (``settings.nats``: ``SJA_NATS_USER`` and
+friends, see ``sja.bus.auth.NatsSettings``); every publish or subscribe the server refuses is logged
+at ERROR by ``connect`` and counted here (``permission_violations``, also exported as
+``sja_permission_violations_total``), so a deployment with a wrong permission is visible.
 
 Metrics (``sja.telemetry.metrics``): ``start()`` installs the process's meter provider and, with
 ``SJA_METRICS_PORT`` set, serves ``/metrics``; every service records through ``self.metrics`` (points
@@ -37,11 +37,13 @@ from nats.aio.subscription import Subscription
 
 from sja import __version__
 from sja.bus.codec import DecodeError
-from sja.bus.connection import NatsAuth, PermissionViolation, connect, ensure_jetstream
+from sja.bus.connection import connect
 from sja.bus.jetstream import JetStream, jetstream
 from sja.bus.natsclient import Client
+from sja.bus.permissions import PermissionViolation
 from sja.bus.settings import BaseSettings
 from sja.bus.store import KvStore, stores
+from sja.bus.streams import ensure_jetstream
 from sja.bus.tasks import cancel_all
 from sja.protocol.messages import JobState, SliceState
 from sja.telemetry.metrics import MetricsEndpoint, ServiceMetrics, flush_metrics, serve_metrics, setup_metrics
@@ -95,7 +97,7 @@ class Service:
         self.nc = await connect(
             self.settings.nats_url,
             self.instance,
-            auth=NatsAuth.from_settings(self.settings),
+            auth=self.settings.nats,
             on_permission_violation=self._on_permission_violation,
         )
         self.js = jetstream(self.nc)
@@ -415,11 +417,3 @@ def run_loop(coro: Coroutine[Any, Any, T], loop: str | None = None) -> T:
         else:
             return uvloop.run(coro)
     return asyncio.run(coro)
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("nats").setLevel(logging.WARNING)

@@ -12,6 +12,10 @@ first, then every change; nats-py starts it again after a gap or two missed hear
 handles each update in the subscription's callback: the key, the revision and what is still
 pending read from the reply subject, the value decoded, the callback awaited, in the order the
 stream has them.
+
+The view takes the JetStream context and the bucket's name: a bucket's stream is ``KV_<bucket>`` and
+its keys the subjects under ``$KV.<bucket>.``, as every NATS client names them (the KV protocol,
+not a client's internals).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from nats.aio.msg import Msg
-from nats.js import api
-from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
+from nats.js import JetStreamContext, api
+from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE
 
 from sja.bus.codec import DecodeError, decode
 from sja.bus.jetstream import delivery
@@ -69,22 +73,28 @@ class KvView(Generic[M]):
 
     def __init__(
         self,
-        kv: KeyValue,
+        js: JetStreamContext,
+        bucket: str,
         typ: type[M],
         on_change: Callable[[str, M | None, int], Awaitable[None]] | None = None,
     ) -> None:
-        self.kv = kv
+        self.js = js
+        self.bucket = bucket
         self.typ = typ
         self.on_change = on_change
         self.entries: dict[str, tuple[M, int]] = {}
         self.ready = asyncio.Event()
         self._sub: Any = None
-        self._prefix = kv._pre
+        self._prefix = f"$KV.{bucket}."
+        self._ended = False
+        """A cancellation came out of a delivery: the subscription's task that hands the view its
+        updates stops on one (nats-py), so the view no longer follows the bucket."""
 
     async def start(self) -> None:
-        self._sub = await self.kv._js.subscribe(
+        self._ended = False
+        self._sub = await self.js.subscribe(
             f"{self._prefix}>",
-            stream=self.kv._stream,
+            stream=f"KV_{self.bucket}",
             cb=self._on_msg,
             ordered_consumer=True,
             deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
@@ -101,10 +111,11 @@ class KvView(Generic[M]):
 
     @property
     def watching(self) -> bool:
-        """Whether the view still follows the bucket: started, not stopped, and the subscription's
-        task that hands it the updates still running."""
-        task = getattr(self._sub, "_wait_for_msgs_task", None) if self._sub is not None else None
-        return task is not None and not task.done()
+        """Whether the view still follows the bucket: started, not stopped, and no delivery ended
+        the subscription's task that hands it the updates (a handler raises anything else into a
+        log line, and the view goes on). Its connection closing ends it too: the connection's
+        owner knows that (``Client.is_closed``)."""
+        return self._sub is not None and not self._ended
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -115,10 +126,14 @@ class KvView(Generic[M]):
     async def _on_msg(self, msg: Msg) -> None:
         d = delivery(msg.reply)
         if d is None:
-            log.error("watch of %s: a delivery without JetStream metadata (%r)", self.kv._name, msg.reply)
+            log.error("watch of %s: a delivery without JetStream metadata (%r)", self.bucket, msg.reply)
             return
         try:
             await self._apply(msg, d.stream_seq)
+        except asyncio.CancelledError:
+            self._ended = True
+            log.error("watch of %s: cancelled in a delivery; the view no longer follows it", self.bucket)
+            raise
         finally:
             if d.pending == 0 and not self.ready.is_set():
                 self.ready.set()
@@ -136,7 +151,7 @@ class KvView(Generic[M]):
             try:
                 value = decode(msg.data, self.typ)
             except DecodeError as e:
-                log.error("bad entry %s in %s: %s", key, self.kv._name, e)
+                log.error("bad entry %s in %s: %s", key, self.bucket, e)
                 return
             self.entries[key] = (value, revision)
         if self.on_change is not None:

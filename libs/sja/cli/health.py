@@ -21,12 +21,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import sys
 import time
 from collections.abc import Sequence
 
-from sja.bus.connection import NatsAuth, NatsAuthError, NatsConfigError, connect
+from sja.bus.auth import NatsAuthError, NatsConfigError
+from sja.bus.connection import connect
 from sja.bus.settings import BaseSettings, SettingsError
 
 SERVICES = ("inventory", "advertiser", "clearer", "agent", "executor", "gateway", "ui")
@@ -52,7 +54,7 @@ async def check(service: str, settings: BaseSettings, timeout_s: float, any_repl
                 settings.nats_url,
                 f"sja-health-{service}",
                 connect_timeout_s=max(0.5, timeout_s / 2),
-                auth=NatsAuth.from_settings(settings),
+                auth=settings.nats,
             ),
             timeout=timeout_s,
         )
@@ -94,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Only what makes the check fail is worth a line (a permissions violation is logged at ERROR).
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     try:
-        settings = BaseSettings.from_env()
+        settings = BaseSettings.from_env(os.environ)
     except SettingsError as e:
         print(f"unhealthy: {e}", file=sys.stderr)
         return 1

@@ -120,11 +120,12 @@ TenantOpt = Annotated[
 async def _connect_client(nats: str, user: str, password: str, tenant: str) -> Any:
     """A gateway client with the credentials of the options and the SJA_NATS_* environment (password
     file, creds file, TLS), scoped to ``tenant`` when one is given."""
-    from sja.bus.connection import NatsAuth
+    import os
+
     from sja.bus.settings import BaseSettings
     from sja.client import SjaClient
 
-    auth = NatsAuth.from_settings(BaseSettings.from_env(), user=user, password=password)
+    auth = BaseSettings.from_env(os.environ).nats.with_overrides(user=user, password=password)
     return await SjaClient.connect(nats, tenant=tenant, auth=auth)
 
 
@@ -159,8 +160,9 @@ def service(
     import socket
 
     from services.registry import cohosted_instance, load, parse_names
-    from sja.bus.service import configure_logging, freeze_after_start, run_loop, run_services, tune_gc
+    from sja.bus.service import freeze_after_start, run_loop, run_services, tune_gc
     from sja.bus.settings import SettingsError
+    from sja.telemetry.logs import configure_logging
 
     try:
         names = parse_names(name)
@@ -171,7 +173,7 @@ def service(
     for n in names:
         svc_cls, settings_cls = load(n)
         try:
-            settings = settings_cls.from_env()
+            settings = settings_cls.from_env(os.environ)
         except SettingsError as e:
             fail(str(e))
             return
@@ -344,7 +346,8 @@ def _with_connection_errors(fn: Any, url: str) -> None:
     """Run a client command; an unreachable server or gateway is one line on stderr and exit 2."""
     import nats.errors
 
-    from sja.bus.connection import NatsAuthError, NatsConfigError, NatsUnreachableError
+    from sja.bus.auth import NatsAuthError, NatsConfigError
+    from sja.bus.connection import NatsUnreachableError
     from sja.bus.settings import SettingsError
     from sja.client import ApiError
 
