@@ -155,6 +155,17 @@ class OpenRound:
         return out
 
 
+@dataclass
+class Cleared:
+    """A closed round's batch as cleared (``ClearerService.decide``), its winners charged."""
+
+    bids: dict[str, list[Bid]]
+    """offer id -> its bids."""
+    decisions: list[tuple[Offer, Decision]]
+    awards: list[grants.Award | None]
+    """Per decision, its winner as charged (``None``: no winner)."""
+
+
 class ClearerService(Service):
     name = "clearer"
 
@@ -346,31 +357,19 @@ class ClearerService(Service):
         self.closed[key] = time.time()
         while len(self.closed) > MAX_CLOSED_REMEMBERED:
             self.closed.pop(next(iter(self.closed)))
-        bids = rnd.bids()
-        policy = rnd.policy = self.policy
-        decisions = clear_batch(
-            policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config, rnd.replies
-        )
-        # Charge every winner now, before anything awaits: a batch closing meanwhile sees these
-        # grants (a job never wins more windows than it can use). A grant that fails is refunded.
-        awarded = grants.awards(self.ledger, decisions, _new_grant_id, time.time(), self.cfg.lease_s)
+        cleared = self.decide(rnd)
         token = otel_context.attach(rnd.ctx)
         try:
             # The batch's slices stay marked as in a round until their grants are made: an offer of
             # one of them meanwhile would only lose the compare-and-set.
-            results = await asyncio.gather(
-                *(
-                    self._clear_one(rnd, o, d, a, bids[o.offer_id], because)
-                    for (o, d), a in zip(decisions, awarded, strict=True)
-                )
-            )
+            results = await self.settle(rnd, cleared, because)
             ended = collections.Counter((rec.window.pool, rec.policy, how) for rec, how in results)
             for (pool, policy_, how), n in ended.items():
                 self.m_rounds.add(n, pool=pool, policy=policy_, outcome=how.value)
             await self._send_grants(rnd)
             self.bus.flush_now()  # the grants are the round's answer: out before the bookkeeping
             records = [rec for rec, _ in results]
-            shared = [(d.shared, d.skip) for _, d in decisions]
+            shared = [(d.shared, d.skip) for _, d in cleared.decisions]
             await self._publish_records(rnd, records, shared)
             await self._send_outcomes(rnd, outcome_verdicts((rec.verdicts for rec in records), shared))
         finally:
@@ -378,6 +377,31 @@ class ClearerService(Service):
             for o in rnd.offers:
                 if self.open_slices.get(o.window.slice_id) == key:
                     del self.open_slices[o.window.slice_id]
+
+    def decide(self, rnd: OpenRound) -> Cleared:
+        """Clear a closed round's batch under the current policy and charge every winner now,
+        before anything awaits: a batch closing meanwhile sees these grants (a job never wins more
+        windows than it can use). A grant that is not made is refunded by ``settle``."""
+        bids = rnd.bids()
+        policy = rnd.policy = self.policy
+        decisions = clear_batch(
+            policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config, rnd.replies
+        )
+        awarded = grants.awards(self.ledger, decisions, _new_grant_id, time.time(), self.cfg.lease_s)
+        return Cleared(bids=bids, decisions=decisions, awards=awarded)
+
+    async def settle(
+        self, rnd: OpenRound, cleared: Cleared, because: str
+    ) -> list[tuple[RoundRecord, grants.RoundEnd]]:
+        """Take every won slice of the batch with a compare-and-set and make its grant (in
+        ``rnd.granted``, sent by ``close``), all concurrently. Returns each offer's round record and
+        how its round ended."""
+        return await asyncio.gather(
+            *(
+                self._clear_one(rnd, o, d, a, cleared.bids[o.offer_id], because)
+                for (o, d), a in zip(cleared.decisions, cleared.awards, strict=True)
+            )
+        )
 
     async def _clear_one(
         self,

@@ -16,6 +16,7 @@ def _nats_importable() -> bool:
 
 
 NEEDS_NATS_CLIENT = [
+    "clearer",
     "test_advertiser_free_set.py",
     "test_agent_plan_memo.py",
     "test_clear_batch.py",
