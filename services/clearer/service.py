@@ -1,6 +1,7 @@
 """Clearer: collects the replies to each offer batch, clears it by policy (``clear_batch``), takes
 each won slice with a compare-and-set on its KV entry, and publishes the grants, the outcomes and a
-round record per offer. A lone ``Offer`` is a batch of one."""
+round record per offer. A lone ``Offer`` is a batch of one. What a winner is charged, its lease and
+grant, its refund and its verdict when the slice is not taken are the core's (``core.grants``)."""
 
 from __future__ import annotations
 
