@@ -1,6 +1,7 @@
 """Clearer: collects the replies to each offer batch, clears it by policy (``clear_batch``), takes
 each won slice with a compare-and-set on its KV entry, and publishes the grants, the outcomes and a
-round record per offer. A lone ``Offer`` is a batch of one."""
+round record per offer. A lone ``Offer`` is a batch of one. What a winner is charged, its lease and
+grant, its refund and its verdict when the slice is not taken are the core's (``core.grants``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings, Pools, TenantBudgets, TenantShares, Weights3
 from sja.bus.tracing import child_span, extract, inject, publish, trace_id_hex
-from sja.core import leases
+from sja.core import grants, leases
 from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
 from sja.core.rounds import (
     Shared,
@@ -155,6 +156,17 @@ class OpenRound:
                 joined[key] = [b for k in key for b in groups[k]]
             out[o.offer_id] = joined[key]
         return out
+
+
+@dataclass
+class Cleared:
+    """A closed round's batch as cleared (``ClearerService.decide``), its winners charged."""
+
+    bids: dict[str, list[Bid]]
+    """offer id -> its bids."""
+    decisions: list[tuple[Offer, Decision]]
+    awards: list[grants.Award | None]
+    """Per decision, its winner as charged (``None``: no winner)."""
 
 
 class ClearerService(Service):
@@ -344,40 +356,19 @@ class ClearerService(Service):
         self.closed[key] = time.time()
         while len(self.closed) > MAX_CLOSED_REMEMBERED:
             self.closed.pop(next(iter(self.closed)))
-        bids = rnd.bids()
-        policy = rnd.policy = self.policy
-        decisions = clear_batch(
-            policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config, rnd.replies
-        )
-        # Charge every winner now, before anything awaits: a batch closing meanwhile sees these
-        # grants (a job never wins more windows than it can use). A grant that fails is refunded.
-        now = time.time()
-        planned: list[tuple[Offer, Decision, str, float]] = []
-        for offer, d in decisions:
-            if d.winner is not None and d.candidate is not None:
-                grant_id = new_id("g")
-                lease_until = now + self.cfg.lease_s
-                self._charge(offer, d, lease_until)
-                planned.append((offer, d, grant_id, lease_until))
-            else:
-                planned.append((offer, d, "", 0.0))
+        cleared = self.decide(rnd)
         token = otel_context.attach(rnd.ctx)
         try:
             # The batch's slices stay marked as in a round until their grants are made: an offer of
             # one of them meanwhile would only lose the compare-and-set.
-            results = await asyncio.gather(
-                *(
-                    self._clear_one(rnd, o, d, gid, until, bids[o.offer_id], because)
-                    for o, d, gid, until in planned
-                )
-            )
+            results = await self.settle(rnd, cleared, because)
             ended = collections.Counter((rec.window.pool, rec.policy, how) for rec, how in results)
             for (pool, policy_, how), n in ended.items():
-                self.m_rounds.add(n, pool=pool, policy=policy_, outcome=how)
+                self.m_rounds.add(n, pool=pool, policy=policy_, outcome=how.value)
             await self._send_grants(rnd)
             self.bus.flush_now()  # the grants are the round's answer: out before the bookkeeping
             records = [rec for rec, _ in results]
-            shared = [(d.shared, d.skip) for _, d in decisions]
+            shared = [(d.shared, d.skip) for _, d in cleared.decisions]
             await self._publish_records(rnd, records, shared)
             await self._send_outcomes(rnd, outcome_verdicts((rec.verdicts for rec in records), shared))
         finally:
@@ -386,30 +377,44 @@ class ClearerService(Service):
                 if self.open_slices.get(o.window.slice_id) == key:
                     del self.open_slices[o.window.slice_id]
 
-    def _charge(self, offer: Offer, d: Decision, lease_until: float, sign: float = 1.0) -> None:
-        assert d.winner is not None and d.candidate is not None
-        p = d.winner.proposal
-        self.ledger.charge(p.tenant, p.job_id, sign * grant_cost(offer, d.candidate))
-        if sign > 0:
-            self.ledger.record_grant(p.job_id, lease_until)
-            self.ledger.spend(p.tenant, d.price)
-        else:
-            self.ledger.forget_grant(p.job_id, lease_until)
-            self.ledger.refund(p.tenant, d.price)
+    def decide(self, rnd: OpenRound) -> Cleared:
+        """Clear a closed round's batch under the current policy and charge every winner now,
+        before anything awaits: a batch closing meanwhile sees these grants (a job never wins more
+        windows than it can use). A grant that is not made is refunded by ``settle``."""
+        bids = rnd.bids()
+        policy = rnd.policy = self.policy
+        decisions = clear_batch(
+            policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config, rnd.replies
+        )
+        awarded = grants.awards(self.ledger, decisions, _new_grant_id, time.time(), self.cfg.lease_s)
+        return Cleared(bids=bids, decisions=decisions, awards=awarded)
+
+    async def settle(
+        self, rnd: OpenRound, cleared: Cleared, because: str
+    ) -> list[tuple[RoundRecord, grants.RoundEnd]]:
+        """Take every won slice of the batch with a compare-and-set and make its grant (in
+        ``rnd.granted``, sent by ``close``), all concurrently. Returns each offer's round record and
+        how its round ended."""
+        return await asyncio.gather(
+            *(
+                self._clear_one(rnd, o, d, a, cleared.bids[o.offer_id], because)
+                for (o, d), a in zip(cleared.decisions, cleared.awards, strict=True)
+            )
+        )
 
     async def _clear_one(
         self,
         rnd: OpenRound,
         offer: Offer,
         decision: Decision,
-        grant_id: str,
-        lease_until: float,
+        award: grants.Award | None,
         bids: list[Bid],
         because: str,
-    ) -> tuple[RoundRecord, str]:
-        """One offer of the batch: take the slice for its winner and publish the grant. Returns the
-        round's record (published with the batch's; its verdicts go to the agents' outcomes) and
-        how the round ended (counted once per batch)."""
+    ) -> tuple[RoundRecord, grants.RoundEnd]:
+        """One offer of the batch: take the slice for its winner (``award``, charged already) and
+        make the grant, or refund the award. Returns the round's record (published with the
+        batch's; its verdicts go to the agents' outcomes) and how the round ended (counted once per
+        batch)."""
         with child_span(
             tracer,
             "sja.clear",
@@ -425,11 +430,15 @@ class ClearerService(Service):
                 "sja.closed_because": because,
             },
         ) as span:
-            grant, note = (None, "")
-            if decision.winner is not None:
-                grant, note = await self._grant(offer, decision, grant_id, lease_until, rnd.granted)
-                if grant is None:
-                    self._charge(offer, decision, lease_until, sign=-1.0)
+            grant: Grant | None = None
+            note = ""
+            if award is not None:
+                got = await self._grant(award, rnd.granted)
+                if isinstance(got, grants.NotGranted):
+                    grants.refund(self.ledger, award)
+                    note = got.note
+                else:
+                    grant = got
             if span.is_recording():
                 won = next((v for v in decision.verdicts if v.won), None) if grant else None
                 span.set_attribute("sja.job_id", grant.job_id if grant else "")
@@ -447,106 +456,65 @@ class ClearerService(Service):
                     span.set_attribute("sja.note", note)
             record = self._record(rnd, offer, decision, grant, note, because, len(bids))
         self.cleared += 1
-        if grant is not None:
-            outcome = "granted"
-        elif decision.winner is not None:
-            outcome = "lost_cas"
-        else:
-            outcome = "no_winner" if bids else "no_bids"
-        return record, outcome
+        return record, grants.round_end(decision, grant is not None, len(bids))
 
     async def _grant(
-        self,
-        offer: Offer,
-        decision: Decision,
-        grant_id: str,
-        lease_until: float,
-        granted: list[tuple[Grant, dict[str, str]]],
-    ) -> tuple[Grant | None, str]:
+        self, award: grants.Award, granted: list[tuple[Grant, dict[str, str]]]
+    ) -> Grant | grants.NotGranted:
         """CAS the slice from free to leased; only then does the winner hold it. The grant joins
         ``granted`` (sent with the batch's other grants to the same agent by ``_send_grants``)."""
-        assert decision.winner is not None and decision.candidate is not None and self.slices
-        win = decision.winner
-        now = lease_until - self.cfg.lease_s
+        offer = award.offer
         with child_span(
             tracer,
             "sja.grant",
             attributes={
                 "sja.offer_id": offer.offer_id,
-                "sja.job_id": win.proposal.job_id,
+                "sja.job_id": award.job_id,
                 "sja.slice": offer.window.slice_id,
-                "sja.grant_id": grant_id,
-                "sja.size": decision.candidate.size,
+                "sja.grant_id": award.grant_id,
+                "sja.size": award.candidate.size,
             },
         ) as span:
-            # The offer carries the slice as offered: one compare-and-set against that revision,
-            # and a read only when the slice changed since (a stale offer, or a touched entry).
-            snap, w = offer.slice_state, offer.window
-            fast = (
-                snap is not None
-                and offer.slice_revision > 0
-                and snap.slice_id == offer.window.slice_id
-                and snap.status == "free"
-                and snap.fence == offer.slice_fence
-                and (snap.node, snap.pool, snap.profile, snap.mem_mib, snap.compute_share)
-                == (w.node, w.pool, w.profile, w.mem_mib, w.compute_share)
-            )
-            leased: SliceState | None = None
-            new_rev: int | None = None
-            if fast:
-                assert snap is not None
-                leased = self._lease(snap, offer, win.proposal.job_id, grant_id, now)
-                new_rev = await self.slices.cas(snap.slice_id, leased, offer.slice_revision)
-            if new_rev is None:
-                got = await self.slices.get(offer.window.slice_id)
-                if got is None:
-                    return None, "slice vanished"
-                current, rev = got
-                assert isinstance(current, SliceState)
-                try:
-                    leased = self._lease(current, offer, win.proposal.job_id, grant_id, now)
-                except leases.LeaseConflict as e:
-                    span.set_attribute("sja.note", str(e))
-                    return None, f"not granted: {e}"
-                new_rev = await self.slices.cas(current.slice_id, leased, rev)
-                if new_rev is None:
-                    span.set_attribute("sja.note", "lost the compare-and-set")
-                    return None, "not granted: slice changed while clearing"
-            assert leased is not None
+            taken = await self._take(award)
+            if isinstance(taken, grants.NotGranted):
+                if taken.trace_note:
+                    span.set_attribute("sja.note", taken.trace_note)
+                return taken
+            leased, revision = taken
             span.set_attribute("sja.fence", leased.fence)
-            grant = Grant(
-                grant_id=grant_id,
-                offer_id=offer.offer_id,
-                round=offer.round,
-                job_id=win.proposal.job_id,
-                tenant=win.proposal.tenant,
-                agent_id=win.agent_id,
-                window=offer.window,
-                candidate=decision.candidate,
-                fence=leased.fence,
-                lease_until=leased.lease_until,
-                policy=decision.policy,
-                granted_at=now,
-                slice_revision=new_rev,
-                slice_state=leased,
-            )
+            grant = grants.grant(award, leased, revision)
             self.grants += 1
             granted.append((grant, inject()))
-            labels = {"pool": offer.window.pool, "policy": decision.policy}
+            labels = {"pool": offer.window.pool, "policy": grant.policy}
             self.m_grants.add(1, tenant=grant.tenant, **labels)
             # Clocks of two hosts: a small skew must not make a negative latency.
             self.m_offer_to_grant.record(max(0.0, time.time() - offer.issued_at), **labels)
-            return grant, ""
+            return grant
 
-    def _lease(self, current: SliceState, offer: Offer, job_id: str, grant_id: str, now: float) -> SliceState:
-        return leases.grant(
-            current,
-            offered_fence=offer.slice_fence,
-            job_id=job_id,
-            grant_id=grant_id,
-            now=now,
-            lease_s=self.cfg.lease_s,
-        )
+    async def _take(self, award: grants.Award) -> tuple[SliceState, int] | grants.NotGranted:
+        """Write the slice's lease to the award's winner: the slice leased and its new revision.
+        The offer carries the slice as offered: one compare-and-set against that revision, and a
+        read only when the slice changed since (a stale offer, or a touched entry)."""
+        slices, offer = self.slices, award.offer
+        assert slices is not None
+        offered = grants.offered_slice(offer)
+        if offered is not None:
+            leased = grants.lease(offered, award)
+            revision = await slices.cas(offered.slice_id, leased, offer.slice_revision)
+            if revision is not None:
+                return leased, revision
+        got = await slices.get(offer.window.slice_id)
+        if got is None:
+            return grants.NotGranted(grants.Refusal.SLICE_GONE)
+        current, rev = got
+        try:
+            leased = grants.lease(current, award)
+        except leases.LeaseConflict as e:
+            return grants.NotGranted(grants.Refusal.CONFLICT, str(e))
+        revision = await slices.cas(current.slice_id, leased, rev)
+        if revision is None:
+            return grants.NotGranted(grants.Refusal.LOST_CAS)
+        return leased, revision
 
     async def _send_grants(self, rnd: OpenRound) -> None:
         """The batch's grants, one message per agent: a ``Grant`` (under its ``sja.grant`` span) when
@@ -586,9 +554,7 @@ class ClearerService(Service):
     ) -> RoundRecord:
         verdicts = list(decision.verdicts)
         if grant is None and decision.winner is not None:
-            verdicts = [
-                v if not v.won else msgspec.structs.replace(v, won=False, reason=note) for v in verdicts
-            ]
+            verdicts = grants.unwon(verdicts, note)
         record = RoundRecord(
             offer_id=offer.offer_id,
             round=offer.round,
@@ -659,3 +625,7 @@ class ClearerService(Service):
             )
         finally:
             self._record_retries -= 1
+
+
+def _new_grant_id(_offer: Offer) -> str:
+    return new_id("g")

@@ -17,6 +17,7 @@ def _nats_importable() -> bool:
 
 NEEDS_NATS_CLIENT = [
     "agent",
+    "clearer",
     "test_advertiser_free_set.py",
     "test_agent_plan_memo.py",
     "test_clear_batch.py",

@@ -4,11 +4,12 @@ One batch of offers per instant, as the live stack runs them: the slices freed a
 idle ones some changed job may now want) become windows (``core.windows.find_windows``) and
 ``Offer``s; the jobs bid through the agent's own bidder (``core.bidder.Bidder``: memoized proposals,
 the policy's shortlist of the bids that could win); ``core.policies.clear_batch`` clears the batch
-with the clearer's ``Ledger``; each won slice is leased (``core.leases.grant``), the winner
-materializes its subjob (``core.jobs.materialize``), the subjob runs for a modeled duration, and its
-``Completion`` is folded back with ``core.jobs.apply_completion`` (which calibrates the job's
-profiles). Rounds clear instantly in virtual time, or after a configurable
-negotiation latency. There is no bus, no asyncio and no wall clock.
+with the clearer's ``Ledger``; each winner is charged and its slice leased as the clearer does
+(``core.grants``: ``award``, ``lease``, ``grant``), the winner materializes its subjob
+(``core.jobs.materialize``), the subjob runs for a modeled duration, and its ``Completion`` is
+folded back with ``core.jobs.apply_completion`` (which calibrates the job's profiles). Rounds clear
+instantly in virtual time, or after a configurable negotiation latency. There is no bus, no asyncio
+and no wall clock.
 
 What the simulator models, and the live stack measures:
 
@@ -60,7 +61,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from sja import workloads
-from sja.core import leases
+from sja.core import grants, leases
 from sja.core.bidder import Bidder
 from sja.core.jobs import (
     ProfileCache,
@@ -73,7 +74,7 @@ from sja.core.jobs import (
 )
 from sja.core.mig import CATALOGUE, GpuModel, gpu_model
 from sja.core.planner import PlanLimits
-from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
+from sja.core.policies import POLICIES, Bid, Ledger, PolicyConfig, clear_batch
 from sja.core.repartition import SliceDemand, layout_value, plan_repartitions
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import (
@@ -664,44 +665,22 @@ class SjaEngine:
         started = 0
         for offer, decision in decisions:
             s = slice_of[offer.offer_id]
-            if decision.winner is None or decision.candidate is None:
+            won = grants.award(self.ledger, offer, decision, _grant_id, self.now, self.cfg.lease_s)
+            if won is None:
                 self._set_idle(s, True)
                 self.counters["rounds_without_winner"] += 1
                 continue
-            started += self._grant(s, offer, decision)
+            started += self._grant(s, won)
         return started
 
-    def _grant(self, s: _Slice, offer: Offer, decision: Decision) -> int:
-        """Lease the slice to the decision's winner and materialize its subjob (1 if one started)."""
-        assert decision.winner is not None and decision.candidate is not None
+    def _grant(self, s: _Slice, won: grants.Award) -> int:
+        """Lease the slice to the winner (charged already) and materialize its subjob (1 if one
+        started). The slice is the simulator's own: the lease is written without a conflict."""
         now = self.now
-        job = self.jobs[decision.winner.proposal.job_id]
-        grant_id = f"g{offer.round}"
-        leased = leases.grant(
-            s.state,
-            offered_fence=offer.slice_fence,
-            job_id=job.state.job_id,
-            grant_id=grant_id,
-            now=now,
-            lease_s=self.cfg.lease_s,
-        )
-        grant = Grant(
-            grant_id=grant_id,
-            offer_id=offer.offer_id,
-            round=offer.round,
-            job_id=job.state.job_id,
-            tenant=job.state.spec.tenant,
-            agent_id="sim",
-            window=offer.window,
-            candidate=decision.candidate,
-            fence=leased.fence,
-            lease_until=leased.lease_until,
-            policy=decision.policy,
-            granted_at=now,
-        )
-        self.ledger.charge(grant.tenant, grant.job_id, grant_cost(offer, decision.candidate))
-        self.ledger.record_grant(grant.job_id, grant.lease_until)
-        self.ledger.spend(grant.tenant, decision.price)
+        job = self.jobs[won.job_id]
+        grant_id = won.grant_id
+        leased = grants.lease(s.state, won)
+        grant = grants.grant(won, leased)
         was_waiting = self._is_waiting(job)
         made = materialize(job.state, grant, now, self.limits, "sim", profiles=self.profiles)
         self._set_state(job, made.state)
@@ -1162,6 +1141,10 @@ class SjaEngine:
         self._set_state(job, state)
         self._update_waiting(False, job)
         self.demand_epoch += 1
+
+
+def _grant_id(offer: Offer) -> str:
+    return f"g{offer.round}"
 
 
 def _offer_of(window: Window, now: float) -> Offer:
