@@ -1,0 +1,298 @@
+"""Hostile input to the agent: replayed and stale grants, completions delivered twice, a forged
+submission, an offer whose reply subject points elsewhere, subjobs JetStream cannot take, and
+stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from nats.aio.msg import Msg
+
+from services.agent.service import AgentService, AgentSettings
+from sja.bus.codec import DecodeError, decode, encode
+from sja.bus.connection import ensure_jetstream
+from sja.bus.natsd import EmbeddedNats
+from sja.core import jobs as J
+from sja.protocol import messages as m
+from sja.protocol import subjects
+from sja.workloads import workload
+from tests.integration.hostile_stack import (
+    AGENT,
+    NODE,
+    POOL,
+    assert_intact,
+    capture,
+    good_spec,
+    one_subjob,
+    running,
+    slice_states,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_replayed_grant_of_a_running_subjob_changes_nothing(
+    server: EmbeddedNats, tmp_path: Path
+) -> None:
+    async with running(server, tmp_path, executor=False) as stack:
+        _job_id, grant, sj = await one_subjob(stack, good_spec("held", 10, max_parallel=1))
+        dispatched: list[Msg] = []
+        await capture(stack.nc, f"{subjects.PREFIX}.subjob.dispatched.>", dispatched)
+        await stack.nc.publish(subjects.grant_issued(AGENT), encode(grant))
+        await stack.nc.flush()
+        await asyncio.sleep(0.3)
+        held, _ = (await slice_states(stack))[sj.slice_id]
+        assert (held.status, held.grant_id, held.fence) == ("leased", grant.grant_id, grant.fence)
+        assert not dispatched
+
+
+async def test_stale_grant_is_not_materialized(server: EmbeddedNats, tmp_path: Path) -> None:
+    """A grant the slice never held (an old fence, an unknown grant id) for a job with room for more:
+    no subjob, no change to the job."""
+    async with running(server, tmp_path, executor=False) as stack:
+        spec = good_spec("stale", 11, max_parallel=64, params={"units": 200, "samples_per_unit": 2000})
+        job_id, grant, _sj = await one_subjob(stack, spec)
+        await asyncio.sleep(0.3)
+        got = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
+        assert got is not None
+        before, _ = got
+        dispatched: list[Msg] = []
+        await capture(stack.nc, f"{subjects.PREFIX}.subjob.dispatched.>", dispatched)
+        stale = [
+            msgspec.structs.replace(grant, grant_id="g-zz-unknown"),
+            msgspec.structs.replace(grant, grant_id="g-zz-old-fence", fence=max(grant.fence - 1, 1)),
+            msgspec.structs.replace(grant, fence=grant.fence + 1),
+        ]
+        for g in stale:
+            await stack.nc.publish(subjects.grant_issued(AGENT), encode(g))
+        await stack.nc.flush()
+        await asyncio.sleep(0.3)
+        forged = {(g.grant_id, g.fence) for g in stale}
+        assert not [
+            d
+            for d in dispatched
+            if (decode(d.data, m.Subjob).grant_id, decode(d.data, m.Subjob).fence) in forged
+        ]
+        got = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
+        assert got is not None and not [f for f in got[0].in_flight if f.grant_id.startswith("g-zz")]
+        assert got[0].rounds_won == before.rounds_won
+
+
+async def test_a_completion_is_written_with_the_jobs_next_write(server: EmbeddedNats, tmp_path: Path) -> None:
+    """With a long flush interval, each completion reaches ``sja-jobs`` with the write of the job's
+    next subjob (and the last with the job's end): one write per subjob, not two, and the result is
+    still every unit once. With flushing off, two."""
+    for flush_s, per_subjob in ((30.0, 1), (0.0, 2)):
+        async with running(
+            server, tmp_path / str(flush_s), completion_flush_s=flush_s, peak_mib_per_unit=3000.0
+        ) as stack:
+            writes: list[m.JobState] = []
+
+            async def on_write(msg: Msg, writes: list[m.JobState] = writes) -> None:
+                with contextlib.suppress(DecodeError):
+                    writes.append(decode(msg.data, m.JobState))
+
+            await stack.nc.subscribe(f"$KV.{subjects.BUCKET_JOBS}.>", cb=on_write)
+            # 3 GB a unit: a subjob takes 1 to 13 units, depending on its slice.
+            spec = good_spec(
+                f"write-behind-{per_subjob}",
+                14,
+                max_parallel=1,
+                params={"units": 40, "samples_per_unit": 2000},
+                memory=m.MemoryDecl(base_mib=0.0, per_unit_mib=3000.0, rel_sd=0.05),
+            )
+            job = await stack.client.submit(spec)
+            (state,) = await stack.wait_done([job.job_id])
+            assert_intact(state)
+            n = len(state.history)
+            mine = [w for w in writes if w.job_id == job.job_id]
+            assert n >= 3, state.history
+            # The gateway's, the claim, then per subjob; the last completion on its own.
+            assert len(mine) == 2 + per_subjob * n + (1 if per_subjob == 1 else 0), [
+                (w.status, w.next_seq, len(w.in_flight), w.units_done) for w in mine
+            ]
+
+
+async def test_a_completion_delivered_again_before_it_is_written_is_acknowledged_with_the_write(
+    server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A completion folded in and not yet written, delivered again (its acknowledgement was late): the
+    second delivery is not acknowledged before the first is written either, so an agent dying in
+    between loses neither; once the job is written, both are acknowledged and applied once."""
+    async with running(server, tmp_path, executor=False, completion_flush_s=30.0) as stack:
+        spec = good_spec(
+            "late-write",
+            15,
+            max_parallel=1,
+            params={"units": 40, "samples_per_unit": 2000},
+            memory=m.MemoryDecl(base_mib=0.0, per_unit_mib=3000.0, rel_sd=0.05),  # not all in one
+        )
+        job_id, _grant, sj = await one_subjob(stack, spec)
+        assert sj.units < 40
+        await stack.remove("advertiser")  # no next grant: nothing writes the job but the flush
+        w = workload(sj.workload)
+        output = w.run(w.validate(dict(sj.params)), sj.unit_start, sj.units, sj.input_checkpoint)
+        now = time.time()
+        done = m.Completion(
+            subjob_id=sj.subjob_id,
+            job_id=job_id,
+            grant_id=sj.grant_id,
+            fence=sj.fence,
+            slice_id=sj.slice_id,
+            status="ok",
+            unit_start=sj.unit_start,
+            units=sj.units,
+            units_done=sj.units,
+            peak_mem_mib=1.0,
+            duration_s=0.01,
+            mem_cap_mib=sj.mem_cap_mib,
+            time_cap_s=sj.time_cap_s,
+            started_at=now,
+            finished_at=now,
+            output_checkpoint=output,
+        )
+        js = stack.nc.jetstream()
+        for copy in ("first", "again"):
+            await js.publish(
+                subjects.subjob_completed(job_id), encode(done), headers={"Nats-Msg-Id": f"zz-{copy}"}
+            )
+        durable = "agent-" + subjects._key(AGENT)
+        info = None
+        for _ in range(100):
+            info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
+            if info.num_ack_pending >= 2:
+                break
+            await asyncio.sleep(0.02)
+        assert info is not None and info.num_ack_pending >= 2, "acknowledged before being written"
+        written = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
+        assert written is not None and written[0].units_done == 0
+        await stack.agent.flush(job_id)  # type: ignore[attr-defined]
+        info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
+        for _ in range(100):
+            if info.num_ack_pending == 0:
+                break
+            await asyncio.sleep(0.02)
+            info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
+        assert info.num_ack_pending == 0
+        written = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
+        assert written is not None and written[0].units_done == sj.units
+        assert [h.subjob_id for h in written[0].history] == [sj.subjob_id]
+
+
+# --- bugs found by the storms, pinned -----------------------------------------------------------------
+
+
+async def test_forged_submission_does_not_stall_the_agent(server: EmbeddedNats, tmp_path: Path) -> None:
+    async with running(server, tmp_path) as stack:
+        forged = msgspec.structs.replace(
+            J.new_job("zz-forged", good_spec("zz", 0), time.time()), profile=None
+        )
+        await stack.nc.jetstream().publish(subjects.job_submitted(forged.job_id), encode(forged))
+        await asyncio.sleep(0.3)
+        job = await stack.client.submit(good_spec("victim", 13))
+        (state,) = await stack.wait_done([job.job_id], timeout_s=6.0)
+        assert_intact(state)
+
+
+async def test_offer_reply_to_cannot_redirect_the_agent(server: EmbeddedNats, tmp_path: Path) -> None:
+    async with running(server, tmp_path, executor=False, advertiser=False) as stack:
+        job = await stack.client.submit(good_spec("victim", 14))
+        await asyncio.sleep(0.3)
+        now = time.time()
+        window = m.Window(
+            slice_id="zz-slice", node=NODE, pool=POOL, gpu_model="x", profile="1g.5gb", mem_mib=5000,
+            compute_share=0.1, start_s=now, end_s=now + 2,
+        )  # fmt: skip
+        offer = m.Offer(
+            offer_id="zz-offer", round=1, window=window, slice_fence=10**9, slice_revision=0,
+            issued_at=now, reply_by=now + 0.05, reply_to=f"$KV.{subjects.BUCKET_JOBS}.{job.job_id}",
+        )  # fmt: skip
+        await stack.nc.publish(subjects.offer_opened(POOL), encode(offer))
+        await stack.nc.flush()
+        await asyncio.sleep(0.3)
+        assert (await stack.client.status(job.job_id)).job_id == job.job_id
+
+
+# --- found on the way: a subjob whose dispatch failed ------------------------------------------------
+
+
+async def test_failed_dispatch_is_planned_again(server: EmbeddedNats, tmp_path: Path) -> None:
+    async with running(server, tmp_path, executor=False) as stack:
+        js = stack.nc.jetstream()
+        await js.delete_stream(subjects.STREAM_SUBJOBS.name)  # JetStream cannot take a subjob now
+        job = await stack.client.submit(good_spec("undispatched", 16, max_parallel=1))
+        for _ in range(150):
+            got = await stack.agent.jobs.get(job.job_id)  # type: ignore[union-attr]
+            if got is not None and got[0].in_flight:
+                break
+            await asyncio.sleep(0.02)
+        assert got is not None and got[0].in_flight, "the agent took a grant and recorded its subjob"
+        await asyncio.sleep(0.3)  # its publish has failed by now
+        await ensure_jetstream(js)  # JetStream is back
+        for _ in range(90):  # the lease (3 s) lapses, the slice returns; the units must be planned again
+            info = await js.stream_info(subjects.STREAM_SUBJOBS.name)
+            if info.state.messages:
+                break
+            await asyncio.sleep(0.1)
+        assert info.state.messages, "no subjob dispatched again after JetStream came back"
+
+
+async def test_a_subjob_never_dispatched_is_given_up_and_planned_again(
+    server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """JetStream stays away past the lease: the agent stops retrying, its reaper gives the subjob
+    up once its slice has moved on, and the units go to a new subjob when JetStream is back."""
+    async with running(server, tmp_path, executor=False) as stack:
+        js = stack.nc.jetstream()
+        await js.delete_stream(subjects.STREAM_SUBJOBS.name)
+        job = await stack.client.submit(good_spec("given-up", 16, max_parallel=1))
+        first = None
+        for _ in range(150):
+            got = await stack.agent.jobs.get(job.job_id)  # type: ignore[union-attr]
+            if got is not None and got[0].in_flight:
+                first = got[0].in_flight[0]
+                break
+            await asyncio.sleep(0.02)
+        assert first is not None, "the agent took a grant and recorded its subjob"
+        await asyncio.sleep(3.5)  # past the lease: the agent has stopped retrying
+        await ensure_jetstream(js)
+        deadline = time.monotonic() + first.time_cap_s + 20
+        state = None
+        while time.monotonic() < deadline:
+            got = await stack.agent.jobs.get(job.job_id)  # type: ignore[union-attr]
+            state = got[0] if got else None
+            if state is not None and not any(f.subjob_id == first.subjob_id for f in state.in_flight):
+                break
+            await asyncio.sleep(0.2)
+        assert state is not None
+        assert all(f.subjob_id != first.subjob_id for f in state.in_flight), "never given up"
+        assert any(r.start <= first.unit_start < r.start + r.count for r in state.retry) or any(
+            f.unit_start == first.unit_start for f in state.in_flight
+        ), "its units are to be planned again"
+        for _ in range(100):
+            info = await js.stream_info(subjects.STREAM_SUBJOBS.name)
+            if info.state.messages:
+                break
+            await asyncio.sleep(0.1)
+        assert info.state.messages, "the units were dispatched again"
+
+
+async def test_stop_does_not_wait_out_the_drain_timeout(server: EmbeddedNats, tmp_path: Path) -> None:
+    settings_ = {"nats_url": server.url, "out_dir": str(tmp_path / "out"), "instance": AGENT}
+    agent = AgentService(AgentSettings(**settings_))
+    await agent.start()
+    await asyncio.sleep(1.5)
+    t0 = time.monotonic()
+    try:
+        await asyncio.wait_for(agent.stop(), timeout=2.0)
+    except TimeoutError:
+        pass
+    finally:
+        if agent.nc is not None and not agent.nc.is_closed:
+            await agent.nc.close()
+    assert time.monotonic() - t0 < 2.0
