@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from services.agent.service import AgentService, AgentSettings
+from services.agent.service import JOBS_CONSUMER, AgentService, AgentSettings
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.connection import ensure_jetstream
 from sja.bus.natsd import EmbeddedNats
@@ -25,39 +28,53 @@ from tests.integration.hostile_stack import (
     AGENT,
     NODE,
     POOL,
+    Stack,
     assert_intact,
     capture,
+    consumed,
+    every_slice_taken,
     good_spec,
+    logged,
     one_subjob,
     running,
     slice_states,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(120)
 
 
 async def test_replayed_grant_of_a_running_subjob_changes_nothing(
-    server: EmbeddedNats, tmp_path: Path
+    server: EmbeddedNats, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING)
     async with running(server, tmp_path, executor=False) as stack:
-        _job_id, grant, sj = await one_subjob(stack, good_spec("held", 10, max_parallel=1))
+        job_id, grant, sj = await one_subjob(stack, good_spec("held", 10, max_parallel=1))
         dispatched: list[Msg] = []
         await capture(stack.nc, f"{subjects.PREFIX}.subjob.dispatched.>", dispatched)
         await stack.nc.publish(subjects.grant_issued(AGENT), encode(grant))
         await stack.nc.flush()
-        await asyncio.sleep(0.3)
+        await wait_until(
+            lambda: logged(
+                caplog, f"ignoring grant {grant.grant_id} for {job_id}: grant already materialized"
+            ),
+            "the agent saw the grant again",
+        )
         held, _ = (await slice_states(stack))[sj.slice_id]
         assert (held.status, held.grant_id, held.fence) == ("leased", grant.grant_id, grant.fence)
         assert not dispatched
 
 
-async def test_stale_grant_is_not_materialized(server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_stale_grant_is_not_materialized(
+    server: EmbeddedNats, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A grant the slice never held (an old fence, an unknown grant id) for a job with room for more:
     no subjob, no change to the job."""
+    caplog.set_level(logging.WARNING)
     async with running(server, tmp_path, executor=False) as stack:
         spec = good_spec("stale", 11, max_parallel=64, params={"units": 200, "samples_per_unit": 2000})
         job_id, grant, _sj = await one_subjob(stack, spec)
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: every_slice_taken(stack, job_id), "the job holds every slice")
         got = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
         assert got is not None
         before, _ = got
@@ -71,7 +88,11 @@ async def test_stale_grant_is_not_materialized(server: EmbeddedNats, tmp_path: P
         for g in stale:
             await stack.nc.publish(subjects.grant_issued(AGENT), encode(g))
         await stack.nc.flush()
-        await asyncio.sleep(0.3)
+        for g in stale:
+            await wait_until(
+                lambda g=g: logged(caplog, f"ignoring stale grant {g.grant_id} ", f"(fence {g.fence})"),
+                f"the agent refused the stale grant {g.grant_id} (fence {g.fence})",
+            )
         forged = {(g.grant_id, g.fence) for g in stale}
         assert not [
             d
@@ -162,26 +183,56 @@ async def test_a_completion_delivered_again_before_it_is_written_is_acknowledged
                 subjects.subjob_completed(job_id), encode(done), headers={"Nats-Msg-Id": f"zz-{copy}"}
             )
         durable = "agent-" + subjects._key(AGENT)
-        info = None
-        for _ in range(100):
+
+        async def ack_pending() -> int:
             info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
-            if info.num_ack_pending >= 2:
-                break
-            await asyncio.sleep(0.02)
-        assert info is not None and info.num_ack_pending >= 2, "acknowledged before being written"
+            return int(info.num_ack_pending)
+
+        # Both delivered and folded in (the first), neither acknowledged before the job is written.
+        await wait_until(lambda: stack.agent._unsaved.get(job_id), "the completion folded in, not written")
+        await wait_until(
+            lambda: _at_least(ack_pending, 2), "both delivered, neither acknowledged before the write"
+        )
         written = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
         assert written is not None and written[0].units_done == 0
         await stack.agent.flush(job_id)  # type: ignore[attr-defined]
-        info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
-        for _ in range(100):
-            if info.num_ack_pending == 0:
-                break
-            await asyncio.sleep(0.02)
-            info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
-        assert info.num_ack_pending == 0
+        await wait_until(lambda: _at_most(ack_pending, 0), "both acknowledged once the job is written")
         written = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
         assert written is not None and written[0].units_done == sj.units
         assert [h.subjob_id for h in written[0].history] == [sj.subjob_id]
+
+
+async def _at_least(value: Callable[[], Awaitable[int]], n: int) -> bool:
+    return await value() >= n
+
+
+async def _at_most(value: Callable[[], Awaitable[int]], n: int) -> bool:
+    return await value() <= n
+
+
+async def in_flight(stack: Stack, job_id: str) -> list[m.InFlight]:
+    got = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
+    return list(got[0].in_flight) if got is not None else []
+
+
+async def stored_subjobs(js: Any) -> int:
+    return int((await js.stream_info(subjects.STREAM_SUBJOBS.name)).state.messages)
+
+
+def publish_failures(agent: AgentService) -> list[BaseException]:
+    """The agent's JetStream publishes that fail from now on, as they fail (each still the real one)."""
+    failures: list[BaseException] = []
+    real = agent.jetstream.publish
+
+    async def publish(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await real(*args, **kwargs)
+        except Exception as e:
+            failures.append(e)
+            raise
+
+    agent.jetstream.publish = publish  # type: ignore[method-assign]
+    return failures
 
 
 # --- bugs found by the storms, pinned -----------------------------------------------------------------
@@ -192,17 +243,23 @@ async def test_forged_submission_does_not_stall_the_agent(server: EmbeddedNats, 
         forged = msgspec.structs.replace(
             J.new_job("zz-forged", good_spec("zz", 0), time.time()), profile=None
         )
-        await stack.nc.jetstream().publish(subjects.job_submitted(forged.job_id), encode(forged))
-        await asyncio.sleep(0.3)
+        ack = await stack.nc.jetstream().publish(subjects.job_submitted(forged.job_id), encode(forged))
+        await wait_until(
+            lambda: consumed(stack.nc, subjects.STREAM_JOBS.name, JOBS_CONSUMER, ack.seq),
+            "the agent handled the forged submission",
+        )
         job = await stack.client.submit(good_spec("victim", 13))
         (state,) = await stack.wait_done([job.job_id], timeout_s=6.0)
         assert_intact(state)
 
 
-async def test_offer_reply_to_cannot_redirect_the_agent(server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_offer_reply_to_cannot_redirect_the_agent(
+    server: EmbeddedNats, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
     async with running(server, tmp_path, executor=False, advertiser=False) as stack:
         job = await stack.client.submit(good_spec("victim", 14))
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: job.job_id in stack.agent.owned, "the agent claimed the job")
         now = time.time()
         window = m.Window(
             slice_id="zz-slice", node=NODE, pool=POOL, gpu_model="x", profile="1g.5gb", mem_mib=5000,
@@ -214,7 +271,10 @@ async def test_offer_reply_to_cannot_redirect_the_agent(server: EmbeddedNats, tm
         )  # fmt: skip
         await stack.nc.publish(subjects.offer_opened(POOL), encode(offer))
         await stack.nc.flush()
-        await asyncio.sleep(0.3)
+        await wait_until(
+            lambda: logged(caplog, "ignoring offer zz-offer with reply subject"),
+            "the agent refused the offer",
+        )
         assert (await stack.client.status(job.job_id)).job_id == job.job_id
 
 
@@ -223,70 +283,72 @@ async def test_offer_reply_to_cannot_redirect_the_agent(server: EmbeddedNats, tm
 
 async def test_failed_dispatch_is_planned_again(server: EmbeddedNats, tmp_path: Path) -> None:
     async with running(server, tmp_path, executor=False) as stack:
+        failed = publish_failures(stack.agent)
         js = stack.nc.jetstream()
         await js.delete_stream(subjects.STREAM_SUBJOBS.name)  # JetStream cannot take a subjob now
         job = await stack.client.submit(good_spec("undispatched", 16, max_parallel=1))
-        for _ in range(150):
-            got = await stack.agent.jobs.get(job.job_id)  # type: ignore[union-attr]
-            if got is not None and got[0].in_flight:
-                break
-            await asyncio.sleep(0.02)
-        assert got is not None and got[0].in_flight, "the agent took a grant and recorded its subjob"
-        await asyncio.sleep(0.3)  # its publish has failed by now
+        await wait_until(
+            lambda: in_flight(stack, job.job_id), "the agent took a grant and recorded its subjob"
+        )
+        await wait_until(lambda: failed, "its publish failed")
         await ensure_jetstream(js)  # JetStream is back
-        for _ in range(90):  # the lease (3 s) lapses, the slice returns; the units must be planned again
-            info = await js.stream_info(subjects.STREAM_SUBJOBS.name)
-            if info.state.messages:
-                break
-            await asyncio.sleep(0.1)
-        assert info.state.messages, "no subjob dispatched again after JetStream came back"
+        # The lease (3 s) lapses, the slice returns; the units must be planned again.
+        await wait_until(
+            lambda: stored_subjobs(js), "no subjob dispatched again after JetStream came back", timeout_s=9.0
+        )
 
 
 async def test_a_subjob_never_dispatched_is_given_up_and_planned_again(
-    server: EmbeddedNats, tmp_path: Path
+    server: EmbeddedNats, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """JetStream stays away past the lease: the agent stops retrying, its reaper gives the subjob
     up once its slice has moved on, and the units go to a new subjob when JetStream is back."""
+    caplog.set_level(logging.WARNING)
     async with running(server, tmp_path, executor=False) as stack:
         js = stack.nc.jetstream()
         await js.delete_stream(subjects.STREAM_SUBJOBS.name)
         job = await stack.client.submit(good_spec("given-up", 16, max_parallel=1))
-        first = None
-        for _ in range(150):
-            got = await stack.agent.jobs.get(job.job_id)  # type: ignore[union-attr]
-            if got is not None and got[0].in_flight:
-                first = got[0].in_flight[0]
-                break
-            await asyncio.sleep(0.02)
-        assert first is not None, "the agent took a grant and recorded its subjob"
-        await asyncio.sleep(3.5)  # past the lease: the agent has stopped retrying
+        made = await wait_until(
+            lambda: in_flight(stack, job.job_id), "the agent took a grant and recorded its subjob"
+        )
+        first = made[0]
+        await wait_until(
+            lambda: logged(caplog, f"could not dispatch subjob {first.subjob_id} before its lease lapsed"),
+            "the agent stopped retrying once the lease had lapsed",
+        )
         await ensure_jetstream(js)
-        deadline = time.monotonic() + first.time_cap_s + 20
-        state = None
-        while time.monotonic() < deadline:
+
+        async def given_up() -> m.JobState | None:
             got = await stack.agent.jobs.get(job.job_id)  # type: ignore[union-attr]
             state = got[0] if got else None
-            if state is not None and not any(f.subjob_id == first.subjob_id for f in state.in_flight):
-                break
-            await asyncio.sleep(0.2)
-        assert state is not None
-        assert all(f.subjob_id != first.subjob_id for f in state.in_flight), "never given up"
+            if state is not None and all(f.subjob_id != first.subjob_id for f in state.in_flight):
+                return state
+            return None
+
+        state = await wait_until(given_up, "never given up", timeout_s=first.time_cap_s + 20)
         assert any(r.start <= first.unit_start < r.start + r.count for r in state.retry) or any(
             f.unit_start == first.unit_start for f in state.in_flight
         ), "its units are to be planned again"
-        for _ in range(100):
-            info = await js.stream_info(subjects.STREAM_SUBJOBS.name)
-            if info.state.messages:
-                break
-            await asyncio.sleep(0.1)
-        assert info.state.messages, "the units were dispatched again"
+        await wait_until(lambda: stored_subjobs(js), "the units were dispatched again", timeout_s=10.0)
 
 
 async def test_stop_does_not_wait_out_the_drain_timeout(server: EmbeddedNats, tmp_path: Path) -> None:
     settings_ = {"nats_url": server.url, "out_dir": str(tmp_path / "out"), "instance": AGENT}
     agent = AgentService(AgentSettings(**settings_))
     await agent.start()
-    await asyncio.sleep(1.5)
+    assert agent.nc is not None
+    js = agent.nc.jetstream()
+    consumers = [
+        (subjects.STREAM_JOBS.name, JOBS_CONSUMER),
+        (subjects.STREAM_COMPLETIONS.name, "agent-" + subjects._key(AGENT)),
+    ]
+
+    async def fetching() -> bool:
+        infos = [await js.consumer_info(stream, name) for stream, name in consumers]
+        return all(i.num_waiting for i in infos)
+
+    # Stopped while both pull requests wait at the server (whose late status messages kept drain waiting).
+    await wait_until(fetching, "the agent's pull requests waiting at the server")
     t0 = time.monotonic()
     try:
         await asyncio.wait_for(agent.stop(), timeout=2.0)

@@ -3,7 +3,6 @@ opened, and stopping with a round open."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from sja.bus.connection import connect
 from sja.bus.natsd import EmbeddedNats
 from sja.protocol import messages as m
 from sja.protocol import subjects
-from tests.integration.hostile_stack import NODE, POLICY_SUBJECT, POOL, request_retrying
+from tests.integration.hostile_stack import NODE, POLICY_SUBJECT, POOL, request_retrying, settled, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,13 +52,17 @@ async def test_late_replies_are_not_kept(server: EmbeddedNats, tmp_path: Path) -
             )  # fmt: skip
             await nc.publish(subjects.offer_opened(POOL), encode(offer))
             await nc.flush()
-            await asyncio.sleep(0.3)  # the round closed at its deadline
+            await wait_until(lambda: "zz-closed" in clearer.closed, "the round closed at its deadline")
             assert "zz-closed" not in clearer.rounds
             late = encode(m.Reply(offer_id="zz-closed", agent_id="zz-slow-agent"))
             for _ in range(100):
                 await nc.publish(subjects.offer_replied(POOL), late)
+            # Then one reply that is kept: handled after the late ones (one publisher, in order).
+            marker = encode(m.Reply(offer_id="zz-marker", agent_id="zz-slow-agent"))
+            await nc.publish(subjects.offer_replied(POOL), marker)
             await nc.flush()
-            await asyncio.sleep(0.3)
+            await settled(nc, [clearer], "the late replies")
+            assert ("zz-marker", "zz-slow-agent") in clearer.early, "the replies were handled"
             assert not any(k == "zz-closed" for k, _ in clearer.early), "late replies kept"
             # Replies to offers never seen are kept once per (round, agent), and bounded in all.
             early = encode(m.Reply(offer_id="zz-never-offered", agent_id="zz-agent"))
@@ -70,7 +73,8 @@ async def test_late_replies_are_not_kept(server: EmbeddedNats, tmp_path: Path) -
                     subjects.offer_replied(POOL), encode(m.Reply(offer_id=f"zz-x{i}", agent_id="zz-a"))
                 )
             await nc.flush()
-            await asyncio.sleep(0.5)
+            await settled(nc, [clearer], "the early replies")
+            assert (f"zz-x{MAX_EARLY_REPLIES + 99}", "zz-a") in clearer.early, "the last reply was handled"
             assert len(clearer.early) <= MAX_EARLY_REPLIES
     finally:
         await nc.close()
@@ -98,8 +102,9 @@ async def test_stopped_clearer_leaves_no_round_timer(server: EmbeddedNats, tmp_p
         )  # fmt: skip
         await nc.publish(subjects.offer_opened(POOL), encode(offer))
         await nc.flush()
-        await asyncio.sleep(0.1)
-        assert "zz-open" in clearer.rounds, "the round is open, waiting for the silent agent"
+        await wait_until(
+            lambda: "zz-open" in clearer.rounds, "the round is open, waiting for the silent agent"
+        )
         await clearer.stop()
         assert all(r.timer is None or r.timer.cancelled() for r in clearer.rounds.values())
     finally:

@@ -10,7 +10,6 @@ the storms leave out exactly the inputs those tests cover, and say so where they
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
@@ -36,13 +35,18 @@ from tests.integration.hostile_stack import (
     POOL,
     REQUEST_TIMEOUT_S,
     REQUEST_TYPES,
+    Stack,
     assert_intact,
     capture,
+    consumed,
     describe,
     good_spec,
+    logged,
+    rejected,
     running,
     slice_states,
     unexpected_errors,
+    wait_until,
 )
 from tests.integration.hostile_values import (
     cancels,
@@ -87,21 +91,32 @@ def core_messages() -> st.SearchStrategy[tuple[str, str, bytes]]:
     )
 
 
+MESSAGE_TYPES = [
+    cls
+    for cls in vars(m).values()
+    if isinstance(cls, type) and issubclass(cls, m.Message) and cls is not m.Message
+]
+
+
 async def test_core_subjects_survive_hostile_messages(
     server: EmbeddedNats, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Offers, replies, grants, outcomes, heartbeats, demand changes and cancel requests: every service
     stays up after each message, and a job from before and one from after the storm complete intact."""
     storm = draw_examples(core_messages(), 240)
+    # Every subject has a subscriber: what is no message at all is dropped, and counted, at least once.
+    refused = sum(1 for _, _, data in storm if not any(_decodes(data, cls) for cls in MESSAGE_TYPES))
+    assert refused > 0
     caplog.set_level(logging.ERROR)
     async with running(server, tmp_path) as stack:
+        rejected_before = stack.rejected()
         before = await stack.client.submit(good_spec("before", 1))
         for kind, subject, data in storm:
             await stack.nc.publish(subject, data)
             await stack.nc.flush()
             await stack.assert_alive(describe(kind, subject, data))
-        await asyncio.sleep(0.3)  # let the last handlers run
-        await stack.assert_alive("after the storm")
+        await stack.settled("after the storm")
+        assert stack.rejected() - rejected_before >= refused, "the storm's undecodable messages were dropped"
         after = await stack.client.submit(good_spec("after", 2))
         for s in await stack.wait_done([before.job_id, after.job_id]):
             assert_intact(s)
@@ -162,12 +177,41 @@ async def test_jetstream_subjects_survive_hostile_messages(
     async with running(server, tmp_path, executor=True, hold_s=0.05) as stack:
         before = await stack.client.submit(good_spec("before", 5, max_parallel=1))
         storm = draw_examples(jetstream_messages(before.job_id), 160)
+        # What each consumer must drop, and count: every submission (none decodes), the subjobs for
+        # this node and the completions that do not decode. (Round records are read by a clearer
+        # that starts: below.)
+        dispatched_here = f"{subjects.PREFIX}.subjob.dispatched.{subjects._key(NODE)}."
+        expected = {
+            (stack.agent, f"{subjects.PREFIX}.job.submitted.>"): [k for k, _, _ in storm].count(
+                "job.submitted"
+            ),
+            (stack.agent, f"{subjects.PREFIX}.subjob.completed.>"): sum(
+                1 for k, _, d in storm if k == "subjob.completed" and not _decodes(d, m.Completion)
+            ),
+            (stack.services["executor"], f"{dispatched_here}>"): sum(
+                1 for _, s, d in storm if s.startswith(dispatched_here) and not _decodes(d, m.Subjob)
+            ),
+        }
+        assert all(expected.values()), expected
+        counted = {key: rejected(*key) for key in expected}
         js = stack.nc.jetstream()
         for i, (kind, subject, data) in enumerate(storm):
             await js.publish(subject, data, headers={"Nats-Msg-Id": f"fuzz-{i}"})
             await stack.assert_alive(describe(kind, subject, data))
-        await asyncio.sleep(0.5)
-        await stack.assert_alive("after the storm")
+        for (svc, subject), n in expected.items():
+            await wait_until(
+                lambda svc=svc, subject=subject, n=n: rejected(svc, subject) - counted[svc, subject] >= n,
+                f"{svc.instance} dropped the {n} undecodable messages on {subject}",
+            )
+
+        async def all_delivered() -> bool:
+            for stream in (subjects.STREAM_JOBS, subjects.STREAM_SUBJOBS, subjects.STREAM_COMPLETIONS):
+                if any(c.num_pending for c in await js.consumers_info(stream.name)):
+                    return False
+            return True
+
+        await wait_until(all_delivered, "every stored message delivered to its consumers")
+        await stack.settled("after the storm")
         errors = unexpected_errors(caplog)
         # The clearer rebuilds its ledger from SJA_ROUNDS, hostile records included. (Stopping it can log
         # "Task exception was never retrieved" from a round whose timer fired after stop(): a shutdown
@@ -253,6 +297,15 @@ async def test_oversized_messages_on_every_subject(
         subjects.outcome_sent(AGENT): encode(m.Outcome(offer_id="zz-o", verdicts=[verdict] * 40_000)),
     }
     async with running(server, tmp_path) as stack:
+        # Each subject of big_core has a subscriber on exactly that subject, which drops and counts it.
+        too_large = {s: stack.rejected(s, "too_large") for s in big_core}
+        dispatched_here = f"{subjects.PREFIX}.subjob.dispatched.{subjects._key(NODE)}.>"
+        stored = {
+            (stack.agent, f"{subjects.PREFIX}.job.submitted.>"): 0.0,
+            (stack.services["executor"], dispatched_here): 0.0,
+            (stack.agent, f"{subjects.PREFIX}.subjob.completed.>"): 0.0,
+        }
+        stored = {key: rejected(*key, reason="too_large") for key in stored}
         before = await stack.client.submit(good_spec("before", 7))
         for subject, data in itertools.chain(big_core.items(), huge_core.items()):
             assert len(data) < MAX_PAYLOAD
@@ -276,8 +329,15 @@ async def test_oversized_messages_on_every_subject(
                 err = decode(reply.data, m.ErrorReply)
                 assert err.code == "bad_request" and "exceeds" in err.message, (subject, err)
         # (The policy endpoint with an oversized name: test_policy_endpoint_answers_with_a_typed_error.)
-        await asyncio.sleep(0.3)
-        await stack.assert_alive("after the oversized messages")
+        await stack.settled("after the oversized messages")
+        for subject, n in too_large.items():
+            assert stack.rejected(subject, "too_large") > n, f"nothing dropped {over + 1} bytes on {subject}"
+        # (A round record is read by a clearer that starts: none does here.)
+        for (svc, subject), n in stored.items():
+            await wait_until(
+                lambda svc=svc, subject=subject, n=n: rejected(svc, subject, "too_large") > n,
+                f"{svc.instance} dropped the {over + 1} bytes stored on {subject}",
+            )
         after = await stack.client.submit(good_spec("after", 8))
         for s in await stack.wait_done([before.job_id, after.job_id]):
             assert_intact(s)
@@ -287,8 +347,12 @@ async def test_oversized_messages_on_every_subject(
 # --- replays: stale offers, grants and completions change nothing --------------------------------------
 
 
+async def all_free(stack: Stack) -> bool:
+    return all(s.status == "free" for s, _ in (await slice_states(stack)).values())
+
+
 async def test_replayed_offers_grants_and_completions_change_nothing(
-    server: EmbeddedNats, tmp_path: Path
+    server: EmbeddedNats, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every offer, grant, subjob completion of a finished job replayed (completions with fresh message
     ids, so JetStream's de-duplication does not hide them): no grant comes of an old offer, no slice
@@ -315,24 +379,39 @@ async def test_replayed_offers_grants_and_completions_change_nothing(
         await replaying.unsubscribe()
         assert done_seen and grants_seen and offers_seen
 
-        # The job is over; let the last frees land, then look at everything.
-        await asyncio.sleep(0.3)
+        # The job is over; wait for the last frees and the replayed completions, then look at everything.
+        caplog.set_level(logging.WARNING)
+        durable = "agent-" + subjects._key(AGENT)
+        last = (await stack.nc.jetstream().stream_info(subjects.STREAM_COMPLETIONS.name)).state.last_seq
+        await wait_until(
+            lambda: consumed(stack.nc, subjects.STREAM_COMPLETIONS.name, durable, last),
+            "the replayed completions handled",
+        )
+        await wait_until(lambda: all_free(stack), "every slice free again", timeout_s=20.0)
         slices_before = await slice_states(stack)
         got = await stack.agent.jobs.get(job.job_id)  # type: ignore[union-attr]
         assert got is not None
         state_before, rev_before = got
         new_grants: list[Msg] = []
         await capture(stack.nc, subjects.grant_issued("*"), new_grants)
-        for msg in offers_seen + grants_seen:
+        replays, said_before = offers_seen + grants_seen, len(logged(caplog, "delivered again: ignored"))
+        for msg in replays:
             await stack.nc.publish(msg.subject, msg.data, headers=msg.headers)
         js = stack.nc.jetstream()
         for msg in done_seen:
             headers = dict(msg.headers or {})
             headers["Nats-Msg-Id"] = headers.get("Nats-Msg-Id", "") + ":late"
-            await js.publish(msg.subject, msg.data, headers=headers)
+            last = (await js.publish(msg.subject, msg.data, headers=headers)).seq
         await stack.nc.flush()
-        await asyncio.sleep(0.6)
-        await stack.assert_alive("after the replays")
+        # Handled: the offers and grants (every service idle after them; the clearer said of each
+        # offer that it came again), the completions (the agent acknowledged every one).
+        await stack.settled("after the replays")
+        said = len(logged(caplog, "delivered again: ignored")) - said_before
+        assert said >= len(replays) - len(grants_seen), "the clearer saw the replayed offers"
+        await wait_until(
+            lambda: consumed(stack.nc, subjects.STREAM_COMPLETIONS.name, durable, last),
+            "the late completions handled",
+        )
         old_grants = {g.grant_id for x in grants_seen for g in decode_grants(x.data)}
         issued = [g for x in new_grants for g in decode_grants(x.data) if g.grant_id not in old_grants]
         assert not issued, f"grants issued for replayed offers: {issued}"
