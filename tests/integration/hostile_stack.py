@@ -2,10 +2,15 @@
 every service in-process, on a nats-server with ``max_payload`` raised to 8 MiB (the ``server``
 fixture of ``tests/integration/conftest.py``), and the waits they use.
 
+The executor is the real ``ExecutorService`` (admission, lease start, completion, freeing the slice)
+with its Ray actor replaced by an in-process run of the workload (``InstantExecutor``).
+
 Waits are on events, never fixed sleeps: ``wait_until`` polls a condition up to a generous deadline;
-``Stack.settled`` waits until every service has read (``$SRV.PING`` answered after them) and handled
-(no message waiting, no handler running) what was sent before it; ``Stack.rejected`` reads a
-service's count of dropped messages; ``LogWatch`` waits for a service's log line.
+``settled`` waits until services have read (``$SRV.PING`` answered after them) and handled (no
+message waiting, no handler running) what was sent before it; ``rejected`` reads a service's count
+of dropped messages; ``logged`` finds a service's log line; ``consumed`` tells whether a JetStream
+consumer acknowledged everything up to a message. A test that asserts an input changed nothing
+first proves with one of them that the input was handled.
 """
 
 from __future__ import annotations
