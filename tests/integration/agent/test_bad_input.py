@@ -188,8 +188,14 @@ async def test_a_completion_delivered_again_before_it_is_written_is_acknowledged
             info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, durable)
             return int(info.num_ack_pending)
 
-        # Both delivered and folded in (the first), neither acknowledged before the job is written.
-        await wait_until(lambda: stack.agent._unsaved.get(job_id), "the completion folded in, not written")
+        # Both handled: the first folded into the job in memory, both held to be acknowledged with
+        # the job's write (the agent's unsaved completions); neither acknowledged before it.
+        await wait_until(
+            lambda: stack.agent.owned[job_id][0].units_done == sj.units, "the first delivery folded in"
+        )
+        await wait_until(
+            lambda: len(stack.agent._unsaved.get(job_id, [])) >= 2, "both deliveries held for the write"
+        )
         await wait_until(
             lambda: _at_least(ack_pending, 2), "both delivered, neither acknowledged before the write"
         )
