@@ -189,19 +189,19 @@ async def test_a_completion_delivered_again_before_it_is_written_is_acknowledged
             return int(info.num_ack_pending)
 
         # Both handled: the first folded into the job in memory, both held to be acknowledged with
-        # the job's write (the agent's unsaved completions); neither acknowledged before it.
+        # the job's write (the agent writer's pending changes); neither acknowledged before it.
         await wait_until(
             lambda: stack.agent.owned[job_id][0].units_done == sj.units, "the first delivery folded in"
         )
         await wait_until(
-            lambda: len(stack.agent._unsaved.get(job_id, [])) >= 2, "both deliveries held for the write"
+            lambda: len(stack.agent.writer.pending(job_id)) >= 2, "both deliveries held for the write"
         )
         await wait_until(
             lambda: _at_least(ack_pending, 2), "both delivered, neither acknowledged before the write"
         )
         written = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
         assert written is not None and written[0].units_done == 0
-        await stack.agent.flush(job_id)  # type: ignore[attr-defined]
+        await stack.agent.flush(job_id)
         await wait_until(lambda: _at_most(ack_pending, 0), "both acknowledged once the job is written")
         written = await stack.agent.jobs.get(job_id)  # type: ignore[union-attr]
         assert written is not None and written[0].units_done == sj.units
