@@ -477,6 +477,8 @@ class AgentService(Service):
                     span.set_attribute("sja.note", str(reason))
                     if J.gives_slice_back(reason):
                         await self.release(grant, reason)
+                    else:  # a replay
+                        log.warning("ignoring grant %s for %s: %s", grant.grant_id, grant.job_id, reason)
                     return
                 sj = m.subjob
                 span.set_attribute("sja.subjob_id", sj.subjob_id)

@@ -287,7 +287,9 @@ class ClearerService(Service):
         else:
             key, offers, reply_by = got.offer_id, [got], got.reply_by
         if key in self.rounds or key in self.closed:
-            return  # the same offer delivered twice
+            # The same offer delivered twice (a replay): said, so that it is seen to be handled.
+            log.warning("offer %s delivered again: ignored", key)
+            return
         # A slice already in an open round here (offered again before that round closed) waits for
         # it: two rounds for one slice clear it twice for at most one grant.
         fresh = fresh_offers(offers, self.open_slices)

@@ -240,6 +240,7 @@ class ExecutorService(Service):
         assert self.slices is not None
         if sj.subjob_id in self.running:
             # Delivered again while it runs here (ack wait passed, or a replay): not a lost run.
+            log.warning("subjob %s delivered again while it runs: kept running", sj.subjob_id)
             await msg.in_progress()
             return
         admitted = await slicelease.start(
