@@ -16,20 +16,18 @@ def _nats_importable() -> bool:
 
 
 NEEDS_NATS_CLIENT = [
+    "advertiser",
     "agent",
     "clearer",
-    "test_advertiser_free_set.py",
-    "test_agent_plan_memo.py",
-    "test_clear_batch.py",
-    "test_cohost.py",
-    "test_delivery_count.py",
-    "test_event_loop.py",
-    "test_executor_join.py",
-    "test_log_context.py",
-    "test_natsclient_headers.py",
-    "test_service_settings.py",
-    "test_spec_wording.py",
-    "test_tracing.py",
+    "executor",
+    "stack",
+    "bus/test_delivery_count.py",
+    "bus/test_event_loop.py",
+    "bus/test_natsclient_headers.py",
+    "bus/test_service_settings.py",
+    "bus/test_tracing.py",
+    "core/test_clear_batch.py",
+    "protocol/test_spec_wording.py",
 ]
 
 collect_ignore = [] if _nats_importable() else NEEDS_NATS_CLIENT

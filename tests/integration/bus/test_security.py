@@ -60,7 +60,7 @@ from sja.protocol.messages import (
     Window,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NATS_CONF = ROOT / "infra" / "nats" / "nats.conf"
 ROLES = (
     "INVENTORY",

@@ -12,12 +12,11 @@ import pytest
 
 from sja.execution import warm
 from sja.protocol import messages as m
-
-from .test_sequential_checkpoints import Actors, running, until_state
+from tests.integration.agent.test_sequential_checkpoints import Actors, running, until_state
 
 pytestmark = pytest.mark.timeout(150)
 
-LIBS = str(Path(__file__).resolve().parents[2] / "libs")
+LIBS = str(Path(__file__).resolve().parents[3] / "libs")
 
 PROGRAM = textwrap.dedent(
     """

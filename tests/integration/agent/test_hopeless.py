@@ -19,7 +19,7 @@ from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from sja.client import ApiError, SjaClient
 from sja.protocol.messages import JobSpec, MemoryDecl, TimeDecl
-from tests.integration.test_metrics import common, running
+from tests.integration.telemetry.test_metrics import common, running
 
 
 async def test_a_job_whose_smallest_subjob_fits_no_slice_fails_with_the_reason(

@@ -361,6 +361,7 @@ def test_a_range_tried_again_knows_its_attempt() -> None:
 
 
 def test_the_cli_leaves_a_workload_it_cannot_load_to_the_gateway() -> None:
+    pytest.importorskip("nats", reason="the client needs nats-py")
     from sja.client import load_spec
 
     spec = load_spec("name: p\ntenant: t\nworkload: some_pkg_not_here:Thing\n")

@@ -32,9 +32,9 @@ from sja.bus.natsd import free_port
 from sja.client import SjaClient
 from sja.protocol import subjects
 from sja.protocol.messages import JobSpec
-from tests.integration.test_metrics import Samples, common, running, scrape
+from tests.integration.telemetry.test_metrics import Samples, common, running, scrape
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "infra" / "grafana" / "dashboards" / "sja.json"
 DATASOURCES = ROOT / "infra" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDERS = ROOT / "infra" / "grafana" / "provisioning" / "dashboards" / "sja.yml"

@@ -42,7 +42,7 @@ from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, JobState
 from sja.workloads import run_in_one_piece
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SCHEMA_FILE = ROOT / "infra" / "schema" / "compose-spec.json"
 DOCKERFILE = ROOT / "infra" / "Dockerfile"

@@ -15,7 +15,7 @@ from services.registry import SERVICES, load
 from sja.bus.settings import BaseSettings
 from sja.protocol import subjects
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OPERATIONS = ROOT / "docs" / "operations.md"
 NAME = re.compile(r"\b(?:SJA|OTEL|RAY)_[A-Z0-9_]*[A-Z0-9]\b")
 

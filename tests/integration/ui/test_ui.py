@@ -25,7 +25,7 @@ from sja.bus.settings import SettingsError
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, MemoryDecl
 from tests.integration.accepted import accepted_earlier
-from tests.integration.test_metrics import common, running
+from tests.integration.telemetry.test_metrics import common, running
 
 
 def fetch(port: int, path: str) -> tuple[int, str, bytes]:

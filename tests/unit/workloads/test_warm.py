@@ -21,7 +21,7 @@ from sja.workloads.command import summary_of
 
 from .test_command import state_of, subjob
 
-LIBS = str(Path(__file__).resolve().parents[2] / "libs")
+LIBS = str(Path(__file__).resolve().parents[3] / "libs")
 
 # Sums the units it did; holds the sum in memory between ranges when warm, and says in its state
 # how each range got it (its pid, whether it loaded the state).

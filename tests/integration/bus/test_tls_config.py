@@ -24,9 +24,9 @@ from sja.bus.connection import connect
 from sja.bus.natsd import EmbeddedNats
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec
-from tests.integration.test_security import ROLES
+from tests.integration.bus.test_security import ROLES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NATS_DIR = ROOT / "infra" / "nats"
 CONTAINER_TLS_DIR = "/etc/nats/tls/"
 

@@ -20,8 +20,8 @@ from services.inventory.service import InventoryService, InventorySettings
 from sja.client import ApiError, SjaClient
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import JobSpec, MemoryDecl
-from tests.integration.test_cli_errors import sja_async
-from tests.integration.test_metrics import common, running
+from tests.integration.cli.test_cli_errors import sja_async
+from tests.integration.telemetry.test_metrics import common, running
 
 
 async def test_explain_says_why_a_job_that_fits_no_slice_waits(nats_url: str, tmp_path: Path, nc) -> None:

@@ -13,9 +13,8 @@ import pytest
 
 from sja.client import ApiError
 from sja.protocol import messages as m
-
-from .test_cli_errors import sja_async
-from .test_sequential_checkpoints import Actors, running, until_state
+from tests.integration.agent.test_sequential_checkpoints import Actors, running, until_state
+from tests.integration.cli.test_cli_errors import sja_async
 
 pytestmark = pytest.mark.timeout(120)
 
