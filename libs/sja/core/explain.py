@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from sja.core.jobs import is_terminal, next_range, plan_request
 from sja.core.planner import PlanLimits, largest_safe_size, usable_memory, usable_time
+from sja.core.policies.base import VerdictKind, verdict_kind
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import Explanation, JobSpec, JobState, RoundRecord, Window, WindowReason
 
@@ -123,15 +124,6 @@ def why_no_bid(state: JobState, window: Window, now: float, limits: PlanLimits) 
     )
 
 
-def _outcome(reason: str, won: bool) -> str:
-    if won:
-        return "won"
-    for prefix, outcome in (("excluded", "excluded"), ("invalid", "invalid")):
-        if reason.startswith(prefix):
-            return outcome
-    return "lost"
-
-
 def shape(window: Window) -> tuple[str, str, int]:
     return (window.pool, window.profile, window.mem_mib)
 
@@ -152,8 +144,9 @@ def window_reasons(state: JobState, records: Iterable[RoundRecord], limits: Plan
         r = latest[k]
         mine = next((v for v in r.verdicts if v.job_id == state.job_id), None)
         if mine is not None:
-            outcome = _outcome(mine.reason, mine.won)
-            reason = mine.reason.removeprefix("won: ") if mine.won else mine.reason
+            kind = verdict_kind(mine)
+            outcome = str(kind)
+            reason = mine.reason.removeprefix(f"{VerdictKind.WON}: ")
         else:
             outcome = "no_bid"
             reason = why_no_bid(state, r.window, r.opened_at, limits)

@@ -24,6 +24,7 @@ from sja.core.policies import (
     policy,
     split_by_capacity,
 )
+from sja.core.policies.base import VerdictKind, verdict_kind
 from sja.protocol.messages import Candidate, Offer, Proposal, RoundRecord, Verdict, Window
 
 NOW = 1000.0
@@ -110,7 +111,7 @@ def check_well_formed(d: Decision, bids: list[Bid]) -> None:
     assert Counter((v.job_id, v.agent_id) for v in d.verdicts) == Counter(
         (b.proposal.job_id, b.agent_id) for b in bids
     )
-    standing = [v for v in d.verdicts if not v.reason.startswith("invalid:")]
+    standing = [v for v in d.verdicts if verdict_kind(v) is not VerdictKind.INVALID]
     counts = Counter(v.job_id for v in standing)
     assert set(counts) == jobs
     assert all(n == 1 for n in counts.values()), counts
@@ -125,8 +126,9 @@ def check_well_formed(d: Decision, bids: list[Bid]) -> None:
         assert winners[0].size == d.candidate.size
     for v in d.verdicts:
         assert v.reason.strip()
-        if not v.won:
-            assert not v.reason.startswith("won")
+        kind = verdict_kind(v)
+        assert (kind is VerdictKind.WON) == v.won
+        assert v.reason.startswith(str(kind)), (kind, v.reason)  # the reason names its kind
 
 
 # --- the three policies ----------------------------------------------------------------------------
@@ -423,7 +425,7 @@ def test_clear_excludes_at_capacity_and_grants_to_the_next() -> None:
         d = clear(name, offer, bids, ledger)
         assert d.winner is not None and d.winner.proposal.job_id == "b", name
         check_well_formed(d, bids)
-        assert next(v for v in d.verdicts if v.job_id == "a").reason.startswith("excluded")
+        assert verdict_kind(next(v for v in d.verdicts if v.job_id == "a")) is VerdictKind.EXCLUDED
     # once the lease lapses (before the round closes) the job competes again
     expired = Ledger(job_grants={"a": [offer.reply_by - 0.1]})
     d = clear("sla", offer, bids, expired)
@@ -453,6 +455,7 @@ def test_duplicate_bids_for_one_job_give_one_voice() -> None:
     second = next(v for v in d.verdicts if v.agent_id == "agent-2")
     assert second.job_id == "a" and not second.won
     assert second.reason == "invalid: a second bid for job a (the bid from agent-1 stands)"
+    assert verdict_kind(second) is VerdictKind.INVALID
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

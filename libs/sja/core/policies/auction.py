@@ -14,6 +14,7 @@ from sja.core.policies.base import (
     MonotonePolicy,
     PolicyConfig,
     Ranked,
+    VerdictKind,
     efficiency_value,
     settle,
 )
@@ -122,6 +123,6 @@ class Auction(MonotonePolicy):
         g.last_win_tenant = p.tenant
         v = Verdict(
             job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True,
-            reason=f"won: {g.last_win_why}", score=round(cand.bid, 6), size=cand.size,
+            reason=f"{VerdictKind.WON}: {g.last_win_why}", score=round(cand.bid, 6), size=cand.size,
         )  # fmt: skip
         return Decision(self.name, b, cand, (v,), price=price)

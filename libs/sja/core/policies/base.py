@@ -15,12 +15,42 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 import msgspec
 from mypy_extensions import mypyc_attr
 
 from sja.protocol.messages import Candidate, Offer, Proposal, RoundRecord, Verdict, Window
+
+
+class VerdictKind(StrEnum):
+    """What a verdict says of its bid. A verdict's reason starts with its kind (``"<kind>: ..."``; a
+    loss also ``"lost to ..."``, or ``"not granted: ..."`` when the winner's lease could not be
+    written, see ``core.grants``), so a reader of the reason alone sees it; code that branches on it
+    asks ``verdict_kind``."""
+
+    WON = "won"
+    LOST = "lost"
+    EXCLUDED = "excluded"
+    """Left out of the round: the job already holds as many unstarted grants as it may start."""
+    INVALID = "invalid"
+    """Not a bid the round could take: a second bid for one job, a slice offered twice."""
+    NO_BID = "no bid"
+    """An agent that answered with no job for the window (the verdict's ``job_id`` is empty)."""
+
+
+def verdict_kind(v: Verdict) -> VerdictKind:
+    """The kind of a verdict this module made (see ``VerdictKind``)."""
+    if v.won:
+        return VerdictKind.WON
+    if not v.job_id:
+        return VerdictKind.NO_BID
+    for kind in (VerdictKind.EXCLUDED, VerdictKind.INVALID):
+        if v.reason.startswith(f"{kind}:"):
+            return kind
+    return VerdictKind.LOST
+
 
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -190,14 +220,17 @@ def canonical_split(bids: Sequence[Bid]) -> tuple[list[Bid], list[Verdict]]:
                 tenant=p.tenant,
                 agent_id=b.agent_id,
                 won=False,
-                reason=f"invalid: a second bid for job {p.job_id} (the bid from {first.agent_id} stands)",
+                reason=(
+                    f"{VerdictKind.INVALID}: a second bid for job {p.job_id} "
+                    f"(the bid from {first.agent_id} stands)"
+                ),
                 size=p.candidates[0].size,
             )
         )
     return out, invalid
 
 
-NO_BID = "no bid: the reply proposed no job for this window"
+NO_BID = f"{VerdictKind.NO_BID}: the reply proposed no job for this window"
 
 
 def no_bid_verdicts(replied: Iterable[str], bids: Sequence[Bid]) -> list[Verdict]:
@@ -218,7 +251,7 @@ def capacity_reason(pending: int, capacity: int) -> str:
     """Why a job at capacity is left out of a round: the grants it holds and has not started yet
     already take every subjob it may start now."""
     return (
-        f"excluded: it holds {_count(pending, 'grant')} not yet started and may start only "
+        f"{VerdictKind.EXCLUDED}: it holds {_count(pending, 'grant')} not yet started and may start only "
         f"{_count(capacity, 'subjob')} more now (its max_parallel less the subjobs it runs)"
     )
 
@@ -524,8 +557,8 @@ class MonotonePolicy(Policy):
         g.last_win_why = keyed[2]
         g.last_win_tenant = p.tenant
         v = Verdict(
-            job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True, reason=f"won: {keyed[2]}",
-            score=round(self.score(keyed), 6), size=cand.size,
+            job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True,
+            reason=f"{VerdictKind.WON}: {keyed[2]}", score=round(self.score(keyed), 6), size=cand.size,
         )  # fmt: skip
         return Decision(self.name, b, cand, (v,))
 
@@ -593,7 +626,7 @@ class Group:
         no_bid = no_bid_verdicts(agents, self.every)
         if self.duplicate_of:
             reason = (
-                f"invalid: slice {self.offer.window.slice_id} is offered twice in this batch"
+                f"{VerdictKind.INVALID}: slice {self.offer.window.slice_id} is offered twice in this batch"
                 f" (cleared on {self.duplicate_of})"
             )
             dup = [

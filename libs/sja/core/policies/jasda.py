@@ -17,6 +17,7 @@ from sja.core.policies.base import (
     Ledger,
     Policy,
     PolicyConfig,
+    VerdictKind,
     clear_full,
     efficiency_value,
     rank,
@@ -206,8 +207,8 @@ class Jasda(Policy):
         g.last_win_why = why
         g.last_win_tenant = p.tenant
         v = Verdict(
-            job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True, reason=f"won: {why}",
-            score=round(-key[0], 6), size=cand.size,
+            job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=True,
+            reason=f"{VerdictKind.WON}: {why}", score=round(-key[0], 6), size=cand.size,
         )  # fmt: skip
         return Decision(self.name, b, cand, (v,))
 
