@@ -9,29 +9,26 @@ import asyncio
 import collections
 import logging
 import time
-from dataclasses import dataclass, field
 
-import msgspec
 from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from services.clearer.records import RecordWriter, round_record
+from services.clearer.rounds import Cleared, OpenRound
+from services.clearer.settings import ClearerSettings
 from sja.bus.codec import decode, encode
 from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
-from sja.bus.settings import BaseSettings, Pools, TenantBudgets, TenantShares, Weights3
-from sja.bus.tracing import child_span, extract, inject, publish, trace_id_hex
+from sja.bus.tracing import child_span, extract, inject, publish
 from sja.core import grants, leases
-from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch, grant_cost
+from sja.core.policies import POLICIES, Bid, Decision, Ledger, PolicyConfig, clear_batch
 from sja.core.rounds import (
-    Shared,
     all_replied,
     close_by,
     fresh_offers,
     live_agents,
     outcome_verdicts,
-    pack_records,
-    whole_record,
 )
 from sja.protocol import subjects
 from sja.protocol.ids import new_id
@@ -45,7 +42,6 @@ from sja.protocol.messages import (
     OfferBatch,
     Outcome,
     Reply,
-    RoundBatch,
     RoundRecord,
     SliceState,
     Verdict,
@@ -59,114 +55,9 @@ tracer = trace.get_tracer("sja.clearer")
 MAX_EARLY_REPLIES = 4096
 """Replies that overtook their offer are kept (one per round and agent) until the reply window
 has passed; bounded so a flood cannot grow memory."""
-ROUND_ITEMS_PER_MESSAGE = 2048
-"""Round records (weighing two) and shared verdicts (one) per ``SJA_ROUNDS`` message: a batch's
-records, split so a message stays small (well under 1 MB)."""
-RECORD_RETRY_S = 60.0
-"""How long a batch's round records are tried again in the background when ``SJA_ROUNDS`` cannot take
-them (a stream with no leader for a few seconds after a server is lost): within the stream's
-two-minute duplicate window, so a try that was stored but not acknowledged is not stored twice."""
-MAX_RECORD_RETRIES = 10_000
-"""Record messages being tried again at once; past this a message is counted lost at once (memory
-stays bounded while JetStream is down)."""
 MAX_CLOSED_REMEMBERED = 20_000
 """Rounds recently closed: a reply that arrives after its round closed is dropped, not taken for
 one that overtook its offer."""
-
-
-class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
-    pools: Pools = ()
-    """Pools this replica clears (``SJA_POOLS``, comma-separated); empty: all. Pools must not
-    overlap between replicas (a slice is still never granted twice: the KV compare-and-set
-    decides)."""
-    policy: str = "fair"
-    tenant_shares: TenantShares = msgspec.field(default_factory=dict)
-    """``tenant=weight,...`` target shares for fairness policies (each weight positive)."""
-    tenant_budgets: TenantBudgets = msgspec.field(default_factory=dict)
-    """``tenant=credits,...`` budgets for the ``auction`` policy (unlisted tenants: unlimited)."""
-    jasda_weights: Weights3 = (0.5, 0.3, 0.2)
-    """``jasda`` policy: weights of utilization, fairness, responsiveness (three, non-negative)."""
-    token_overuse: float = 0.10
-    offer_queue: str = "sja-clearers"
-    """NATS queue group for offers: replicas on the same pools share the rounds (each offer is
-    cleared by one of them). Empty: every replica clears every offer it sees, and the KV
-    compare-and-set picks one grant per slice."""
-    lease_s: float = 5.0
-    """How long a winner has to start its subjob before the slice returns to the pool."""
-    agent_liveness_s: float = 3.0
-    reply_grace_s: float = 0.2
-    """How long past an offer's reply deadline a round may wait for a live agent that has not
-    answered yet (it closes as soon as every live agent has)."""
-    horizon_s: float = 8.0
-
-
-@dataclass
-class OpenRound:
-    """An offer batch (or a lone offer) waiting for its replies."""
-
-    key: str
-    """The batch id, or the offer id of a lone offer."""
-    offers: list[Offer]
-    ctx: otel_context.Context
-    """The trace context of the message's headers (a lone offer's round; in a batch, that of every
-    offer without a context of its own)."""
-    opened_at: float
-    replies: dict[str, Reply | BatchReply] = field(default_factory=dict)
-    closed: bool = False
-    timer: asyncio.TimerHandle | None = None
-    policy: str = ""
-    """The policy it was cleared with."""
-    granted: list[tuple[Grant, dict[str, str]]] = field(default_factory=list)
-    """Its grants so far, each with the trace context of its ``sja.grant`` span (sent per agent
-    once the batch's compare-and-sets are done)."""
-    carriers: dict[str, dict[str, str]] = field(default_factory=dict)
-    """offer id -> the trace context of its own ``sja.round`` (offers of a batch that have one)."""
-
-    def context_of(self, offer: Offer) -> otel_context.Context:
-        """The trace context of one offer's round."""
-        carrier = self.carriers.get(offer.offer_id)
-        return extract(carrier=carrier) if carrier else self.ctx
-
-    def bids(self) -> dict[str, list[Bid]]:
-        """offer id -> its bids. Offers with the same contributing reply groups share one list, so
-        the clearing ranks them once."""
-        ids = {o.offer_id for o in self.offers}
-        parts: dict[str, list[int]] = {}
-        groups: list[list[Bid]] = []
-        for agent_id, r in sorted(self.replies.items()):
-            if isinstance(r, Reply):
-                if r.offer_id in ids:
-                    groups.append([Bid(agent_id=agent_id, proposal=p) for p in r.proposals])
-                    parts.setdefault(r.offer_id, []).append(len(groups) - 1)
-                continue
-            for g in r.groups:
-                groups.append([Bid(agent_id=agent_id, proposal=p) for p in g.proposals])
-                for offer_id in g.offer_ids:
-                    if offer_id in ids:
-                        parts.setdefault(offer_id, []).append(len(groups) - 1)
-        joined: dict[tuple[int, ...], list[Bid]] = {}
-        out: dict[str, list[Bid]] = {}
-        empty: list[Bid] = []
-        for o in self.offers:
-            key = tuple(parts.get(o.offer_id, ()))
-            if not key:
-                out[o.offer_id] = empty
-                continue
-            if key not in joined:
-                joined[key] = [b for k in key for b in groups[k]]
-            out[o.offer_id] = joined[key]
-        return out
-
-
-@dataclass
-class Cleared:
-    """A closed round's batch as cleared (``ClearerService.decide``), its winners charged."""
-
-    bids: dict[str, list[Bid]]
-    """offer id -> its bids."""
-    decisions: list[tuple[Offer, Decision]]
-    awards: list[grants.Award | None]
-    """Per decision, its winner as charged (``None``: no winner)."""
 
 
 class ClearerService(Service):
@@ -216,7 +107,7 @@ class ClearerService(Service):
             "grants stand, their audit trail is missing.",
             unit="{message}",
         )
-        self._record_retries = 0
+        self.records = RecordWriter(lambda: self.jetstream, self.spawn, self.m_records_lost)
         self.m_offer_to_grant = self.metrics.histogram(
             "sja_offer_to_grant_seconds",
             "Time from an offer's issue (advertiser clock) to its grant (clearer clock).",
@@ -371,7 +262,7 @@ class ClearerService(Service):
             self.bus.flush_now()  # the grants are the round's answer: out before the bookkeeping
             records = [rec for rec, _ in results]
             shared = [(d.shared, d.skip) for _, d in cleared.decisions]
-            await self._publish_records(rnd, records, shared)
+            await self.records.publish(rnd, records, shared)
             await self._send_outcomes(rnd, outcome_verdicts((rec.verdicts for rec in records), shared))
         finally:
             otel_context.detach(token)
@@ -456,7 +347,7 @@ class ClearerService(Service):
                 )
                 if note:
                     span.set_attribute("sja.note", note)
-            record = self._record(rnd, offer, decision, grant, note, because, len(bids))
+            record = round_record(rnd, offer, decision, grant, note, because, len(bids))
         self.cleared += 1
         return record, grants.round_end(decision, grant is not None, len(bids))
 
@@ -543,90 +434,6 @@ class ClearerService(Service):
                 offer_id=rnd.key, verdicts=vs, pool=rnd.offers[0].window.pool, policy=rnd.policy
             )
             await publish(self.bus, subjects.outcome_sent(agent_id), outcome)
-
-    def _record(
-        self,
-        rnd: OpenRound,
-        offer: Offer,
-        decision: Decision,
-        grant: Grant | None,
-        note: str,
-        because: str,
-        bids: int,
-    ) -> RoundRecord:
-        verdicts = list(decision.verdicts)
-        if grant is None and decision.winner is not None:
-            verdicts = grants.unwon(verdicts, note)
-        record = RoundRecord(
-            offer_id=offer.offer_id,
-            round=offer.round,
-            window=offer.window,
-            policy=decision.policy,
-            replies_from=sorted(rnd.replies),
-            verdicts=verdicts,
-            winner_job=grant.job_id if grant else "",
-            grant_id=grant.grant_id if grant else "",
-            fence=grant.fence if grant else 0,
-            closed_because=because,  # type: ignore[arg-type]
-            note=note,
-            trace_id=trace_id_hex(),
-            opened_at=rnd.opened_at,
-            cleared_at=time.time(),
-            charged_gpu_s=grant_cost(offer, grant.candidate) if grant else 0.0,
-            price=decision.price if grant else 0.0,
-            batch_id=rnd.key if len(rnd.offers) > 1 else "",
-            bids=bids,
-        )
-        return record
-
-    async def _publish_records(
-        self, rnd: OpenRound, records: list[RoundRecord], shared: list[Shared]
-    ) -> None:
-        """The batch's round records in ``SJA_ROUNDS`` messages of ``ROUND_ITEMS_PER_MESSAGE`` (a
-        lone offer's record on its own, whole), de-duplicated by batch (or offer) id. A message
-        carries each group's shared verdicts once (``RoundBatch.shared``)."""
-        pool = rnd.offers[0].window.pool
-        if len(rnd.offers) == 1 and rnd.key == rnd.offers[0].offer_id:
-            parts: list[tuple[str, RoundRecord | RoundBatch]] = [
-                (rnd.key, whole_record(records[0], shared[0]))
-            ]
-        else:
-            batches = pack_records(rnd.key, records, shared, ROUND_ITEMS_PER_MESSAGE)
-            parts = [(f"{rnd.key}:{first}", b) for first, b in batches]
-        subject = subjects.round_cleared(pool)
-        for msg_id, payload in parts:
-            data, headers = encode(payload), inject({"Nats-Msg-Id": msg_id})
-            try:
-                await self.jetstream.publish(subject, data, headers=headers)
-            except Exception as e:
-                # The grants are out: their records follow when the stream takes them, without
-                # holding the round's outcomes back.
-                if self._record_retries >= MAX_RECORD_RETRIES:
-                    self.m_records_lost.add(1)
-                    log.error("round records %s not stored (%r; too many waiting already)", msg_id, e)
-                    continue
-                log.warning("round records %s not stored yet (%r): trying again", msg_id, e)
-                self._record_retries += 1
-                self.spawn(self._store_records_later(subject, data, headers, msg_id))
-
-    async def _store_records_later(
-        self, subject: str, data: bytes, headers: dict[str, str], msg_id: str
-    ) -> None:
-        try:
-            await self.jetstream.publish_until(
-                subject, data, headers, until=time.time() + RECORD_RETRY_S, first_delay_s=0.1
-            )
-            log.info("round records %s stored", msg_id)
-        except asyncio.CancelledError:
-            log.error("round records %s lost: the clearer stopped before SJA_ROUNDS took them", msg_id)
-            raise
-        except Exception as e:
-            self.m_records_lost.add(1)
-            log.error(
-                "round records %s lost: SJA_ROUNDS did not take them in %.0fs (%r)", msg_id, RECORD_RETRY_S, e
-            )
-        finally:
-            self._record_retries -= 1
 
 
 def _new_grant_id(_offer: Offer) -> str:
