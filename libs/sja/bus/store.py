@@ -131,6 +131,19 @@ class MemoryStore(Generic[M]):
         return decode(raw, self.typ)
 
 
+async def _unless_taken(write: Awaitable[int]) -> int | None:
+    """The revision ``write`` made, or ``None`` when the server refused it because the key was not
+    at the revision it expected (another writer got there first)."""
+    try:
+        return int(await write)
+    except KeyWrongLastSequenceError:
+        return None
+    except nats.js.errors.APIError as e:
+        if "wrong last sequence" in str(e).lower() or e.err_code == 10071:
+            return None
+        raise
+
+
 class Store(Generic[M]):
     """Typed access to a KV bucket with compare-and-set."""
 
@@ -157,25 +170,11 @@ class Store(Generic[M]):
 
     async def create(self, key: str, value: M) -> int | None:
         """Create if absent; ``None`` when the key already exists."""
-        try:
-            return int(await self.kv.create(key, encode(value)))
-        except KeyWrongLastSequenceError:
-            return None
-        except nats.js.errors.APIError as e:
-            if "wrong last sequence" in str(e).lower() or e.err_code == 10071:
-                return None
-            raise
+        return await _unless_taken(self.kv.create(key, encode(value)))
 
     async def cas(self, key: str, value: M, revision: int) -> int | None:
         """Write only if the entry is still at ``revision``; ``None`` when someone else wrote."""
-        try:
-            return int(await self.kv.update(key, encode(value), last=revision))
-        except KeyWrongLastSequenceError:
-            return None
-        except nats.js.errors.APIError as e:
-            if "wrong last sequence" in str(e).lower() or e.err_code == 10071:
-                return None
-            raise
+        return await _unless_taken(self.kv.update(key, encode(value), last=revision))
 
     async def put(self, key: str, value: M) -> int:
         return int(await self.kv.put(key, encode(value)))
