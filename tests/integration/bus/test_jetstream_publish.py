@@ -95,14 +95,13 @@ async def test_publish_until_stores_once_when_the_stream_comes_back(nc) -> None:
     js.publish = counted  # type: ignore[method-assign]
 
     async def make_stream_later() -> None:
-        # Once a try has failed and the next one is under way: the stream comes back meanwhile.
+        # Once a try has failed (the first) and the next one has begun: the stream comes meanwhile.
         await wait_until(lambda: tries >= 2, "a try refused for want of a stream, then another")
         await js.add_stream(name="SJA_TEST_LATE", subjects=["sja.test.late.>"])
 
     maker = asyncio.get_running_loop().create_task(make_stream_later())
     ack = await js.publish_until(subject, b"x", {"Nats-Msg-Id": "late-1"}, until=time.time() + 30)
     await maker
-    assert tries >= 3, "tried again after the stream came"
     assert ack.stream == "SJA_TEST_LATE" and ack.seq == 1 and not ack.duplicate
     again = await js.publish_until(subject, b"x", {"Nats-Msg-Id": "late-1"}, until=time.time() + 10)
     assert again.duplicate and again.seq == 1, "a try that reached the stream is kept once"
