@@ -5,24 +5,20 @@ fixture of ``tests/integration/conftest.py``), and the waits they use.
 The executor is the real ``ExecutorService`` (admission, lease start, completion, freeing the slice)
 with its Ray actor replaced by an in-process run of the workload (``InstantExecutor``).
 
-Waits are on events, never fixed sleeps: ``wait_until`` polls a condition up to a generous deadline;
-``settled`` waits until services have read (``$SRV.PING`` answered after them) and handled (no
-message waiting, no handler running) what was sent before it; ``rejected`` reads a service's count
-of dropped messages; ``logged`` finds a service's log line; ``consumed`` tells whether a JetStream
-consumer acknowledged everything up to a message. A test that asserts an input changed nothing
-first proves with one of them that the input was handled.
+Waits are on events, never fixed sleeps: ``wait_until``, ``settled``, ``rejected``, ``logged`` and
+``consumed`` (``tests/integration/waits.py``, shared by the other integration tests) are re-exported
+here. A test that asserts an input changed nothing first proves with one of them that the input was
+handled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
-import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,11 +48,13 @@ from sja.inventory.declared import load_declared
 from sja.protocol import messages as m
 from sja.protocol import subjects
 from sja.workloads import run_in_one_piece, workload
+from tests.integration.waits import PING_TIMEOUT_S, rejected, settled, wait_until
+from tests.integration.waits import consumed as consumed  # re-exported for the bad-input tests
+from tests.integration.waits import logged as logged
 
 MAX_PAYLOAD = 8 * 1024 * 1024
 SCALE = max(1, int(os.environ.get("SJA_FUZZ_EXAMPLES", "1")))
 FUZZ_SEED = int(os.environ.get("SJA_FUZZ_SEED", "20240611"))
-PING_TIMEOUT_S = 3.0
 REQUEST_TIMEOUT_S = 5.0
 AGENT = "agent-t"
 POOL = "local"
@@ -138,75 +136,6 @@ async def unsubscribe_pulls(agent: AgentService) -> None:
                 await sub.unsubscribe()
 
 
-async def wait_until(
-    cond: Callable[[], Any], what: str, timeout_s: float = 20.0, every_s: float = 0.02
-) -> Any:
-    """Poll ``cond`` (a function or a coroutine function) until it returns something true, and return
-    that; fail saying ``what`` was awaited after ``timeout_s`` (a generous deadline: a wait on a
-    condition, not a guess at how long handling takes)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if inspect.isawaitable(got):
-            got = await got
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s}s: {what}")
-        await asyncio.sleep(every_s)
-
-
-async def settled(nc: Client, services: list[Service], what: str = "", timeout_s: float = 20.0) -> None:
-    """Every message ``nc`` sent on core NATS before this call has been handled by ``services``.
-
-    Each service answers a ``$SRV.PING`` sent after those messages: the server delivers one
-    connection's messages to a subscriber in order, so the service had read them all (into its
-    subscriptions' queues, or handed them to an eager handler) when it answered. Then each service
-    has no message waiting in a subscription and no handler task running: every one of them has
-    been handled to the end (what a handler scheduled for later, a round's timer, is not covered)."""
-    pings = [
-        nc.request(f"$SRV.PING.sja-{s.name}.{s._micro.id}", b"", timeout=PING_TIMEOUT_S) for s in services
-    ]
-    for s, r in zip(services, await asyncio.gather(*pings, return_exceptions=True), strict=True):
-        assert not isinstance(r, BaseException), f"{what}: no $SRV.PING answer from {s.instance}: {r!r}"
-
-    def idle() -> bool:
-        return all(not s._tasks and not any(sub.pending_msgs for sub in s._subs) for s in services)
-
-    await wait_until(idle, f"{what}: every message handled", timeout_s, every_s=0.005)
-
-
-def rejected(svc: Service, subject: str | None = None, reason: str | None = None) -> float:
-    """How many messages services of ``svc``'s kind (every instance in this process) have dropped
-    as undecodable so far: their ``sja_rejected_messages`` counter, only on subscriptions that take
-    ``subject`` (a subject, or the subscription's own wildcard subject) and for ``reason``
-    (``too_large``, ``malformed``, ``invalid``) if given. A total over the process: compare a
-    reading before the input with one after."""
-    counter = svc.metrics.rejected_messages
-    with counter._store.lock:
-        series = [(dict(labels), total) for (service, labels), (total, _) in counter._store.totals.items()
-                  if service == counter.service]  # fmt: skip
-    return sum(
-        total
-        for labels, total in series
-        if (subject is None or _takes(str(labels.get("subject")), subject))
-        and (reason is None or labels.get("reason") == reason)
-    )
-
-
-def _takes(pattern: str, subject: str) -> bool:
-    """Whether a subscription on ``pattern`` receives ``subject`` (or ``pattern`` is ``subject``)."""
-    if pattern == subject:
-        return True
-    want, got = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(got) > i
-        if i >= len(got) or (token != "*" and token != got[i]):
-            return False
-    return len(want) == len(got)
-
-
 async def every_slice_taken(stack: Stack, job_id: str) -> bool:
     """Whether ``job_id`` holds every slice, each lease made a subjob of: no round is left to win
     until the leases lapse (no executor runs the subjobs)."""
@@ -217,18 +146,6 @@ async def every_slice_taken(stack: Stack, job_id: str) -> bool:
         and all(s.status == "leased" and s.holder_job == job_id for s, _ in slices.values())
         and len(got[0].in_flight) == len(slices)
     )
-
-
-async def consumed(nc: Client, stream: str, durable: str, seq: int) -> bool:
-    """Whether the consumer ``durable`` of ``stream`` has been delivered the messages up to stream
-    sequence ``seq`` and holds none unacknowledged (each handled: acknowledged or terminated)."""
-    info = await nc.jetstream().consumer_info(stream, durable)
-    return bool(info.delivered.stream_seq >= seq and info.num_ack_pending == 0)
-
-
-def logged(caplog: pytest.LogCaptureFixture, *parts: str) -> list[logging.LogRecord]:
-    """The records captured so far whose message contains every one of ``parts``."""
-    return [r for r in caplog.records if all(p in r.getMessage() for p in parts)]
 
 
 @dataclass

@@ -21,6 +21,7 @@ from sja.core import jobs as J
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, InFlight, JobSpec, JobState
 from sja.workloads import workload
+from tests.integration.waits import wait_until
 
 LIVENESS_S = 1.0
 
@@ -59,6 +60,16 @@ async def test_a_silent_agents_job_moves_and_a_heartbeating_ones_stays(
     _, jobs = await stores(js)
     await jobs.create("job-slow", owned_job("job-slow", "agent-slow"))
     await jobs.create("job-silent", owned_job("job-silent", "agent-silent"))
+    # The times of the taker's finished scans for jobs to take over.
+    scanned: list[float] = []
+    take_over = taker.takeover.take_over
+
+    async def counted_take_over(now: float) -> int:
+        taken = await take_over(now)
+        scanned.append(now)
+        return taken
+
+    taker.takeover.take_over = counted_take_over  # type: ignore[method-assign]
     async with contextlib.AsyncExitStack() as stack:
         # Each takes its job back at start (an agent restarted under the same id).
         await stack.enter_async_context(slow)
@@ -71,8 +82,12 @@ async def test_a_silent_agents_job_moves_and_a_heartbeating_ones_stays(
             assert time.monotonic() < deadline, "the silent agent's job was never taken over"
             await asyncio.sleep(0.1)
         assert "job-silent" in taker.owned
-        # Well past the bound (and several scans later) the slow agent still has its job.
-        await asyncio.sleep(4 * LIVENESS_S)
+        # Well past the bound (time running out is the scenario) and several scans later the slow
+        # agent still has its job: wait for two scans that began that long after the takeover.
+        past_bound = time.time() + 4 * LIVENESS_S
+        await wait_until(
+            lambda: sum(t >= past_bound for t in scanned) >= 2, "two scans well past the bound", 30.0
+        )
         assert await owner_of(taker, "job-slow") == "agent-slow"
         assert "job-slow" in slow.owned and "job-slow" not in taker.owned
 
@@ -96,6 +111,7 @@ async def test_a_gone_agents_completion_consumer_is_deleted_by_the_server(
     async with agent:
         info = await js.consumer_info("SJA_COMPLETIONS", "agent-agent-gone")
         assert info.config.inactive_threshold == 1.0
+        # The scenario: twice the inactivity threshold goes by, the agent pulling all along.
         await asyncio.sleep(2.0)
         # Pulled from all along: alive.
         assert (await js.consumer_info("SJA_COMPLETIONS", "agent-agent-gone")).name == "agent-agent-gone"

@@ -18,6 +18,7 @@ from sja.bus.store import Store
 from sja.inventory.declared import load_declared
 from sja.protocol import subjects
 from sja.protocol.messages import SliceState
+from tests.integration.waits import wait_until
 
 
 async def test_publish_acknowledges_like_nats_py(nc) -> None:
@@ -83,13 +84,23 @@ async def test_publish_until_stores_once_when_the_stream_comes_back(nc) -> None:
     stream has no leader) is tried again until it can; the message is stored once."""
     js = jetstream(nc, timeout=0.5)
     subject = "sja.test.late.x"
+    tries = 0
+    real_publish = js.publish
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal tries
+        tries += 1
+        return await real_publish(*args, **kwargs)  # type: ignore[arg-type]
+
+    js.publish = counted  # type: ignore[method-assign]
 
     async def make_stream_later() -> None:
-        await asyncio.sleep(0.3)
+        # Once a try has failed (the first) and the next one has begun: the stream comes meanwhile.
+        await wait_until(lambda: tries >= 2, "a try refused for want of a stream, then another")
         await js.add_stream(name="SJA_TEST_LATE", subjects=["sja.test.late.>"])
 
     maker = asyncio.get_running_loop().create_task(make_stream_later())
-    ack = await js.publish_until(subject, b"x", {"Nats-Msg-Id": "late-1"}, until=time.time() + 10)
+    ack = await js.publish_until(subject, b"x", {"Nats-Msg-Id": "late-1"}, until=time.time() + 30)
     await maker
     assert ack.stream == "SJA_TEST_LATE" and ack.seq == 1 and not ack.duplicate
     again = await js.publish_until(subject, b"x", {"Nats-Msg-Id": "late-1"}, until=time.time() + 10)
@@ -186,13 +197,17 @@ async def test_fetcher_returns_what_is_there_at_once(nc) -> None:
 async def test_fetcher_waits_for_the_first_and_keeps_what_follows(nc) -> None:
     js, fetcher, subject = await completions_fetcher(nc, "f2")
 
+    async def waiting_requests() -> int:
+        return (await js.consumer_info(subjects.STREAM_COMPLETIONS.name, "f2")).num_waiting
+
     async def publish_later() -> None:
-        await asyncio.sleep(0.2)
+        # Once the fetch's request waits at the server with nothing to bring.
+        await wait_until(waiting_requests, "the fetch's request waiting at the consumer")
         for i in range(5):
             await js.publish(subject, str(i).encode())
 
     task = asyncio.get_running_loop().create_task(publish_later())
-    got = await fetcher.fetch(8, timeout=3.0)
+    got = await fetcher.fetch(8, timeout=20.0)
     await task
     assert got and got[0].data == b"0", "the lingering request returns at its first message"
     # The request stays open until it expires: the messages it brings meanwhile are kept for the

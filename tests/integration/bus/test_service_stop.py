@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
+from tests.integration.waits import wait_until
 
 KEY_SUBJECT = "test.stop.work"
 ENDPOINT_SUBJECT = "test.stop.request"
@@ -171,6 +172,7 @@ class StubbornService(Service):
         super().__init__(settings)
         self.lost = 0
         self.ended = False
+        self.turns = 0
 
     async def on_start(self) -> None:
         self.loop(self._forever())
@@ -178,8 +180,9 @@ class StubbornService(Service):
     async def _forever(self) -> None:
         try:
             while True:
+                self.turns += 1
                 try:
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.01)  # the loop's own pace, where its cancellation lands
                 except asyncio.CancelledError:
                     if self.lost < 1:
                         self.lost += 1
@@ -194,6 +197,6 @@ async def test_stop_ends_a_loop_that_lost_its_cancellation(nats_url: str, tmp_pa
         BaseSettings(nats_url=nats_url, out_dir=str(tmp_path / "out"), instance="stubborn-0")
     )
     await svc.start()
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: svc.turns >= 2, "the loop running")
     await asyncio.wait_for(svc.stop(), timeout=30)
     assert svc.lost == 1 and svc.ended

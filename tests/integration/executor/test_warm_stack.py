@@ -34,7 +34,7 @@ PROGRAM = textwrap.dedent(
         for u in ctx.units:
             if ctx.should_stop():
                 break
-            time.sleep(0.02)
+            time.sleep(0.02)  # each unit takes a while, so that a stop can come between units
             total += u
             done += 1
         (ctx.state_out / "total").write_text(str(total))

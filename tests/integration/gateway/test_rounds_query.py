@@ -24,6 +24,8 @@ from sja.protocol import subjects
 from sja.protocol.messages import JobSpec, RoundRecord, Verdict, Window
 
 GAP_S = 0.3
+"""Time between the stored rounds and the job's submission and finish: the records' own timestamps
+fall before, within and after the job's lifetime (the scenario, not a wait for anything)."""
 
 
 def record(offer_id: str, job_id: str) -> RoundRecord:
@@ -51,6 +53,7 @@ async def test_a_jobs_rounds_are_those_of_its_lifetime(
     # A job id used again: the rounds of an earlier job of that name come before its submission.
     await store("o-before", "j")
     await store("o-gone", "gone")
+    # Spacing timestamps (GAP_S), not waiting for the stores: each publish was acknowledged.
     await asyncio.sleep(GAP_S)
     submitted = time.time()
     await asyncio.sleep(GAP_S)

@@ -435,15 +435,18 @@ async def test_executor_busy_seconds_and_an_oom_in_the_agents_subjob_counts(
         assert {s.source for s in slices.values()} == {"soft"} and len(slices) == 2
         before = await scrape(port)
         oom_before = total(before, "sja_subjobs_total", service="agent", status="oom")
+        ok_before = total(before, "sja_subjobs_total", service="agent", status="ok")
         client = SjaClient(nc)
         job = await client.submit(spec)
         deadline = time.monotonic() + 150
         while (state := await client.status(job.job_id)).status not in ("done", "failed", "cancelled"):
             assert time.monotonic() < deadline, (state.status, state.units_done, state.total_units)
             await asyncio.sleep(0.3)
+        # The provider is per process: earlier tests' agents counted too, so wait for this job's
+        # completions to be added.
         s = await eventually(
             port,
-            lambda s: total(s, "sja_subjobs_total", service="agent", status="ok") > 0,
+            lambda s: total(s, "sja_subjobs_total", service="agent", status="ok") > ok_before,
             "the completions counted",
         )
 

@@ -26,6 +26,7 @@ from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, MemoryDecl
 from tests.integration.accepted import accepted_earlier
 from tests.integration.telemetry.test_metrics import common, running
+from tests.integration.waits import wait_until
 
 
 def fetch(port: int, path: str) -> tuple[int, str, bytes]:
@@ -88,12 +89,12 @@ async def test_the_dashboard_shows_subjobs_explanations_shares_and_rounds(
         huge_id = await accepted_earlier(nc, huge)  # the gateway refuses it now: no slice holds it
 
         # The timeline draws the job's subjobs on the slices the inventory declared.
-        while True:
+        async def drawn() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
             o = await get_json(port, "/api/overview")
             mine = [g for g in o["timeline"]["segments"] if g["job_id"] == job_id]
-            if mine and o["rounds"]:
-                break
-            await asyncio.sleep(0.2)
+            return (o, mine) if mine and o["rounds"] else None
+
+        o, mine = await wait_until(drawn, "the job's subjobs and rounds in the overview", 60.0, every_s=0.2)
         slice_ids = {s["slice_id"] for s in o["slices"]}
         assert len(slice_ids) == 6
         assert all(g["slice_id"] in slice_ids and g["running"] for g in mine)
@@ -109,12 +110,11 @@ async def test_the_dashboard_shows_subjobs_explanations_shares_and_rounds(
         assert won and won[0]["verdicts"][0]["won"] and won[0]["policy"] == "fair"
 
         # A job's page: the gateway's explanation and the job's rounds, linked to Jaeger.
-        while True:
-            page = await get_json(port, f"/api/job/{huge_id}")
-            x = page["explanation"]
-            if x["windows"] and all("needs" in w["reason"] for w in x["windows"]):
-                break
-            await asyncio.sleep(0.3)
+        async def explained() -> dict[str, Any] | None:
+            x: dict[str, Any] = (await get_json(port, f"/api/job/{huge_id}"))["explanation"]
+            return x if x["windows"] and all("needs" in w["reason"] for w in x["windows"]) else None
+
+        x = await wait_until(explained, "every window of the huge job explained", 60.0, every_s=0.3)
         assert x["by"] == "gateway" and x["status"] == "pending"
         assert any("fits none of the slices" in n for n in x["notes"])
         page = await get_json(port, f"/api/job/{job_id}")
