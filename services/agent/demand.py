@@ -13,13 +13,13 @@ from sja.protocol import subjects
 from sja.protocol.messages import DemandChanged
 
 if TYPE_CHECKING:
-    from services.agent.service import AgentService
+    from services.agent.parts import Agent
 
 
 class Demand:
     """An agent's coalesced ``DemandChanged`` messages."""
 
-    def __init__(self, agent: AgentService) -> None:
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.ready_new = 0
         """Windows this agent's jobs became able to take since the last ``DemandChanged``."""

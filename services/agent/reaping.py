@@ -16,7 +16,7 @@ from sja.core import jobs as J
 from sja.protocol.messages import Completion, InFlight, JobState, Offer, Window
 
 if TYPE_CHECKING:
-    from services.agent.service import AgentService
+    from services.agent.parts import Agent
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class Reaper:
     """An agent's reaping of overdue subjobs and hopeless jobs."""
 
-    def __init__(self, agent: AgentService) -> None:
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.best_window: Window | None = None
         """The largest window offered since start (see ``J.hopeless``)."""

@@ -20,7 +20,7 @@ from sja.protocol import subjects
 from sja.protocol.messages import AgentHeartbeat, Completion, JobHead, JobState
 
 if TYPE_CHECKING:
-    from services.agent.service import AgentService
+    from services.agent.parts import Agent
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ MAX_AGENTS_SEEN = 10_000
 class Takeover:
     """An agent's heartbeats, what it heard of the others', and its takeovers of silent ones' jobs."""
 
-    def __init__(self, agent: AgentService) -> None:
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.last_seen: dict[str, float] = {}
         """agent id -> when its last heartbeat arrived here (this host's clock)."""
