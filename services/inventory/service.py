@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.service import Service
-from sja.bus.settings import BaseSettings
+from sja.bus.settings import BaseSettings, Nodes
 from sja.core import leases
 from sja.inventory.declared import InventoryError
 from sja.inventory.nvml import NvmlUnavailable, SoftSlices
@@ -40,8 +40,8 @@ class InventorySettings(BaseSettings, frozen=True, kw_only=True):
     through NVML) or ``fake-nvml:SCENARIO`` (see ``sja.inventory.fake_nvml``)."""
     inventory: str = ""
     """Declared inventory file; empty: the built-in default (one A100-40GB and one H100-80GB)."""
-    nodes: str = ""
-    """Comma-separated nodes this replica owns; empty: every node of the file."""
+    nodes: Nodes = ()
+    """Nodes of the file this replica owns (``SJA_NODES``, comma-separated); empty: every node."""
     node: str = "local"
     """The node NVML-discovered slices belong to (the executor of this machine uses the same name)."""
     pool: str = ""
@@ -109,7 +109,7 @@ class InventoryService(Service):
             for gpu in found.lost:
                 log.error("GPU %s: its slices go offline", gpu)
             self.lost = list(found.lost)
-        wanted = {n for n in self.cfg.nodes.split(",") if n}
+        wanted = set(self.cfg.nodes)
         mine = [s for s in found.slices if not wanted or s.node in wanted]
         for s in mine:
             self.known[s.slice_id] = s

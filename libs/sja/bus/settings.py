@@ -9,8 +9,8 @@ settings are built, with a message naming its variable, rather than in a handler
 - a tuple, list or set field: comma-separated items (``SJA_POOLS=rack-a,rack-b``);
 - a mapping field: comma-separated ``key=value`` pairs (``SJA_TENANT_SHARES=alpha=3,beta=1``).
 
-The typed aliases below (``Pools``, ``TenantShares``, ``TenantBudgets``, ``Weights3``) are the
-settings every service reading them shares.
+The typed aliases below (``Pools``, ``Nodes``, ``TenantShares``, ``TenantBudgets``, ``Weights3``)
+are the settings every service reading them shares.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ PREFIX = "SJA_"
 Name = Annotated[str, msgspec.Meta(min_length=1)]
 Pools = tuple[Name, ...]
 """Pool names (``SJA_POOLS=a,b``); empty: every pool."""
+Nodes = tuple[Name, ...]
+"""Node names (``SJA_NODES=a,b``); empty: every node."""
 TenantShares = dict[Name, Annotated[float, msgspec.Meta(gt=0)]]
 """``tenant=weight,...``: each tenant's target share, a positive weight."""
 TenantBudgets = dict[Name, Annotated[float, msgspec.Meta(ge=0)]]

@@ -1,4 +1,4 @@
-"""The services' pools, tenant shares, budgets and weights are typed settings: read and checked
+"""The services' pools, nodes, tenant shares, budgets and weights are typed settings: read and checked
 when the settings are built (``SJA_*``), so a bad value stops ``sja service`` at start with one line
 naming the variable, and the services use the parsed values as they are."""
 
@@ -12,6 +12,7 @@ import pytest
 
 from services.advertiser.service import AdvertiserSettings
 from services.clearer.service import ClearerService, ClearerSettings
+from services.inventory.service import InventorySettings
 from services.ui.service import UiSettings
 from sja.bus.settings import SettingsError
 
@@ -39,6 +40,8 @@ def test_advertiser_and_ui_read_the_same_kinds() -> None:
     assert UiSettings.from_env({"SJA_TENANT_SHARES": "a=1"}).tenant_shares == {"a": 1.0}
     with pytest.raises(SettingsError, match="SJA_TENANT_SHARES"):
         UiSettings.from_env({"SJA_TENANT_SHARES": "a=0"})
+    assert InventorySettings.from_env({"SJA_NODES": "n1, n2"}).nodes == ("n1", "n2")
+    assert InventorySettings.from_env({}).nodes == ()
 
 
 @pytest.mark.parametrize(
