@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from pathlib import Path
@@ -33,6 +32,7 @@ from sja.client import SjaClient
 from sja.protocol import subjects
 from sja.protocol.messages import JobSpec
 from tests.integration.telemetry.test_metrics import Samples, common, running, scrape
+from tests.integration.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "infra" / "grafana" / "dashboards" / "sja.json"
@@ -183,18 +183,24 @@ async def test_every_metric_the_dashboard_queries_is_exported_by_the_services(
     async with running(*services):
         client = SjaClient(nc)
         job = await client.submit(spec)
-        while True:
+
+        async def ended() -> Any:
             state = await client.status(job.job_id)
-            if state.status in ("done", "failed", "cancelled"):
-                break
-            await asyncio.sleep(0.3)
+            return state if state.status in ("done", "failed", "cancelled") else None
+
+        state = await wait_until(ended, "the job to end", timeout_s=120.0, every_s=0.3)
         assert state.status == "done", state.error
         # A message no service can decode: counted in sja_rejected_messages_total.
         await nc.publish(subjects.offer_opened("local"), b"\xc1 not msgpack")
         await nc.flush()
-        # Wait until the endpoint shows it all (gauges are refreshed by the services' own loops);
-        # what is still missing is printed, for pytest's timeout to show.
-        while gaps := missing(samples := await scrape(port)):
-            print("not yet exported:", gaps)
-            await asyncio.sleep(0.5)
-    assert not missing(samples)
+        # Wait until the endpoint shows it all (gauges are refreshed by the services' own loops).
+        last: dict[str, Any] = {}
+
+        async def exported() -> bool:
+            last["samples"] = await scrape(port)
+            return not missing(last["samples"])
+
+        try:
+            await wait_until(exported, "every series the dashboard queries", timeout_s=60.0, every_s=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; not exported: {missing(last['samples'])}") from None
