@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
 
 from sja.core.jobs import is_terminal, next_range, plan_request
 from sja.core.planner import PlanLimits, largest_safe_size, usable_memory, usable_time
@@ -75,52 +77,96 @@ def _plural(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
-def why_no_bid(state: JobState, window: Window, now: float, limits: PlanLimits) -> str:
+class NoBidKind(StrEnum):
+    """Why a job sent no bid for a window (``why_no_bid``), for code that branches on it."""
+
+    ENDED = "ended"
+    CANCELLING = "cancelling"
+    UNCLAIMED = "unclaimed"
+    HANDED_OUT = "handed out"
+    """Every unit is handed out: it waits for its running subjobs."""
+    AT_MAX_PARALLEL = "at max_parallel"
+    NO_PROFILE = "no profile"
+    TOO_LITTLE_MEMORY = "too little memory"
+    """Its smallest subjob needs more memory than the window's slice holds."""
+    TOO_SHORT = "too short"
+    RULED_OUT = "ruled out"
+    """An earlier subjob ran out of memory or time at this size here."""
+    UNSAFE = "unsafe"
+    SAT_OUT = "sat out"
+    """It could have bid, and sat the round out (a grant in hand, or likely to win elsewhere)."""
+
+
+class NoBid(NamedTuple):
+    kind: NoBidKind
+    text: str
+    """The reason in words (``WindowReason.reason``)."""
+
+
+def why_no_bid(state: JobState, window: Window, now: float, limits: PlanLimits) -> NoBid:
     """Why the job sent no bid for ``window`` at ``now``, from its state and its profile."""
     if is_terminal(state):
-        return f"the job had ended ({state.status})"
+        return NoBid(NoBidKind.ENDED, f"the job had ended ({state.status})")
     if state.cancel_requested:
-        return "its cancellation was requested: it starts nothing new"
+        return NoBid(NoBidKind.CANCELLING, "its cancellation was requested: it starts nothing new")
     if not state.owner_agent:
-        return "no agent had taken the job on yet"
+        return NoBid(NoBidKind.UNCLAIMED, "no agent had taken the job on yet")
     rng = next_range(state)
     if rng is None:
-        return "every unit is handed out: it waits for its running subjobs"
+        return NoBid(NoBidKind.HANDED_OUT, "every unit is handed out: it waits for its running subjobs")
     running = len(state.in_flight)
     if running >= state.spec.max_parallel:
-        return f"it is at its max_parallel ({state.spec.max_parallel}): {_plural(running, 'subjob')} running"
+        return NoBid(
+            NoBidKind.AT_MAX_PARALLEL,
+            f"it is at its max_parallel ({state.spec.max_parallel}): {_plural(running, 'subjob')} running",
+        )
     if state.profile is None:
-        return "it has no profile to plan with"
+        return NoBid(NoBidKind.NO_PROFILE, "it has no profile to plan with")
     profile = JobProfile.from_state(state.profile)
     req = plan_request(state, window, now, rng[1])
     k = req.min_units
     mem_cap = usable_memory(window, limits)
     need = profile.mem_quantile(k, 1.0 - req.eps_mem)
     if need > mem_cap:
-        return (
-            f"its smallest subjob ({_plural(k, 'unit')}) needs {need:,.0f} MiB at eps_mem "
-            f"{req.eps_mem:g}, and this {window.profile} slice holds {window.mem_mib:,} MiB "
-            f"({mem_cap:,.0f} usable after the {limits.mem_reserve_mib:,.0f} MiB reserve)"
+        return NoBid(
+            NoBidKind.TOO_LITTLE_MEMORY,
+            (
+                f"its smallest subjob ({_plural(k, 'unit')}) needs {need:,.0f} MiB at eps_mem "
+                f"{req.eps_mem:g}, and this {window.profile} slice holds {window.mem_mib:,} MiB "
+                f"({mem_cap:,.0f} usable after the {limits.mem_reserve_mib:,.0f} MiB reserve)"
+            ),
         )
     length = usable_time(window, now, limits)
     took = profile.duration_quantile(k, 1.0 - req.eps_time, window.profile, window.compute_share)
     if took > length:
-        return (
-            f"its smallest subjob ({_plural(k, 'unit')}) may take {took:.1f} s at eps_time "
-            f"{req.eps_time:g} on {window.profile}, and the window gives {max(length, 0.0):.1f} s"
+        return NoBid(
+            NoBidKind.TOO_SHORT,
+            (
+                f"its smallest subjob ({_plural(k, 'unit')}) may take {took:.1f} s at eps_time "
+                f"{req.eps_time:g} on {window.profile}, and the window gives {max(length, 0.0):.1f} s"
+            ),
         )
     bound = profile.max_size_under_bounds(mem_cap, length, window.compute_share)
     if bound is not None and bound < k:
-        return (
-            f"an earlier subjob ran out of memory or time at this size: above {_plural(bound, 'unit')} is "
-            f"ruled out here, and its smallest subjob is {_plural(k, 'unit')}"
+        return NoBid(
+            NoBidKind.RULED_OUT,
+            (
+                "an earlier subjob ran out of memory or time at this size: "
+                f"above {_plural(bound, 'unit')} is "
+                f"ruled out here, and its smallest subjob is {_plural(k, 'unit')}"
+            ),
         )
     size = largest_safe_size(profile, req, limits)
     if size is None:
-        return f"no size is safe here at eps_mem {req.eps_mem:g} and eps_time {req.eps_time:g}"
-    return (
-        f"it could have bid ({_plural(size, 'unit')}) but sat the round out: a grant in hand, or "
-        "likely to win another window of the same batch"
+        return NoBid(
+            NoBidKind.UNSAFE, f"no size is safe here at eps_mem {req.eps_mem:g} and eps_time {req.eps_time:g}"
+        )
+    return NoBid(
+        NoBidKind.SAT_OUT,
+        (
+            f"it could have bid ({_plural(size, 'unit')}) but sat the round out: a grant in hand, or "
+            "likely to win another window of the same batch"
+        ),
     )
 
 
@@ -131,6 +177,13 @@ def shape(window: Window) -> tuple[str, str, int]:
 def window_reasons(state: JobState, records: Iterable[RoundRecord], limits: PlanLimits) -> list[WindowReason]:
     """What became of the job at the latest offer of each window shape in ``records``, largest
     memory first."""
+    return [w for w, _ in _window_outcomes(state, records, limits)]
+
+
+def _window_outcomes(
+    state: JobState, records: Iterable[RoundRecord], limits: PlanLimits
+) -> list[tuple[WindowReason, NoBid | None]]:
+    """``window_reasons``, each with why the job sent no bid there (``None`` where it bid)."""
     latest: dict[tuple[str, str, int], RoundRecord] = {}
     for r in records:
         if r.opened_at < state.submitted_at:
@@ -139,28 +192,33 @@ def window_reasons(state: JobState, records: Iterable[RoundRecord], limits: Plan
         got = latest.get(k)
         if got is None or (r.opened_at, r.round) > (got.opened_at, got.round):
             latest[k] = r
-    out = []
+    out: list[tuple[WindowReason, NoBid | None]] = []
     for k in sorted(latest, key=lambda s: (-s[2], s[0], s[1])):
         r = latest[k]
         mine = next((v for v in r.verdicts if v.job_id == state.job_id), None)
+        no_bid: NoBid | None = None
         if mine is not None:
             kind = verdict_kind(mine)
             outcome = str(kind)
             reason = mine.reason.removeprefix(f"{VerdictKind.WON}: ")
         else:
             outcome = "no_bid"
-            reason = why_no_bid(state, r.window, r.opened_at, limits)
+            no_bid = why_no_bid(state, r.window, r.opened_at, limits)
+            reason = no_bid.text
         out.append(
-            WindowReason(
-                pool=r.window.pool,
-                profile=r.window.profile,
-                mem_mib=r.window.mem_mib,
-                slice_id=r.window.slice_id,
-                offer_id=r.offer_id,
-                opened_at=r.opened_at,
-                policy=r.policy,
-                outcome=outcome,  # type: ignore[arg-type]
-                reason=reason,
+            (
+                WindowReason(
+                    pool=r.window.pool,
+                    profile=r.window.profile,
+                    mem_mib=r.window.mem_mib,
+                    slice_id=r.window.slice_id,
+                    offer_id=r.offer_id,
+                    opened_at=r.opened_at,
+                    policy=r.policy,
+                    outcome=outcome,  # type: ignore[arg-type]
+                    reason=reason,
+                ),
+                no_bid,
             )
         )
     return out
@@ -240,7 +298,8 @@ def explain(
     records = list(records)
     latest = max(records, key=lambda r: (r.opened_at, r.round), default=None)
     policy = latest.policy if latest is not None else ""
-    windows = window_reasons(state, records, limits) if not is_terminal(state) else []
+    outcomes = _window_outcomes(state, records, limits) if not is_terminal(state) else []
+    windows = [w for w, _ in outcomes]
     notes: list[str] = []
     position = waiting = 0
     order = ""
@@ -251,7 +310,9 @@ def explain(
         position = next(i for i, s in enumerate(ranked, 1) if s.job_id == state.job_id)
         if not records:
             notes.append("no round was cleared lately: no slice is free, or no advertiser is running")
-        elif windows and all(w.outcome == "no_bid" and "needs" in w.reason for w in windows):
+        elif outcomes and all(
+            nb is not None and nb.kind is NoBidKind.TOO_LITTLE_MEMORY for _, nb in outcomes
+        ):
             largest = max(windows, key=lambda w: w.mem_mib)
             notes.append(
                 f"the job fits none of the slices offered lately (the largest, {largest.profile}, "

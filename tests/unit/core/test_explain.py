@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from sja.core import jobs as J
-from sja.core.explain import deadline_note, deadline_status, explain, queue_order, why_no_bid
+from sja.core.explain import NoBidKind, deadline_note, deadline_status, explain, queue_order, why_no_bid
 from sja.core.planner import PlanLimits
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import InFlight, JobSpec, MemoryDecl, RoundRecord, Verdict, Window
@@ -31,8 +31,9 @@ def test_too_much_memory_names_the_planners_quantile_and_the_slice() -> None:
     state = job(memory=MemoryDecl(base_mib=100_000, per_unit_mib=10))
     assert state.profile is not None
     need = JobProfile.from_state(state.profile).mem_quantile(1, 0.95)
-    why = why_no_bid(state, window(), 101.0, LIMITS)
-    assert why == (
+    no_bid = why_no_bid(state, window(), 101.0, LIMITS)
+    assert no_bid.kind is NoBidKind.TOO_LITTLE_MEMORY
+    assert no_bid.text == (
         f"its smallest subjob (1 unit) needs {need:,.0f} MiB at eps_mem 0.05, and this 3g.40gb slice "
         "holds 40,448 MiB (40,192 usable after the 256 MiB reserve)"
     )
@@ -45,12 +46,17 @@ def test_other_reasons() -> None:
         time_cap_s=5.0, profile="1g.5gb", compute_share=0.14, planned_mem_q_mib=1.0, planned_duration_q_s=1.0,
     )  # fmt: skip
     busy = msgspec.structs.replace(state, in_flight=[flight], next_unit=2)
-    assert why_no_bid(busy, window(), 101.0, LIMITS) == "it is at its max_parallel (1): 1 subjob running"
+    assert why_no_bid(busy, window(), 101.0, LIMITS) == (
+        NoBidKind.AT_MAX_PARALLEL,
+        "it is at its max_parallel (1): 1 subjob running",
+    )
     cancelling = msgspec.structs.replace(state, cancel_requested=True)
-    assert "cancellation was requested" in why_no_bid(cancelling, window(), 101.0, LIMITS)
+    assert "cancellation was requested" in why_no_bid(cancelling, window(), 101.0, LIMITS).text
     unowned = msgspec.structs.replace(state, owner_agent="")
-    assert why_no_bid(unowned, window(), 101.0, LIMITS) == "no agent had taken the job on yet"
-    assert "could have bid" in why_no_bid(state, window(), 101.0, LIMITS)
+    assert why_no_bid(unowned, window(), 101.0, LIMITS).text == "no agent had taken the job on yet"
+    assert "could have bid" in why_no_bid(state, window(), 101.0, LIMITS).text
+    assert why_no_bid(state, window(), 101.0, LIMITS).kind is NoBidKind.SAT_OUT
+    assert why_no_bid(cancelling, window(), 101.0, LIMITS).kind is NoBidKind.CANCELLING
 
 
 def test_deadlines_are_judged_whatever_the_policy() -> None:
