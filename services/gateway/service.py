@@ -27,6 +27,7 @@ from sja.bus.settings import BaseSettings
 from sja.bus.watch import KvView
 from sja.core import explain as E
 from sja.core import jobs as J
+from sja.core import proofs
 from sja.core.planner import PlanLimits
 from sja.protocol import subjects
 from sja.protocol.messages import (
@@ -160,7 +161,7 @@ class GatewayService(Service):
         got = await self._job(q.job_id, tenant)
         if isinstance(got, ErrorReply):
             return got
-        return JobView(state=got[0])
+        return JobView(state=proofs.without_secrets(got[0]))
 
     async def list_jobs(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         q = decode(data, JobListQuery)
@@ -182,7 +183,7 @@ class GatewayService(Service):
         # job is a few hundred bytes, so thousands fit one reply (`status` has the full state).
         return JobList(
             jobs=[
-                msgspec.structs.replace(s, history=[], profile=None, accumulator=b"")
+                msgspec.structs.replace(proofs.without_secrets(s), history=[], profile=None, accumulator=b"")
                 for s in states[: q.limit]
             ]
         )
@@ -198,7 +199,7 @@ class GatewayService(Service):
             new = J.request_cancel(state, time.time())
             if new == state or await self.jobs.cas(q.job_id, new, rev) is not None:
                 await self.bus.publish(subjects.JOB_CANCEL_REQUESTED, encode(JobCancel(job_id=q.job_id)))
-                return JobView(state=new)
+                return JobView(state=proofs.without_secrets(new))
         return ErrorReply(code="conflict", message=f"job {q.job_id} is changing too fast; retry")
 
     async def rounds(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
