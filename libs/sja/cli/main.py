@@ -802,7 +802,7 @@ def result(
         c = await _connect_client(nats, user, password, tenant)
         try:
             state = await c.status(job_id)
-            got = await fetch_result(c.nc.jetstream(), state, out, run_merge=not no_merge)
+            got = await fetch_result(c, state, out, run_merge=not no_merge)
         except (ApiError, ResultError) as e:
             fail(str(e))
             return

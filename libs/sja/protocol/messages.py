@@ -657,6 +657,25 @@ class LogsView(Message, tag="sja.logs_view.v1", frozen=True, kw_only=True):
     subjobs: list[SubjobLog]
 
 
+class StateQuery(Message, Tokens, tag="sja.state_query.v1", frozen=True, kw_only=True):
+    """A piece of one of a job's stored states (``sja result``): the object ``name`` of a
+    checkpoint reference the job's state holds, from byte ``offset``."""
+
+    job_id: Id
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    offset: NonNegInt = 0
+
+
+class StateChunk(Message, tag="sja.state_chunk.v1", frozen=True, kw_only=True):
+    """Bytes ``offset`` to ``offset + len(data)`` of a stored state of ``total`` bytes."""
+
+    job_id: str
+    name: str
+    offset: int
+    total: int
+    data: bytes
+
+
 class WindowReason(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What became of a job at the last offer of one window shape (pool, profile, memory)."""
 

@@ -73,7 +73,9 @@ JOB_CANCEL = f"{PREFIX}.job.cancel"
 JOB_ROUNDS = f"{PREFIX}.job.rounds"
 JOB_EXPLAIN = f"{PREFIX}.job.explain"
 JOB_LOGS = f"{PREFIX}.job.logs"
-JOB_REQUESTS = (JOB_SUBMIT, JOB_STATUS, JOB_LIST, JOB_CANCEL, JOB_ROUNDS, JOB_EXPLAIN, JOB_LOGS)
+JOB_STATE = f"{PREFIX}.job.state"
+"""A finished job's stored states, in chunks (``sja result``): tenants read no object store."""
+JOB_REQUESTS = (JOB_SUBMIT, JOB_STATUS, JOB_LIST, JOB_CANCEL, JOB_ROUNDS, JOB_EXPLAIN, JOB_LOGS, JOB_STATE)
 
 TENANT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A tenant name as a subject token: the ``JobSpec.tenant`` pattern, so no tenant is ever renamed."""
