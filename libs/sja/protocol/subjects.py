@@ -160,6 +160,7 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.JobQuery, JOB_STATUS, durable=False),
     Route(m.JobListQuery, JOB_LIST, durable=False),
     Route(m.RoundsQuery, JOB_ROUNDS, durable=False),
+    Route(m.StateQuery, JOB_STATE, durable=False),
     Route(m.LeaseRelease, LEASE_RELEASE, durable=False),
     Route(m.JobState, job_submitted("*"), durable=True),
     Route(m.Subjob, subjob_dispatched("*", "*"), durable=True),
@@ -176,6 +177,7 @@ TENANT_ROUTES: tuple[Route, ...] = (
     Route(m.JobQuery, tenant_request(JOB_CANCEL, "*"), durable=False),
     Route(m.RoundsQuery, tenant_request(JOB_ROUNDS, "*"), durable=False),
     Route(m.JobQuery, tenant_request(JOB_EXPLAIN, "*"), durable=False),
+    Route(m.StateQuery, tenant_request(JOB_STATE, "*"), durable=False),
 )
 """The tenant-scoped requests (``*``: the tenant), answered like their operator subjects in
 ``REGISTRY`` but only for the tenant's own jobs."""
