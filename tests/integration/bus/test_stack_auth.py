@@ -32,8 +32,10 @@ import pytest
 from nats.js.api import ObjectStoreConfig
 
 from services.advertiser.service import AdvertiserService, AdvertiserSettings
-from services.agent.service import AgentService, AgentSettings
-from services.clearer.service import ClearerService, ClearerSettings
+from services.agent.service import AgentService
+from services.agent.settings import AgentSettings
+from services.clearer.service import ClearerService
+from services.clearer.settings import ClearerSettings
 from services.executor.service import ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
