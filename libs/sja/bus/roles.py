@@ -135,9 +135,11 @@ def service_roles() -> tuple[Role, ...]:
         _service(
             "clearer",
             "collects replies, takes the slice (KV sja-slices), publishes grants, outcomes and round "
-            "records; serves the live policy switch.",
+            "records, and reads the round records back at start (its fairness ledger); serves the "
+            "live policy switch.",
             (
                 *slices,
+                *rounds,
                 "$KV.sja-slices.>",
                 "sja.v1.grant.issued.>",
                 "sja.v1.offer.outcome.>",
