@@ -95,6 +95,7 @@ from sja.bus.store import stores
 from sja.bus.streams import ensure_jetstream
 from sja.bus.tasks import cancel_all
 from sja.client import SjaClient
+from sja.core import proofs
 from sja.execution import slicelease
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, JobSpec, JobState, MemoryDecl, Subjob, TimeDecl
@@ -401,6 +402,7 @@ class InstantExecutor:
             error=error,
             executor_id="bench-instant",
         )
+        c = proofs.signed(c, sj.proof_key)  # as the executor signs it: the agent drops it unproven
         # The completion continues the subjob's trace, as the executor's does (its run's span).
         headers = {k: v for k, v in (msg.headers or {}).items() if k in ("traceparent", "tracestate")}
         headers["Nats-Msg-Id"] = f"{sj.subjob_id}:{sj.fence}"

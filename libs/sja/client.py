@@ -37,6 +37,8 @@ from sja.protocol.messages import (
     RoundRecord,
     RoundsQuery,
     RoundsView,
+    StateChunk,
+    StateQuery,
     SubmitAck,
     SubmitJob,
 )
@@ -202,6 +204,24 @@ class SjaClient:
 
     async def explain(self, job_id: str) -> Explanation:
         return await self._call(subjects.JOB_EXPLAIN, JobQuery(job_id=job_id), Explanation)
+
+    async def stored_state(self, job_id: str, name: str) -> bytes:
+        """One of the job's stored states (an object its state refers to), read through the gateway
+        in chunks: the gateway serves it to the job's tenant only."""
+        data = bytearray()
+        while True:
+            got = await self._call(
+                subjects.JOB_STATE, StateQuery(job_id=job_id, name=name, offset=len(data)), StateChunk
+            )
+            if got.offset != len(data) or got.total < len(data) + len(got.data):
+                raise ApiError(ErrorReply(code="internal", message=f"state {name}: a chunk out of place"))
+            data += got.data
+            if len(data) >= got.total or not got.data:
+                break
+        if len(data) != got.total:
+            short = f"state {name}: {len(data)} of {got.total} bytes"
+            raise ApiError(ErrorReply(code="internal", message=short))
+        return bytes(data)
 
     async def logs(self, job_id: str, subjob: str = "") -> LogsView:
         """What each subjob's program wrote last (or one subjob's: its id or number)."""

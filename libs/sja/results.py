@@ -1,7 +1,8 @@
 """Fetch a job's final state (``sja result JOB --out DIR``).
 
 A ``command`` job's state is a directory kept as a tar archive in the object store
-``sja-checkpoints`` (the job's state holds only references). A sequential job's final state is
+``sja-checkpoints`` (the job's state holds only references), read through the gateway
+(``sja.v1.job.state``), which serves a job's states to its own tenant only. A sequential job's final state is
 unpacked into ``DIR``. An independent one (``sequential: false``) left one state per subjob: each is
 unpacked into ``DIR/parts/<unit start, 12 digits>`` (so the names sort in unit order), and the job's
 ``merge_argv`` runs here, on the machine fetching the result, with ``SJA_PARTS_DIR`` (that
@@ -17,7 +18,7 @@ import asyncio
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sja.protocol.messages import JobState
 from sja.workloads import checkpoint as ckpt
@@ -30,7 +31,14 @@ class ResultError(RuntimeError):
     pass
 
 
-async def _fetch(store: Any, raw: bytes) -> bytes:
+class StateReader(Protocol):
+    """Reads a job's stored state by its object name: ``SjaClient`` (through the gateway, which
+    serves a job's states to its tenant only)."""
+
+    async def stored_state(self, job_id: str, name: str) -> bytes: ...
+
+
+async def _fetch(reader: StateReader, job_id: str, raw: bytes) -> bytes:
     """The full checkpoint (blob) behind a reference, checked; an inline blob as it is."""
     if not ckpt.is_ref(raw):
         return raw
@@ -39,7 +47,7 @@ async def _fetch(store: Any, raw: bytes) -> bytes:
         if statestore.is_external(ref.bucket):
             data = await asyncio.to_thread(statestore.get, ref.bucket, ref.name)
         else:
-            data = bytes((await store.get(ref.name)).data or b"")
+            data = await reader.stored_state(job_id, ref.name)
     except Exception as e:
         raise ResultError(f"state {ref.bucket}/{ref.name} cannot be read: {type(e).__name__}: {e}") from None
     if ckpt.digest(data) != ref.sha256:
@@ -47,8 +55,11 @@ async def _fetch(store: Any, raw: bytes) -> bytes:
     return ckpt.pack_blob(ref.summary, data)
 
 
-async def fetch_result(js: Any, state: JobState, out: Path, *, run_merge: bool = True) -> dict[str, Any]:
-    """Write the job's final state under ``out``; returns what was written."""
+async def fetch_result(
+    reader: StateReader, state: JobState, out: Path, *, run_merge: bool = True
+) -> dict[str, Any]:
+    """Write the job's final state under ``out``; returns what was written. ``reader`` reads the
+    states the job refers to (``SjaClient``: through the gateway)."""
     from sja.workloads import workload
 
     if state.status != "done":
@@ -57,16 +68,15 @@ async def fetch_result(js: Any, state: JobState, out: Path, *, run_merge: bool =
         raise ResultError(f"job {state.job_id} runs {state.spec.workload}: its result is `sja status`'s")
     params = state.spec.params
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    store = await js.object_store(ckpt.BUCKET)
     if is_sequential(workload("command"), params):
-        raw = await _fetch(store, state.accumulator)
+        raw = await _fetch(reader, state.job_id, state.accumulator)
         await asyncio.to_thread(unpack_state, raw, out)
         return {"job_id": state.job_id, "out": str(out), "parts": 1}
     parts_dir = out / "parts"
     await asyncio.to_thread(parts_dir.mkdir, exist_ok=True)
     got = parts(state.accumulator)
     for start, raw in got:
-        blob = await _fetch(store, raw)
+        blob = await _fetch(reader, state.job_id, raw)
         await asyncio.to_thread(unpack_state, blob, parts_dir / f"{start:012d}")
     merged = False
     if run_merge and params.get("merge_argv"):
@@ -84,4 +94,4 @@ async def fetch_result(js: Any, state: JobState, out: Path, *, run_merge: bool =
     return {"job_id": state.job_id, "out": str(out), "parts": len(got), "merged": merged}
 
 
-__all__ = ["ResultError", "fetch_result"]
+__all__ = ["ResultError", "StateReader", "fetch_result"]

@@ -14,13 +14,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sja.bus import roles
+from sja.bus.auth import Credentials, NatsSettings, private_dir, write_credentials
 from sja.bus.connection import connect
 from sja.bus.natsclient import Client
-from sja.bus.natsd import EmbeddedNats, die_with_parent
+from sja.bus.natsd import EmbeddedNats, die_with_parent, free_port
 
 DEFAULT_ORDER = ("inventory", "gateway", "clearer", "agent", "executor", "advertiser")
 UP_ORDER = (*DEFAULT_ORDER, "ui")
 """What ``sja up`` runs: the scheduler's services and the dashboard (which only reads)."""
+
+DEFAULT_TENANTS = ("alpha", "beta", "prod", "research")
+"""The tenants ``sja up`` makes users for unless told others (those of the examples and the demo)."""
+
+CREDENTIALS_DIR = "credentials"
+"""Under a stack's ``out_dir``: its credentials (0700), the server's configuration and one file per
+user (0600): ``nats.conf``, ``sja-admin.json``, ``tenant-<name>.json``, ``services/sja-<service>.json``."""
+
+_CREDENTIAL_VARIABLES = ("SJA_NATS_USER", "SJA_NATS_PASSWORD", "SJA_NATS_PASSWORD_FILE", "SJA_NATS_CREDS")
 
 
 async def discover(nc: Client, wait_s: float = 0.5) -> dict[str, str]:
@@ -69,6 +80,12 @@ class LocalStack:
     ``env`` holds ``SJA_*`` settings for every service; ``service_env`` per service name (a
     co-hosted process gets those of each of its services). ``groups`` lists services that run
     together in one process (``sja service a,b``), one replica each.
+
+    ``auth``: the server takes only the users of ``sja.bus.roles`` (the services', the operator's
+    and one per tenant of ``tenants``) with passwords made at start, written to files under
+    ``<out_dir>/credentials`` that only their owner can read (``prepare_auth``); each service reads
+    its own through ``SJA_NATS_CREDENTIALS``, never a password in its environment. ``credentials``
+    and ``client_auth`` give the operator's (or a tenant's) to a client.
     """
 
     out_dir: Path
@@ -79,6 +96,41 @@ class LocalStack:
     nats_url: str = ""
     nats: EmbeddedNats | None = None
     procs: list[ServiceProc] = field(default_factory=list)
+    auth: bool = False
+    tenants: Sequence[str] = DEFAULT_TENANTS
+
+    @property
+    def credentials_dir(self) -> Path:
+        return self.out_dir / CREDENTIALS_DIR
+
+    def credentials(self, user: str = roles.ADMIN) -> Path:
+        """The credentials file of ``user`` (the operator's by default, or ``tenant-<name>``)."""
+        if user.startswith("sja-") and user != roles.ADMIN:
+            return self.credentials_dir / "services" / f"{user}.json"
+        return self.credentials_dir / f"{user}.json"
+
+    def client_auth(self, user: str = roles.ADMIN) -> NatsSettings | None:
+        """How a client connects as ``user`` (``None`` when the stack runs without ``auth``)."""
+        return NatsSettings(credentials=str(self.credentials(user))) if self.auth else None
+
+    def prepare_auth(self, url: str) -> Path:
+        """Make a password for every user, write each to its own file (0600, directories 0700) with
+        ``url``, and the server's configuration; returns the configuration's path."""
+        users = roles.roles(self.tenants)
+        passwords = roles.generate_passwords(users)
+        base = private_dir(self.credentials_dir)
+        private_dir(base / "services")
+        for role in users:
+            creds = Credentials(user=role.user, password=passwords[role.user], url=url, tenant=role.tenant)
+            write_credentials(self.credentials(role.user), creds)
+        conf = base / "nats.conf"
+        tmp = base / ".nats.conf.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("# Made by `sja up` from sja.bus.roles, with this run's passwords.\n")
+            f.write(roles.authorization_block(users, passwords))
+        os.replace(tmp, conf)
+        return conf
 
     def start_nats(self) -> str:
         if self.nats_url:
@@ -86,6 +138,9 @@ class LocalStack:
         store = self.out_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
         self.nats = EmbeddedNats(store_dir=str(store), log_file=str(self.out_dir / "logs" / "nats.log"))
+        if self.auth:
+            self.nats.port = free_port()
+            self.nats.config_file = str(self.prepare_auth(self.nats.url))
         (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.nats.start()
         self.nats_url = self.nats.url
@@ -97,6 +152,12 @@ class LocalStack:
         for n in name.split(","):
             env.update(self.service_env.get(n, {}))
         env["SJA_NATS_URL"] = self.nats_url
+        if self.auth:
+            # Each service's own file (a co-hosted process: each of its services' own); no password
+            # in the environment, where any process of this uid could read it.
+            for key in _CREDENTIAL_VARIABLES:
+                env.pop(key, None)
+            env["SJA_NATS_CREDENTIALS"] = str(self.credentials_dir / "services")
         env["SJA_OUT_DIR"] = str(self.out_dir)
         # Co-hosted services are named <service>-<SJA_INSTANCE>: the index alone gives each the id
         # it would have in a process of its own.
@@ -164,7 +225,7 @@ class LocalStack:
 
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until every spawned service answers NATS micro discovery (``$SRV.PING``)."""
-        nc = await connect(self.nats_url, "sja-supervisor")
+        nc = await connect(self.nats_url, "sja-supervisor", auth=self.client_auth())
         try:
             expected = {i for p in self.procs for i in p.instances}
             deadline = time.monotonic() + timeout_s

@@ -15,6 +15,7 @@ from services.agent.spans import JobSpans
 from sja.bus.jetstream import JetStream
 from sja.bus.store import KvStore
 from sja.core import jobs as J
+from sja.core import proofs
 from sja.core.planner import PlanLimits
 from sja.protocol.messages import Completion, InFlight, JobState, SliceState
 
@@ -49,3 +50,5 @@ class Agent(Protocol):
     def ready(self, windows: int) -> None: ...
 
     def record_completion(self, c: Completion, flight: InFlight | None, workload: str) -> None: ...
+
+    def drop_unproven(self, c: Completion, why: proofs.Unproven) -> None: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
 
@@ -29,7 +30,7 @@ from sja.bus.persist import DeferredWriter
 from sja.bus.service import Service
 from sja.bus.tracing import child_span, extract, inject, is_sampled, item_contexts, publish
 from sja.core import jobs as J
-from sja.core import leases
+from sja.core import leases, proofs
 from sja.core.bidder import Bidder
 from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES, PolicyConfig
@@ -464,9 +465,12 @@ class AgentService(Service):
                     return
                 now = time.time()
                 made: list[J.Materialized] = []
+                key = secrets.token_bytes(proofs.PROOF_KEY_BYTES)
 
                 def transition(state: JobState) -> JobState | None:
-                    m = J.materialize(state, grant, now, self.limits, self.agent_id, profiles=self.profiles)
+                    m = J.materialize(
+                        state, grant, now, self.limits, self.agent_id, profiles=self.profiles, proof_key=key
+                    )
                     made[:] = [m]
                     return m.state
 
@@ -557,6 +561,14 @@ class AgentService(Service):
                     await msg.ack()
                     return
                 current, rev = self.owned[c.job_id]
+                unproven = proofs.verify_completion(current, c)
+                if unproven is not None and unproven is not proofs.Unproven.NOT_IN_FLIGHT:
+                    # Not from the executor that holds the grant: a forgery, or a subjob made
+                    # before completions were proven (given up when overdue and planned again).
+                    span.set_attribute("sja.note", f"unproven: {unproven.value}")
+                    self.drop_unproven(c, unproven)
+                    await msg.term()
+                    return
                 with child_span(tracer, "sja.calibrate", attributes={"sja.job_id": c.job_id}):
                     new, ok = J.apply_completion(current, c, time.time(), profiles=self.profiles)
                 span.set_attribute("sja.applied", ok)
@@ -582,6 +594,19 @@ class AgentService(Service):
                         return
                 if J.can_take_more(new):
                     self.ready(1)
+
+    def drop_unproven(self, c: Completion, why: proofs.Unproven) -> None:
+        """Count and report a completion dropped because it does not prove its grant."""
+        log.warning(
+            "dropping completion of %s (grant %s, fence %d, %s from executor %r): %s",
+            c.subjob_id,
+            c.grant_id,
+            c.fence,
+            c.status,
+            c.executor_id[:80],
+            why.value,
+        )
+        self.metrics.rejected(f"{subjects.PREFIX}.subjob.completed.>", "unproven")
 
     def record_completion(self, c: Completion, flight: InFlight | None, workload: str) -> None:
         """Count an applied completion (a duplicate is not applied, so not counted twice)."""

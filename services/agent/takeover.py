@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.completions import iter_completions
 from sja.core import jobs as J
+from sja.core import proofs
 from sja.protocol import subjects
 from sja.protocol.messages import AgentHeartbeat, Completion, JobHead, JobState
 
@@ -170,6 +171,11 @@ class Takeover:
                 made.clear()
                 new = state
                 for c in found:
+                    unproven = proofs.verify_completion(new, c)
+                    if unproven is not None:
+                        if unproven is not proofs.Unproven.NOT_IN_FLIGHT:
+                            agent.drop_unproven(c, unproven)
+                        continue
                     new, ok = J.apply_completion(new, c, time.time(), profiles=agent.profiles)
                     if ok:
                         made.append(c)

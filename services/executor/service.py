@@ -28,6 +28,7 @@ from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.jetstream import delivery_count
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
+from sja.core import proofs
 from sja.core.leases import Admission
 from sja.execution import slicelease
 from sja.execution.actor import (
@@ -301,7 +302,10 @@ class ExecutorService(Service):
                     finished_at=now,
                     error=f"input checkpoint not readable: {e}",
                 ), carrier
-        ref = actor.run.remote(msg.data, carrier, checkpoint)
+        # The slice (and the program in it) gets the subjob without its secret: only this process
+        # signs its completion (sja.core.proofs).
+        data = encode(proofs.without_proof_key(sj)) if sj.proof_key else msg.data
+        ref = actor.run.remote(data, carrier, checkpoint)
         limit = sj.time_cap_s + self.cfg.kill_margin_s
         keepalive = self.spawn(_keep_alive(msg))
         try:
@@ -436,7 +440,8 @@ class ExecutorService(Service):
                     "object store"
                 ),
             )
-            payload = encode(c)
+        c = proofs.signed(c, sj.proof_key)
+        payload = encode(c)
         headers = dict(carrier)
         if not headers:
             propagate.inject(headers)

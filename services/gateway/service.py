@@ -27,6 +27,7 @@ from sja.bus.settings import BaseSettings
 from sja.bus.watch import KvView
 from sja.core import explain as E
 from sja.core import jobs as J
+from sja.core import proofs
 from sja.core.planner import PlanLimits
 from sja.protocol import subjects
 from sja.protocol.messages import (
@@ -44,12 +45,16 @@ from sja.protocol.messages import (
     RoundsQuery,
     RoundsView,
     SliceState,
+    StateChunk,
+    StateQuery,
     SubjobLog,
     SubmitAck,
     SubmitJob,
     Verdict,
 )
 from sja.workloads import SpecError
+from sja.workloads import checkpoint as ckpt
+from sja.workloads.command import parts as command_parts
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,8 @@ class GatewayService(Service):
             start_overhead_s=settings.start_overhead_s,
             horizon_s=settings.horizon_s,
         )
+        self._states: dict[str, bytes] = {}
+        """The stored states read last (object name -> bytes; ``STATES_KEPT``)."""
         self.slice_view: KvView[SliceState] | None = None
         """Every slice (the inventory's bucket), to refuse a job that none can ever hold."""
         self.m_submitted = self.metrics.counter(
@@ -109,6 +116,7 @@ class GatewayService(Service):
             ("rounds", subjects.JOB_ROUNDS, self.rounds),
             ("explain", subjects.JOB_EXPLAIN, self.explain),
             ("logs", subjects.JOB_LOGS, self.logs),
+            ("state", subjects.JOB_STATE, self.state),
         ):
             await micro.add_endpoint(name=name, subject=subject, handler=_typed(handler, self, subject))
             tenant_subject = subjects.tenant_request(subject, "*")
@@ -160,7 +168,7 @@ class GatewayService(Service):
         got = await self._job(q.job_id, tenant)
         if isinstance(got, ErrorReply):
             return got
-        return JobView(state=got[0])
+        return JobView(state=proofs.without_secrets(got[0]))
 
     async def list_jobs(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         q = decode(data, JobListQuery)
@@ -182,7 +190,7 @@ class GatewayService(Service):
         # job is a few hundred bytes, so thousands fit one reply (`status` has the full state).
         return JobList(
             jobs=[
-                msgspec.structs.replace(s, history=[], profile=None, accumulator=b"")
+                msgspec.structs.replace(proofs.without_secrets(s), history=[], profile=None, accumulator=b"")
                 for s in states[: q.limit]
             ]
         )
@@ -198,7 +206,7 @@ class GatewayService(Service):
             new = J.request_cancel(state, time.time())
             if new == state or await self.jobs.cas(q.job_id, new, rev) is not None:
                 await self.bus.publish(subjects.JOB_CANCEL_REQUESTED, encode(JobCancel(job_id=q.job_id)))
-                return JobView(state=new)
+                return JobView(state=proofs.without_secrets(new))
         return ErrorReply(code="conflict", message=f"job {q.job_id} is changing too fast; retry")
 
     async def rounds(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
@@ -275,6 +283,42 @@ class GatewayService(Service):
         order = sorted(found.values(), key=lambda s: (_seq(s.subjob_id), s.finished_at))
         return LogsView(job_id=q.job_id, subjobs=order[-200:])
 
+    async def state(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
+        """A piece of one of a job's stored states (``sja result``), for the job's tenant (or the
+        operator) only: an object of the store ``sja-checkpoints`` that the job's own state refers
+        to, never any other (tenants read no object store themselves)."""
+        q = decode(data, StateQuery)
+        got = await self._job(q.job_id, tenant)
+        if isinstance(got, ErrorReply):
+            return got
+        if q.name not in stored_states(got[0]):
+            why = f"job {q.job_id} holds no state {q.name}"
+            return ErrorReply(code="not_found", message=why, field="name")
+        try:
+            blob = await self._stored(q.name)
+        except Exception as e:
+            why = f"state {q.name} cannot be read: {type(e).__name__}: {e}"
+            return ErrorReply(code="not_found", message=why, field="name")
+        chunk = max(1, self.bus.max_payload - STATE_CHUNK_HEADROOM)
+        return StateChunk(
+            job_id=q.job_id,
+            name=q.name,
+            offset=q.offset,
+            total=len(blob),
+            data=blob[q.offset : q.offset + chunk],
+        )
+
+    async def _stored(self, name: str) -> bytes:
+        """An object of ``sja-checkpoints``, the last few read kept: a state is read in chunks."""
+        blob = self._states.get(name)
+        if blob is None:
+            store = await self.bus.jetstream().object_store(ckpt.BUCKET)
+            blob = bytes((await store.get(name)).data or b"")
+            self._states[name] = blob
+            while len(self._states) > STATES_KEPT:
+                self._states.pop(next(iter(self._states)))
+        return blob
+
     async def explain(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         """The job's state and, while it waits, why (``sja.core.explain``): from the rounds stored
         in the last ``EXPLAIN_LOOKBACK_S`` and the jobs in the store."""
@@ -345,6 +389,31 @@ def _seq(subjob_id: str) -> int:
     """A subjob's number in its job (``JOB.s12`` is 12)."""
     tail = subjob_id.rpartition(".s")[2]
     return int(tail) if tail.isdigit() else 0
+
+
+STATE_CHUNK_HEADROOM = 16 * 1024
+"""Bytes of a reply left for its envelope when a stored state is cut to the server's ``max_payload``."""
+
+STATES_KEPT = 4
+"""Stored states the gateway keeps read while a client fetches them in chunks."""
+
+
+def stored_states(state: JobState) -> set[str]:
+    """The object names in ``sja-checkpoints`` that the job's state refers to: its accumulator (a
+    sequential job's final state) or each of its parts (an independent job's)."""
+    raws = [state.accumulator]
+    if state.accumulator and not ckpt.is_ref(state.accumulator) and state.spec.workload == "command":
+        try:
+            raws = [raw for _, raw in command_parts(state.accumulator)]
+        except (msgspec.DecodeError, ValueError):
+            raws = []
+    names: set[str] = set()
+    for raw in raws:
+        if ckpt.is_ref(raw):
+            ref = ckpt.unpack_ref(raw)
+            if ref.bucket == ckpt.BUCKET:
+                names.add(ref.name)
+    return names
 
 
 def _typed(handler: Any, service: Service | None = None, subject: str = "") -> Any:

@@ -37,7 +37,7 @@ SETTINGS = {
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     out = tmp_path_factory.mktemp("stack")
-    s = LocalStack(out_dir=out, env=SETTINGS)
+    s = LocalStack(out_dir=out, env=SETTINGS, auth=True)  # as `sja up`: a user per service
     try:
         s.start()
         asyncio.run(s.wait_ready())
@@ -98,7 +98,7 @@ JOBS = [
 
 def test_jobs_complete_correctly_through_separate_processes(stack: LocalStack) -> None:
     async def go() -> list[JobState]:
-        client = await SjaClient.connect(stack.nats_url)
+        client = await SjaClient.connect(stack.nats_url, auth=stack.client_auth())
         try:
             ids = [(await client.submit(spec)).job_id for spec in JOBS]
             return await wait_terminal(client, ids, 240)
@@ -167,7 +167,7 @@ def test_one_round_is_one_trace_across_processes(stack: LocalStack) -> None:
     span links to every round it won."""
 
     async def go() -> JobState:
-        client = await SjaClient.connect(stack.nats_url)
+        client = await SjaClient.connect(stack.nats_url, auth=stack.client_auth())
         try:
             job_id = (await client.submit(TRACED_JOB)).job_id
             return (await wait_terminal(client, [job_id], 240))[0]
@@ -250,8 +250,8 @@ def test_one_round_is_one_trace_across_processes(stack: LocalStack) -> None:
     assert int(str(job["start_ns"])) <= first_round
 
 
-def sja(*args: str, nats_url: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, SJA_NATS_URL=nats_url, COLUMNS="200")
+def sja(*args: str, nats_url: str, credentials: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, SJA_NATS_URL=nats_url, SJA_NATS_CREDENTIALS=str(credentials), COLUMNS="200")
     return subprocess.run(
         [sys.executable, "-m", "sja.cli.main", *args],
         capture_output=True,
@@ -263,53 +263,54 @@ def sja(*args: str, nats_url: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_submit_status_trace_cancel(stack: LocalStack, tmp_path: Path) -> None:
     url = stack.nats_url
+    creds = stack.credentials()  # the operator's, as `sja up` writes it
     spec = tmp_path / "job.yaml"
     spec.write_text(
         "name: cli-job\ntenant: alpha\nworkload: montecarlo\n"
         "params: {units: 60, samples_per_unit: 50000, seed: 5}\n"
     )
-    r = sja("submit", str(spec), nats_url=url)
+    r = sja("submit", str(spec), nats_url=url, credentials=creds)
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip()
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\ntenant: alpha\nworkload: matmul\nparams: {rows: many}\n")
-    r = sja("submit", str(bad), nats_url=url)
+    r = sja("submit", str(bad), nats_url=url, credentials=creds)
     assert r.returncode == 2 and "params.rows" in r.stderr
     bad.write_text("name: bad\ntenant: alpha\nworkload: matmul\neps_mem: 2\n")
-    r = sja("submit", str(bad), nats_url=url)
+    r = sja("submit", str(bad), nats_url=url, credentials=creds)
     assert r.returncode == 2 and "eps_mem" in r.stderr
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        r = sja("status", job_id, nats_url=url)
+        r = sja("status", job_id, nats_url=url, credentials=creds)
         assert r.returncode == 0, r.stderr
         if "status=done" in r.stdout:
             break
         time.sleep(0.5)
     assert "status=done" in r.stdout and "pi" in r.stdout
 
-    r = sja("trace", job_id, nats_url=url)
+    r = sja("trace", job_id, nats_url=url, credentials=creds)
     assert r.returncode == 0, r.stderr
     assert "won" in r.stdout and "replies from: agent-0" in r.stdout
 
-    r = sja("jobs", nats_url=url)
+    r = sja("jobs", nats_url=url, credentials=creds)
     assert r.returncode == 0 and job_id in r.stdout
 
-    r = sja("status", "no-such-job", nats_url=url)
+    r = sja("status", "no-such-job", nats_url=url, credentials=creds)
     assert r.returncode == 2 and "not_found" in r.stderr
 
     big = tmp_path / "big.yaml"
     big.write_text(
         "name: long-job\ntenant: beta\nworkload: matmul\nparams: {rows: 400000, inner: 1024, cols: 1024}\n"
     )
-    r = sja("submit", str(big), nats_url=url)
+    r = sja("submit", str(big), nats_url=url, credentials=creds)
     big_id = r.stdout.strip()
-    r = sja("cancel", big_id, nats_url=url)
+    r = sja("cancel", big_id, nats_url=url, credentials=creds)
     assert r.returncode == 0, r.stderr
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        r = sja("status", big_id, nats_url=url)
+        r = sja("status", big_id, nats_url=url, credentials=creds)
         if "status=cancelled" in r.stdout:
             break
         time.sleep(0.5)

@@ -67,7 +67,9 @@ def store_dirs_in_log(log: Path) -> list[str]:
     return re.findall(r'Store Directory:\s+"([^"]+)"', log.read_text(errors="replace"))
 
 
-def test_up_keeps_a_store_only_when_asked(tmp_path: Path) -> None:
+def test_up_keeps_a_store_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `sja up` writes the operator's credentials there, and `sja` finds them there.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     out = tmp_path / "stack"
     kept = out / "nats"  # where earlier versions kept the store by default
 

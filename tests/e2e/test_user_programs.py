@@ -119,7 +119,7 @@ async def run_jobs(stack: LocalStack, specs: list[JobSpec], timeout_s: float) ->
 async def fetch(stack: LocalStack, state: JobState, out: Path) -> dict[str, Any]:
     client = await SjaClient.connect(stack.nats_url)
     try:
-        return await fetch_result(client.nc.jetstream(), state, out)
+        return await fetch_result(client, state, out)
     finally:
         await client.close()
 

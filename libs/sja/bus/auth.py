@@ -1,5 +1,13 @@
 """How a process authenticates to NATS: ``NatsSettings`` (the ``SJA_NATS_*`` credentials, TLS files
-and reply inbox prefix) and the errors of credentials that cannot work.
+and reply inbox prefix), the credentials file (``Credentials``: one user's name and password, the
+server's URL and, for a tenant, its name; written only its owner can read) and the errors of
+credentials that cannot work.
+
+A credentials file (``SJA_NATS_CREDENTIALS``) keeps the secret out of the process's environment,
+which any process of the same uid reads in ``/proc/<pid>/environ``; ``SJA_NATS_PASSWORD`` still
+works (the compose deployment's way) but is that much weaker. ``sja up`` writes one file per
+service, the operator's and one per tenant; the CLI finds its file as ``kubectl`` finds its
+kubeconfig: ``--credentials``, then ``SJA_NATS_CREDENTIALS``, then ``default_credentials_path()``.
 
 ``NatsSettings`` is the one definition of these settings: every service holds it as
 ``BaseSettings.nats`` (read from the environment with the rest of its settings) and ``connect``
@@ -12,8 +20,10 @@ moves to ``_INBOX.<user>`` so the server can let each user read only its own rep
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import ssl
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +41,86 @@ class NatsConfigError(ValueError):
     """Connection options that cannot work together or point at files that cannot be read."""
 
 
+class Credentials(msgspec.Struct, frozen=True, kw_only=True):
+    """What a credentials file holds (JSON): one NATS user and its password; the server's URL; for a
+    tenant's user, the tenant it acts for."""
+
+    user: str
+    password: str
+    url: str = ""
+    tenant: str = ""
+
+    def __repr__(self) -> str:
+        return f"Credentials(user={self.user!r}, url={self.url!r}, tenant={self.tenant!r})"
+
+
+def default_credentials_path() -> Path:
+    """Where ``sja up`` writes the operator's credentials and the CLI looks last:
+    ``$XDG_CONFIG_HOME/sja/credentials.json`` (``~/.config/sja/credentials.json``)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "sja" / "credentials.json"
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only its owner can enter (0700), made if missing."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def write_credentials(path: Path, creds: Credentials) -> Path:
+    """Write ``creds`` to ``path``, readable by its owner only (0600, in a 0700 directory), replacing
+    any file there at once (never a moment with the secret readable by others)."""
+    private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, msgspec.json.encode(creds) + b"\n")
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def read_credentials(path: str | Path) -> Credentials:
+    """The credentials of a file only its owner may read: a file that the group or others can read
+    is refused (as ``ssh`` refuses such a key), naming the fix."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise NatsConfigError(f"cannot read the NATS credentials file {p}: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise NatsConfigError(
+                f"the NATS credentials file {p} is open to others (mode {stat.S_IMODE(mode):o}): "
+                f"chmod 600 {p}"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(64 * 1024)
+    finally:
+        os.close(fd)
+    try:
+        return msgspec.json.decode(raw, type=Credentials)
+    except msgspec.DecodeError as e:
+        raise NatsConfigError(f"bad NATS credentials file {p}: {e}") from None
+
+
 class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How to authenticate to NATS (``SJA_NATS_<FIELD>``). Empty means "not used".
 
     Secrets never appear in ``repr`` or log lines: ``describe()`` names the method, not the secret.
     """
 
+    credentials: str = ""
+    """A credentials file (``Credentials``, JSON, mode 0600): its user and password, unless
+    ``user``/``password`` are given. The secret stays out of the environment."""
     user: str = ""
     password: str = ""
+    """In the environment (``SJA_NATS_PASSWORD``) any process of the same uid can read it in
+    ``/proc/<pid>/environ``: prefer ``credentials`` or ``password_file``."""
     password_file: str = ""
     """A file holding the password (a mounted secret); use it or ``password``, not both;
     surrounding whitespace is ignored."""
@@ -62,6 +144,7 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     def configured(self) -> bool:
         return any(
             (
+                self.credentials,
                 self.user,
                 self.password,
                 self.password_file,
@@ -82,6 +165,8 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
     def describe(self) -> str:
         """What authenticates this connection, without any secret."""
         parts = []
+        if self.credentials:
+            parts.append(f"credentials {self.credentials}")
         if self.user:
             parts.append(f"user {self.user!r}")
         if self.creds:
@@ -93,6 +178,34 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
         if self.tls_ca:
             parts.append(f"CA {self.tls_ca}")
         return ", ".join(parts) or "no credentials"
+
+    def for_service(self, service: str) -> NatsSettings:
+        """A service's settings: ``credentials`` naming a directory (``sja up`` gives one to every
+        service process, co-hosted ones included) means its file ``<dir>/sja-<service>.json``."""
+        if self.credentials and Path(self.credentials).is_dir():
+            path = Path(self.credentials) / f"sja-{service}.json"
+            return msgspec.structs.replace(self, credentials=str(path))
+        return self
+
+    def credentials_file(self) -> Credentials | None:
+        """The credentials file's contents (``None`` without one)."""
+        return read_credentials(self.credentials) if self.credentials else None
+
+    def resolved(self) -> NatsSettings:
+        """These settings with the credentials file's user and password in place (a user or
+        password given as well wins; a different user than the file's is an error)."""
+        creds = self.credentials_file()
+        if creds is None:
+            return self
+        if self.user and self.user != creds.user:
+            if self.password or self.password_file:
+                return msgspec.structs.replace(self, credentials="")
+            raise NatsConfigError(
+                f"the NATS credentials file {self.credentials} is user {creds.user!r}'s, not {self.user!r}"
+            )
+        if self.password or self.password_file:
+            return msgspec.structs.replace(self, credentials="", user=creds.user)
+        return msgspec.structs.replace(self, credentials="", user=creds.user, password=creds.password)
 
     def effective_inbox_prefix(self) -> str:
         """The reply inbox prefix: explicit, else ``_INBOX.<user>`` (the user made token-safe)."""
@@ -130,6 +243,8 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def connect_options(self) -> dict[str, Any]:
         """Validated keyword arguments for ``nats.connect``."""
+        if self.credentials:
+            return self.resolved().connect_options()
         opts: dict[str, Any] = {"inbox_prefix": self.effective_inbox_prefix()}
         password = self.resolved_password()
         if password and not self.user:

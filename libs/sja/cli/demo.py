@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from sja.bus.auth import NatsSettings
 from sja.bus.connection import connect
 from sja.bus.rounds import iter_rounds
 from sja.client import SjaClient
@@ -130,18 +131,18 @@ def progress_table(states: list[JobState], started: float) -> Table:
     return t
 
 
-async def read_rounds(url: str) -> list[RoundRecord]:
-    nc = await connect(url, "sja-demo-reader")
+async def read_rounds(url: str, auth: NatsSettings | None = None) -> list[RoundRecord]:
+    nc = await connect(url, "sja-demo-reader", auth=auth)
     try:
         return [rec async for rec in iter_rounds(nc.jetstream(), timeout_s=5.0, strict=True)]
     finally:
         await nc.close()
 
 
-async def read_slices(url: str) -> list[SliceState]:
+async def read_slices(url: str, auth: NatsSettings | None = None) -> list[SliceState]:
     from sja.bus.store import stores
 
-    nc = await connect(url, "sja-demo-reader")
+    nc = await connect(url, "sja-demo-reader", auth=auth)
     try:
         slices, _ = await stores(nc.jetstream())
         return sorted((s for s, _ in await slices.all()), key=lambda s: s.slice_id)
@@ -149,8 +150,10 @@ async def read_slices(url: str) -> list[SliceState]:
         await nc.close()
 
 
-async def drive(url: str, specs: list[JobSpec], timeout_s: float) -> tuple[list[JobState], float, float]:
-    client = await SjaClient.connect(url)
+async def drive(
+    url: str, specs: list[JobSpec], timeout_s: float, auth: NatsSettings | None = None
+) -> tuple[list[JobState], float, float]:
+    client = await SjaClient.connect(url, auth=auth)
     try:
         ids = [(await client.submit(spec)).job_id for spec in specs]
         started = time.time()
@@ -329,16 +332,22 @@ def run_demo(out: Path, policy: str = "fair", quick: bool = False, timeout_s: fl
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    stack = LocalStack(out_dir=out, env={"SJA_POLICY": policy, "SJA_TENANT_SHARES": "research=1,prod=1"})
+    stack = LocalStack(
+        out_dir=out,
+        env={"SJA_POLICY": policy, "SJA_TENANT_SHARES": "research=1,prod=1"},
+        auth=True,  # as `sja up`: a user per service, the demo's reader as the operator
+        tenants=("research", "prod"),
+    )
     console.print(f"starting the stack (logs in {out}/logs)…")
     try:
         stack.start()
         asyncio.run(stack.wait_ready())
         console.print(f"[green]stack up[/]: NATS {stack.nats_url}, policy {policy}")
         specs = demo_jobs(quick)
-        states, started, ended = asyncio.run(drive(stack.nats_url, specs, timeout_s))
-        rounds = asyncio.run(read_rounds(stack.nats_url))
-        slices = asyncio.run(read_slices(stack.nats_url))
+        auth = stack.client_auth()
+        states, started, ended = asyncio.run(drive(stack.nats_url, specs, timeout_s, auth))
+        rounds = asyncio.run(read_rounds(stack.nats_url, auth))
+        slices = asyncio.run(read_slices(stack.nats_url, auth))
     finally:
         stack.stop()
     summary = summarize(states, rounds, slices, started, ended)

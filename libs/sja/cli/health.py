@@ -54,7 +54,7 @@ async def check(service: str, settings: BaseSettings, timeout_s: float, any_repl
                 settings.nats_url,
                 f"sja-health-{service}",
                 connect_timeout_s=max(0.5, timeout_s / 2),
-                auth=settings.nats,
+                auth=settings.nats.for_service(service),
             ),
             timeout=timeout_s,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -74,8 +75,22 @@ def _root(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
+    credentials: Annotated[
+        str,
+        typer.Option(
+            "--credentials",
+            envvar="SJA_NATS_CREDENTIALS",
+            metavar="FILE",
+            help="NATS credentials file (0600) of the operator or a tenant; default: the one `sja up` "
+            "wrote (~/.config/sja/credentials.json).",
+        ),
+    ] = "",
 ) -> None:
     """SJA: run the stack or one service, submit and inspect jobs, trace rounds, run the demo."""
+    import os
+
+    if credentials:
+        os.environ["SJA_NATS_CREDENTIALS"] = credentials  # read with the other SJA_NATS_* settings
 
 
 PolicyName = Literal["efficiency", "fair", "sla", "auction", "token", "jasda"]
@@ -117,15 +132,36 @@ TenantOpt = Annotated[
 ]
 
 
+def client_auth(env: Mapping[str, str], user: str = "", password: str = "") -> Any:
+    """The CLI's credentials, found as ``kubectl`` finds its kubeconfig: ``--user``/``--password``
+    (or ``SJA_NATS_USER``/``SJA_NATS_PASSWORD``), else the credentials file of ``--credentials`` or
+    ``SJA_NATS_CREDENTIALS``, else the one ``sja up`` writes (``~/.config/sja/credentials.json``)
+    if it exists; with none of them, no credentials."""
+    from sja.bus.auth import default_credentials_path
+    from sja.bus.settings import BaseSettings
+
+    auth = BaseSettings.from_env(env).nats.with_overrides(user=user, password=password)
+    if not auth.configured:
+        default = default_credentials_path()
+        if default.is_file():
+            auth = auth.with_overrides(credentials=str(default))
+    return auth
+
+
 async def _connect_client(nats: str, user: str, password: str, tenant: str) -> Any:
-    """A gateway client with the credentials of the options and the SJA_NATS_* environment (password
-    file, creds file, TLS), scoped to ``tenant`` when one is given."""
+    """A gateway client with the credentials of the options and the SJA_NATS_* environment (a
+    credentials file, password file, creds file, TLS), scoped to ``tenant`` when one is given or the
+    credentials file names one. Without ``--nats``/``SJA_NATS_URL`` the file's URL is used."""
     import os
 
-    from sja.bus.settings import BaseSettings
     from sja.client import SjaClient
 
-    auth = BaseSettings.from_env(os.environ).nats.with_overrides(user=user, password=password)
+    auth = client_auth(os.environ, user, password)
+    creds = auth.credentials_file()
+    if creds is not None:
+        tenant = tenant or creds.tenant
+        if creds.url and nats == DEFAULT_NATS and "SJA_NATS_URL" not in os.environ:
+            nats = creds.url
     return await SjaClient.connect(nats, tenant=tenant, auth=auth)
 
 
@@ -177,6 +213,7 @@ def service(
         except SettingsError as e:
             fail(str(e))
             return
+        settings = msgspec.structs.replace(settings, nats=settings.nats.for_service(n))
         if len(names) > 1:
             base = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
             settings = msgspec.structs.replace(settings, instance=cohosted_instance(n, base))
@@ -222,8 +259,25 @@ def up(
             metavar="SERVICES",
         ),
     ] = "",
+    tenants: Annotated[
+        str,
+        typer.Option(
+            help="Tenants to make NATS users for, comma-separated (each gets its own credentials file).",
+            metavar="NAMES",
+        ),
+    ] = "",
+    credentials: Annotated[
+        Path | None,
+        typer.Option(
+            "--credentials",
+            help="Where to write the operator's credentials, which `sja` finds there by default "
+            "(default: ~/.config/sja/credentials.json).",
+            metavar="FILE",
+        ),
+    ] = None,
 ) -> None:
-    """Start the whole stack on this machine: embedded nats-server, local Ray, every service."""
+    """Start the whole stack on this machine: embedded nats-server (with a user and a fresh password
+    per service, for the operator and per tenant: no anonymous connection), local Ray, every service."""
     import signal
     import socket
 
@@ -245,20 +299,36 @@ def up(
     if not ui_port:
         with socket.socket() as s:
             ui_port = 8080 if s.connect_ex(("127.0.0.1", 8080)) != 0 else free_port()
+    from sja.bus import roles
+    from sja.bus.auth import default_credentials_path, read_credentials, write_credentials
+    from sja.stack import DEFAULT_TENANTS
+
+    names = [t.strip() for t in tenants.split(",") if t.strip()] if tenants else list(DEFAULT_TENANTS)
+    for t in names:
+        try:
+            roles.tenant_role(t)
+        except ValueError as e:
+            fail(f"--tenants: {e}")
     stack = LocalStack(
         out_dir=out,
         env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
         service_env={"ui": {"SJA_UI_PORT": str(ui_port), "SJA_UI_HOST": "127.0.0.1"}},
         replicas={"agent": agents},
         groups=groups,
+        auth=True,
+        tenants=names,
     )
     (out / "logs").mkdir(parents=True, exist_ok=True)
     if keep_store is not None:
         keep_store.mkdir(parents=True, exist_ok=True)
     # No store_dir: EmbeddedNats makes a temporary one and removes it when stopped.
+    nats_conf = stack.prepare_auth(f"nats://127.0.0.1:{port}")
+    operator_file = credentials or default_credentials_path()
+    write_credentials(operator_file, read_credentials(stack.credentials()))
     stack.nats = EmbeddedNats(
         port=port,
         store_dir=str(keep_store) if keep_store is not None else "",
+        config_file=str(nats_conf),
         log_file=str(out / "logs" / "nats.log"),
     )
 
@@ -274,6 +344,10 @@ def up(
         store = f"store in {keep_store}" if keep_store is not None else "temporary store"
         console.print(
             f"[green]SJA is up[/] — NATS at [bold]{stack.nats_url}[/] ({store}), logs in {out}/logs"
+        )
+        console.print(
+            f"  operator credentials: {operator_file} (0600; `sja` reads them there); per tenant: "
+            f"{stack.credentials_dir}/tenant-<name>.json"
         )
         console.print(f"  export SJA_NATS_URL={stack.nats_url}; sja submit examples/jobs/matmul.yaml")
         console.print(f"  dashboard: http://127.0.0.1:{ui_port}/")
@@ -356,7 +430,10 @@ def _with_connection_errors(fn: Any, url: str) -> None:
     except ApiError as e:
         fail(str(e))
     except NatsAuthError as e:
-        fail(f"{e}: check --user/--password (SJA_NATS_USER, SJA_NATS_PASSWORD) or SJA_NATS_CREDS")
+        fail(
+            f"{e}: check --credentials (SJA_NATS_CREDENTIALS, ~/.config/sja/credentials.json), "
+            "--user/--password (SJA_NATS_USER, SJA_NATS_PASSWORD) or SJA_NATS_CREDS"
+        )
     except (NatsConfigError, SettingsError, ValueError) as e:
         fail(str(e))
     except (NatsUnreachableError, nats.errors.NoServersError) as e:
@@ -802,7 +879,7 @@ def result(
         c = await _connect_client(nats, user, password, tenant)
         try:
             state = await c.status(job_id)
-            got = await fetch_result(c.nc.jetstream(), state, out, run_merge=not no_merge)
+            got = await fetch_result(c, state, out, run_merge=not no_merge)
         except (ApiError, ResultError) as e:
             fail(str(e))
             return

@@ -430,9 +430,11 @@ def materialize(
     agent_id: str,
     *,
     profiles: ProfileCache | None = None,
+    proof_key: bytes = b"",
 ) -> Materialized:
     """Cut the subjob for a granted window, sized with the latest profile, never larger than the
-    proposal; or decline (the caller releases the lease)."""
+    proposal; or decline (the caller releases the lease). ``proof_key``: the subjob's secret
+    (``sja.core.proofs``), kept in its ``InFlight`` and sent in the ``Subjob``."""
     if any(f.grant_id == grant.grant_id for f in state.in_flight):
         # The same grant delivered again (a replay): its subjob exists already.
         return Materialized(state, None, Declined.ALREADY_MATERIALIZED)
@@ -491,6 +493,7 @@ def materialize(
         slice_revision=grant.slice_revision,
         slice_state=grant.slice_state,
         attempt=attempt_of(state, start),
+        proof_key=proof_key,
     )
     flight = InFlight(
         subjob_id=subjob.subjob_id,
@@ -504,6 +507,7 @@ def materialize(
         compute_share=window.compute_share,
         planned_mem_q_mib=subjob.planned_mem_q_mib,
         planned_duration_q_s=subjob.planned_duration_q_s,
+        proof_key=proof_key,
     )
     new_state = msgspec.structs.replace(
         state,

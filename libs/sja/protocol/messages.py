@@ -36,6 +36,8 @@ Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Eps = Annotated[float, msgspec.Meta(gt=0.0, lt=0.5)]
 Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Checkpoint = Annotated[bytes, msgspec.Meta(max_length=1 << 20)]
+ProofKey = Annotated[bytes, msgspec.Meta(max_length=64)]
+Proof = Annotated[str, msgspec.Meta(max_length=128)]
 
 SliceStatus = Literal["free", "leased", "busy", "offline"]
 JobStatus = Literal["pending", "running", "done", "failed", "cancelled"]
@@ -460,6 +462,9 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     """The slice as leased at ``slice_revision`` (from the grant)."""
     attempt: NonNegInt = 0
     """Earlier tries of a range starting at ``unit_start`` that did not complete (``SJA_ATTEMPT``)."""
+    proof_key: ProofKey = b""
+    """The subjob's secret (``sja.core.proofs``): the executor signs the completion with it and
+    keeps it from the program; empty: a subjob whose completion cannot be proven (refused)."""
 
 
 class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=True):
@@ -487,6 +492,9 @@ class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=
     """The last of what a user's program wrote to stdout (at most ``OUTPUT_TAIL_CHARS``): ``sja logs``."""
     stderr: str = ""
     """The same for stderr."""
+    proof: Proof = ""
+    """HMAC-SHA256 (hex) of the completion's identity and outcome under its subjob's ``proof_key``
+    (``sja.core.proofs``); the agent drops a completion whose proof is missing or wrong."""
 
 
 OUTPUT_TAIL_CHARS = 8 * 1024
@@ -526,6 +534,9 @@ class InFlight(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     compute_share: float
     planned_mem_q_mib: float
     planned_duration_q_s: float
+    proof_key: bytes = b""
+    """The subjob's secret, sent to its executor only (``sja.core.proofs``); never shown
+    (``proofs.without_secrets``)."""
 
 
 class SubjobSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -644,6 +655,25 @@ class SubjobLog(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class LogsView(Message, tag="sja.logs_view.v1", frozen=True, kw_only=True):
     job_id: str
     subjobs: list[SubjobLog]
+
+
+class StateQuery(Message, Tokens, tag="sja.state_query.v1", frozen=True, kw_only=True):
+    """A piece of one of a job's stored states (``sja result``): the object ``name`` of a
+    checkpoint reference the job's state holds, from byte ``offset``."""
+
+    job_id: Id
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    offset: NonNegInt = 0
+
+
+class StateChunk(Message, tag="sja.state_chunk.v1", frozen=True, kw_only=True):
+    """Bytes ``offset`` to ``offset + len(data)`` of a stored state of ``total`` bytes."""
+
+    job_id: str
+    name: str
+    offset: int
+    total: int
+    data: bytes
 
 
 class WindowReason(msgspec.Struct, frozen=True, kw_only=True, gc=False):

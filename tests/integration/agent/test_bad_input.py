@@ -21,6 +21,7 @@ from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.natsd import EmbeddedNats
 from sja.bus.streams import ensure_jetstream
 from sja.core import jobs as J
+from sja.core import proofs
 from sja.protocol import messages as m
 from sja.protocol import subjects
 from sja.workloads import workload
@@ -177,6 +178,7 @@ async def test_a_completion_delivered_again_before_it_is_written_is_acknowledged
             finished_at=now,
             output_checkpoint=output,
         )
+        done = proofs.signed(done, sj.proof_key)  # the executor's proof
         js = stack.nc.jetstream()
         for copy in ("first", "again"):
             await js.publish(

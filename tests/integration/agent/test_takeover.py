@@ -18,12 +18,15 @@ from sja.bus.codec import encode
 from sja.bus.store import stores
 from sja.bus.streams import ensure_jetstream
 from sja.core import jobs as J
+from sja.core import proofs
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, InFlight, JobSpec, JobState
 from sja.workloads import workload
 from tests.integration.waits import wait_until
 
 LIVENESS_S = 1.0
+KEY = b"k" * 32
+"""A subjob's secret, as an agent makes it (sja.core.proofs)."""
 
 
 def settings(nats_url: str, tmp_path: Path, name: str, **kw: object) -> AgentSettings:
@@ -147,6 +150,7 @@ async def test_a_completion_dropped_before_the_takeover_is_read_back(
         compute_share=1 / 7,
         planned_mem_q_mib=100.0,
         planned_duration_q_s=0.1,
+        proof_key=KEY,
     )
     state = msgspec.structs.replace(
         owned_job("job-x", "agent-gone"), status="running", next_unit=1, next_seq=1, in_flight=[flight]
@@ -173,6 +177,7 @@ async def test_a_completion_dropped_before_the_takeover_is_read_back(
         finished_at=now,
         output_checkpoint=output,
     )
+    done = proofs.signed(done, KEY)  # as the executor holding the grant signs it
     taker = AgentService(settings(nats_url, tmp_path, "agent-taker", heartbeat_s=0.2))
     async with taker:
         await js.publish(

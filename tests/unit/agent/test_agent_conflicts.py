@@ -17,7 +17,7 @@ from services.agent.service import AgentService, AgentSettings
 from sja.bus.codec import encode
 from sja.bus.store import MemoryStore
 from sja.core import jobs as J
-from sja.core import leases
+from sja.core import leases, proofs
 from sja.core.planner import PlanLimits
 from sja.protocol.messages import Completion, Grant, JobSpec, JobState, Offer, SliceState, Window
 from sja.workloads import workload
@@ -103,32 +103,40 @@ def grant_for(state: JobState, grant_id: str, now: float) -> Grant:
 
 def dispatched(state: JobState, now: float, grant_id: str = "g-1") -> JobState:
     """``state`` with one subjob in flight, materialized from a grant at ``now``."""
-    m = J.materialize(state, grant_for(state, grant_id, now), now, PlanLimits(), state.owner_agent)
+    grant = grant_for(state, grant_id, now)
+    m = J.materialize(state, grant, now, PlanLimits(), state.owner_agent, proof_key=KEY)
     assert m.subjob is not None
     return m.state
 
 
+KEY = b"s" * 32
+"""The subjobs' secret (``sja.core.proofs``)."""
+
+
 def completion_of(state: JobState, now: float) -> Completion:
-    """The successful completion of the job's first subjob in flight."""
+    """The successful completion of the job's first subjob in flight, as its executor signs it."""
     f = state.in_flight[0]
     w = workload(state.spec.workload)
-    return Completion(
-        subjob_id=f.subjob_id,
-        job_id=state.job_id,
-        grant_id=f.grant_id,
-        fence=1,
-        slice_id=f.slice_id,
-        status="ok",
-        unit_start=f.unit_start,
-        units=f.units,
-        units_done=f.units,
-        peak_mem_mib=50.0,
-        duration_s=0.05,
-        mem_cap_mib=1000,
-        time_cap_s=f.time_cap_s,
-        started_at=now,
-        finished_at=now,
-        output_checkpoint=w.run(w.validate(dict(state.spec.params)), f.unit_start, f.units, b""),
+    return proofs.signed(
+        Completion(
+            subjob_id=f.subjob_id,
+            job_id=state.job_id,
+            grant_id=f.grant_id,
+            fence=1,
+            slice_id=f.slice_id,
+            status="ok",
+            unit_start=f.unit_start,
+            units=f.units,
+            units_done=f.units,
+            peak_mem_mib=50.0,
+            duration_s=0.05,
+            mem_cap_mib=1000,
+            time_cap_s=f.time_cap_s,
+            started_at=now,
+            finished_at=now,
+            output_checkpoint=w.run(w.validate(dict(state.spec.params)), f.unit_start, f.units, b""),
+        ),
+        KEY,
     )
 
 

@@ -291,6 +291,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.RoundsQuery: m.RoundsQuery(job_id="j1"),
     m.RoundsView: m.RoundsView(rounds=[ROUND_RECORD]),
     m.LogsQuery: m.LogsQuery(job_id="j1", subjob="3"),
+    m.StateQuery: m.StateQuery(job_id="j1", name="j1/j1.s0", offset=1024),
+    m.StateChunk: m.StateChunk(job_id="j1", name="j1/j1.s0", offset=1024, total=4096, data=b"\x00" * 16),
     m.LogsView: m.LogsView(
         job_id="j1",
         subjobs=[
