@@ -14,6 +14,7 @@ Every state is checked against its digest; a missing or altered one fails with i
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -54,7 +55,7 @@ async def fetch_result(js: Any, state: JobState, out: Path, *, run_merge: bool =
     if state.status != "done":
         raise ResultError(f"job {state.job_id} is {state.status}, not done: no final state yet")
     if state.spec.workload != "command":
-        raise ResultError(f"job {state.job_id} runs {state.spec.workload}: its result is `sja status`'s")
+        return await asyncio.to_thread(_combine_here, state, out)
     params = state.spec.params
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     store = await js.object_store(ckpt.BUCKET)
@@ -82,6 +83,31 @@ async def fetch_result(js: Any, state: JobState, out: Path, *, run_merge: bool =
             raise ResultError(f"merge_argv exited with {r.returncode}:\n{tail}")
         merged = True
     return {"job_id": state.job_id, "out": str(out), "parts": len(got), "merged": merged}
+
+
+def _combine_here(state: JobState, out: Path) -> dict[str, Any]:
+    """A tenant's Python workload: its merge and finalize run here, in the fetching user's process
+    (the control plane kept its parts and never ran its code); the result goes to ``out/result.json``."""
+    from sja.core.jobs import spec_sequential
+    from sja.workloads import SpecError, trusted, workload
+    from sja.workloads.parts import combine
+
+    if trusted(state.spec.workload):
+        raise ResultError(f"job {state.job_id} runs {state.spec.workload}: its result is `sja status`'s")
+    try:
+        w = workload(state.spec.workload)
+    except SpecError as e:
+        raise ResultError(
+            f"{e.message}: install it where `sja result` runs to combine the job's parts"
+        ) from None
+    try:
+        result = combine(w, state.spec.params, state.accumulator, sequential=spec_sequential(state.spec))
+        text = json.dumps(result, indent=2, sort_keys=True, default=str)
+    except (ValueError, TypeError) as e:
+        raise ResultError(f"job {state.job_id}: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(text + "\n", encoding="utf-8")
+    return {"job_id": state.job_id, "out": str(out), "result": result}
 
 
 __all__ = ["ResultError", "fetch_result"]
