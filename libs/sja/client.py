@@ -265,7 +265,7 @@ def load_spec(text: str, source: str = "spec") -> JobSpec:
 
     from sja.core.jobs import validate_spec
     from sja.protocol.wording import plain, struct_problems
-    from sja.workloads import SpecError, workload
+    from sja.workloads import SpecError, facts_of, trusted, workload
 
     try:
         raw = yaml.safe_load(text)
@@ -281,10 +281,23 @@ def load_spec(text: str, source: str = "spec") -> JobSpec:
     bad_fields = {field.split(".")[0] for field, _ in found}
     if "workload" not in bad_fields and "params" not in bad_fields and isinstance(raw.get("workload"), str):
         # The workload's own parameters, checked even when other fields are wrong.
+        name = raw["workload"]
         try:
-            workload(raw["workload"]).validate(dict(raw.get("params") or {}))
+            if trusted(name):
+                workload(name).validate(dict(raw.get("params") or {}))
+            elif "facts" not in raw or "facts" in bad_fields:
+                # A tenant's workload runs here, in the submitter's own process, and nowhere in the
+                # control plane: its facts travel with the spec.
+                params, facts = facts_of(name, dict(raw.get("params") or {}))
+                raw = {**raw, "params": params, "facts": msgspec.to_builtins(facts)}
         except SpecError as e:
-            if not _left_to_the_gateway(e, raw["workload"]):
+            if e.field == "workload" and not trusted(name):
+                problems.append(
+                    f"{source}: workload: {e.message}; install it where `sja submit` runs (it computes "
+                    "the job's facts from it), or state them in the spec (facts: {total_units: N, "
+                    "sequential: false})"
+                )
+            else:
                 problems.append(f"{source}: {e.field}: {e.message}")
     if problems:
         raise SpecErrors(problems)
@@ -295,15 +308,5 @@ def load_spec(text: str, source: str = "spec") -> JobSpec:
     try:
         validate_spec(spec)
     except SpecError as e:
-        if _left_to_the_gateway(e, spec.workload):
-            return spec
         raise SpecErrors([f"{source}: {e.field}: {e.message}"]) from None
     return spec
-
-
-def _left_to_the_gateway(e: Exception, name: str) -> bool:
-    """A ``module:attr`` workload need not be importable where the CLI runs: the gateway, which must
-    have it, checks it (and refuses it naming the import error)."""
-    from sja.workloads import WORKLOADS, SpecError
-
-    return isinstance(e, SpecError) and e.field == "workload" and ":" in name and name not in WORKLOADS

@@ -15,10 +15,13 @@ Every state is checked against its digest; a missing or altered one fails with i
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 from pathlib import Path
 from typing import Any, Protocol
+
+import msgspec
 
 from sja.protocol.messages import JobState
 from sja.workloads import checkpoint as ckpt
@@ -65,7 +68,7 @@ async def fetch_result(
     if state.status != "done":
         raise ResultError(f"job {state.job_id} is {state.status}, not done: no final state yet")
     if state.spec.workload != "command":
-        raise ResultError(f"job {state.job_id} runs {state.spec.workload}: its result is `sja status`'s")
+        return await _combine_here(reader, state, out)
     params = state.spec.params
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     if is_sequential(workload("command"), params):
@@ -93,5 +96,39 @@ async def fetch_result(
         merged = True
     return {"job_id": state.job_id, "out": str(out), "parts": len(got), "merged": merged}
 
+
+async def _combine_here(reader: StateReader, state: JobState, out: Path) -> dict[str, Any]:
+    """A tenant's Python workload: its merge and finalize run here, in the fetching user's process
+    (the control plane kept its parts and never ran its code); the result goes to ``out/result.json``.
+    States kept as references (checkpoint blobs in the object store) are read through ``reader``."""
+    from sja.core.jobs import spec_sequential
+    from sja.workloads import SpecError, trusted, workload
+    from sja.workloads.parts import combine, parts_of
+
+    if trusted(state.spec.workload):
+        raise ResultError(f"job {state.job_id} runs {state.spec.workload}: its result is `sja status`'s")
+    try:
+        w = workload(state.spec.workload)
+    except SpecError as e:
+        raise ResultError(
+            f"{e.message}: install it where `sja result` runs to combine the job's parts"
+        ) from None
+    sequential = spec_sequential(state.spec)
+    if sequential:
+        acc = await _fetch(reader, state.job_id, state.accumulator)
+    else:
+        got = [(start, await _fetch(reader, state.job_id, raw)) for start, raw in parts_of(state.accumulator)]
+        acc = _parts_enc.encode(got)
+    try:
+        result = await asyncio.to_thread(combine, w, state.spec.params, acc, sequential=sequential)
+        text = json.dumps(result, indent=2, sort_keys=True, default=str)
+    except (ValueError, TypeError) as e:
+        raise ResultError(f"job {state.job_id}: {e}") from None
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread((out / "result.json").write_text, text + "\n", encoding="utf-8")
+    return {"job_id": state.job_id, "out": str(out), "result": result}
+
+
+_parts_enc = msgspec.msgpack.Encoder()
 
 __all__ = ["ResultError", "StateReader", "fetch_result"]

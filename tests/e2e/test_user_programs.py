@@ -6,8 +6,10 @@ program run in one piece:
 - ``examples/batch-inference``: a program using the SDK under the ``command`` contract, independent
   ranges (``sequential: false``), fetched and merged in item order by ``sja result``;
 - ``examples/entrypoint-pkg``: a workload of a separate package, found through its entry point (the
-  package is put on the services' path with a ``dist-info`` written from its own ``pyproject.toml``,
-  which is what ``pip install`` leaves: nothing is installed into the environment);
+  package is put on the executor's path only, with a ``dist-info`` written from its own
+  ``pyproject.toml``, which is what ``pip install`` leaves: nothing is installed into the
+  environment); its facts are computed where it is submitted and its result combined where it is
+  fetched, so the gateway and the agents run without it;
 - ``examples/torch-train``: a PyTorch script resuming from its state (skipped unless an interpreter
   with ``torch`` is found: this one, or ``SJA_TORCH_PYTHON``).
 """
@@ -79,9 +81,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         "SJA_POLICY": "fair",
         "SJA_LOG_LEVEL": "INFO",
         "SJA_RAY_NUM_CPUS": "2",
-        "PYTHONPATH": path,
     }
-    s = LocalStack(out_dir=out, env=env)
+    # The package only where subjobs run: the gateway and the agents never import a tenant's code.
+    s = LocalStack(out_dir=out, env=env, service_env={"executor": {"PYTHONPATH": path}})
     try:
         s.start()
         asyncio.run(s.wait_ready())
@@ -138,7 +140,26 @@ def test_batch_inference_and_an_entry_point_workload_equal_their_one_piece_runs(
         # Slower than it is, declared: the first subjobs are cut small.
         time=msgspec.structs.replace(infer.time, per_unit_s=0.05) if infer.time else None,
     )
-    primes = load(EXAMPLES / "entrypoint-pkg" / "job.yaml")
+    # As `sja submit` does where the package is installed: the facts come from the workload there,
+    # the control plane never imports it.
+    pkg_path = os.pathsep.join(
+        [str(entry_point_path(tmp_path / "eps")), str(EXAMPLES / "entrypoint-pkg" / "src")]
+    )
+    submitted = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, msgspec; from sja.client import load_spec; "
+            "sys.stdout.write(msgspec.json.encode(load_spec(open(sys.argv[1]).read())).decode())",
+            str(EXAMPLES / "entrypoint-pkg" / "job.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": pkg_path},
+    ).stdout
+    primes = msgspec.json.decode(submitted, type=JobSpec)
+    assert primes.facts is not None and primes.facts.total_units > 1
     primes = msgspec.convert(
         {**msgspec.to_builtins(primes), "time": {"warmup_s": 0.05, "per_unit_s": 0.1, "rel_sd": 0.5}}, JobSpec
     )
@@ -175,7 +196,25 @@ def test_batch_inference_and_an_entry_point_workload_equal_their_one_piece_runs(
         text=True,
         check=True,
     ).stdout
-    assert primes_state.result == msgspec.json.decode(reference)
+    # The control plane kept the parts; the tenant's own `sja result` merges and finalizes them.
+    assert primes_state.result["result"] == "sja result" and primes_state.result["parts"] >= 2
+    fetched = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "sja"),
+            "result",
+            primes_state.job_id,
+            "--out",
+            str(tmp_path / "primes"),
+            "--nats",
+            stack.nats_url,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": pkg_path},
+    )
+    assert fetched.returncode == 0, fetched.stderr
+    combined = msgspec.json.decode((tmp_path / "primes" / "result.json").read_bytes())
+    assert combined == msgspec.json.decode(reference)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])

@@ -871,7 +871,8 @@ def result(
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
 ) -> None:
-    """Fetch a finished command job's final state (its parts merged by merge_argv, when it has them)."""
+    """Fetch a finished job's final state: a command job's (its parts merged by merge_argv, when it has
+    them), or a workload of your own package combined here by its merge and finalize."""
     from sja.client import ApiError
     from sja.results import ResultError, fetch_result
 

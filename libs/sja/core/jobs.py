@@ -29,17 +29,21 @@ from sja.protocol.messages import (
     InFlight,
     JobSpec,
     JobState,
+    MemoryDecl,
     Offer,
     ProfileState,
     Proposal,
     SliceState,
     Subjob,
     SubjobSummary,
+    TimeDecl,
     UnitRange,
     Window,
+    WorkloadFacts,
 )
-from sja.workloads import SpecError, workload
+from sja.workloads import WORKLOADS, SpecError, trusted, workload
 from sja.workloads.base import is_sequential
+from sja.workloads.parts import add_part, count_parts
 
 MAX_CONSECUTIVE_FAILURES = 8
 """A job whose subjobs fail this many times in a row (other than OOM/timeout) is failed."""
@@ -57,8 +61,12 @@ BIDDING_TIMEOUT_S = 1.0
 def validate_spec(spec: JobSpec) -> tuple[JobSpec, int]:
     """Normalize a spec's parameters and return it with the job's total work units.
 
-    The workload's code may be anyone's: whatever it raises, or returns that a job cannot hold
-    (parameters that cannot be encoded, units that are not a positive integer), is a ``SpecError``."""
+    A workload built into SJA is asked (``validate``, ``total_units``); whatever it raises, or returns
+    that a job cannot hold (parameters that cannot be encoded, units that are not a positive integer),
+    is a ``SpecError``. Any other workload is the tenant's code, which the control plane never runs:
+    its facts come with the spec (``JobSpec.facts``)."""
+    if not trusted(spec.workload):
+        return _validate_declared(spec)
     w = workload(spec.workload)
     try:
         params = w.validate(dict(spec.params))
@@ -82,11 +90,57 @@ def validate_spec(spec: JobSpec) -> tuple[JobSpec, int]:
         raise SpecError(
             "params", f"workload {spec.workload!r}: total_units gave {total!r}, not a positive integer"
         )
+    _check_shape(spec, sequential, total)
+    return msgspec.structs.replace(spec, params=params, facts=None), total
+
+
+def _check_shape(spec: JobSpec, sequential: bool, total: int) -> None:
     if sequential and spec.max_parallel != 1:
         raise SpecError("max_parallel", f"workload {spec.workload} is sequential: max_parallel must be 1")
     if spec.min_units > total:
         raise SpecError("min_units", f"{spec.min_units} is more than the job's {total} units")
-    return msgspec.structs.replace(spec, params=params), total
+
+
+def _validate_declared(spec: JobSpec) -> tuple[JobSpec, int]:
+    """A tenant's workload: checked by what the spec states, without importing it."""
+    facts = spec.facts
+    if facts is None:
+        raise SpecError(
+            "facts",
+            f"workload {spec.workload!r} is not built into SJA ({', '.join(sorted(WORKLOADS))}), and the "
+            "control plane never runs a tenant's code: the submission states its facts (total_units, "
+            "sequential; `sja submit` adds them from the workload installed where it runs)",
+        )
+    try:
+        msgspec.msgpack.encode(spec.params)
+    except (TypeError, OverflowError, ValueError) as e:
+        raise SpecError("params", f"cannot be encoded ({type(e).__name__}: {e})") from None
+    _check_shape(spec, facts.sequential, facts.total_units)
+    return spec, facts.total_units
+
+
+UNDECLARED_MEMORY = MemoryDecl(base_mib=512.0, per_unit_mib=0.0, rel_sd=0.5)
+"""The prior of a tenant's workload whose facts bring none (as wide as ``command``'s)."""
+UNDECLARED_TIME = TimeDecl(warmup_s=2.0, per_unit_s=1.0, rel_sd=1.0)
+
+
+def declarations(spec: JobSpec) -> tuple[MemoryDecl, TimeDecl]:
+    """The memory and time priors a job is planned by: the spec's own, else the workload's."""
+    if trusted(spec.workload):
+        w = workload(spec.workload)
+        return spec.memory or w.declared_memory(spec.params), spec.time or w.declared_time(spec.params)
+    facts = spec.facts or WorkloadFacts(total_units=1)
+    return (
+        spec.memory or facts.memory or UNDECLARED_MEMORY,
+        spec.time or facts.time or UNDECLARED_TIME,
+    )
+
+
+def spec_sequential(spec: JobSpec) -> bool:
+    """Whether the job passes its state from one subjob to the next."""
+    if trusted(spec.workload):
+        return is_sequential(workload(spec.workload), spec.params)
+    return spec.facts is not None and spec.facts.sequential
 
 
 def new_job(job_id: str, spec: JobSpec, now: float, *, window_s: float | None = None) -> JobState:
@@ -98,9 +152,7 @@ def new_job(job_id: str, spec: JobSpec, now: float, *, window_s: float | None = 
     a few dozen windows could never start.
     """
     spec, total = validate_spec(spec)
-    w = workload(spec.workload)
-    mem = spec.memory or w.declared_memory(spec.params)
-    time = spec.time or w.declared_time(spec.params)
+    mem, time = declarations(spec)
     typical = max(1, total // 8)
     if window_s is not None and window_s > 0:
         typical = max(1, min(typical, int(window_s / time.per_unit_s)))
@@ -535,7 +587,6 @@ def apply_completion(
     in_flight = [f for f in state.in_flight if f.subjob_id != c.subjob_id]
     profile_name, compute_share = flight.profile, flight.compute_share
     profile = profile_of(state, profiles).copy()  # updated below: a copy of its own
-    w = workload(state.spec.workload)
     retry = list(state.retry)
     acc = state.accumulator
     units_done = state.units_done
@@ -549,11 +600,17 @@ def apply_completion(
             # Stopped early (it said how far it got): the rest of its range is planned again.
             retry.append(UnitRange(start=flight.unit_start + done, count=flight.units - done))
             retry.sort(key=lambda r: r.start)
-        if is_sequential(w, state.spec.params):
+        if spec_sequential(state.spec):
             acc = c.output_checkpoint
         else:
             try:
-                acc = w.merge(acc, c.output_checkpoint)
+                acc = (
+                    workload(state.spec.workload).merge(acc, c.output_checkpoint)
+                    if trusted(state.spec.workload)
+                    # A tenant's merge is its code: the parts are kept, in unit order, and merged
+                    # where the result is fetched (``sja result``), not in the agent.
+                    else add_part(acc, c.unit_start, c.output_checkpoint)
+                )
                 if not isinstance(acc, bytes):
                     raise TypeError(f"merge returned {type(acc).__name__}, not bytes")
             except Exception as e:
@@ -627,7 +684,7 @@ def _fail_now(state: JobState, reason: str, now: float) -> JobState:
 
 
 def _sequential(state: JobState) -> bool:
-    return is_sequential(workload(state.spec.workload), state.spec.params)
+    return spec_sequential(state.spec)
 
 
 def attempt_of(state: JobState, unit_start: int) -> int:
@@ -711,7 +768,12 @@ def give_up(state: JobState, reason: str, now: float) -> JobState:
 
 
 def finalize(state: JobState) -> dict[str, Any]:
-    return workload(state.spec.workload).finalize(state.spec.params, state.accumulator)
+    if trusted(state.spec.workload):
+        return workload(state.spec.workload).finalize(state.spec.params, state.accumulator)
+    # A tenant's finalize is its code: ``sja result`` runs it where the result is fetched.
+    if spec_sequential(state.spec):
+        return {"units_done": state.units_done, "state_bytes": len(state.accumulator), "result": "sja result"}
+    return {"units_done": state.units_done, "parts": count_parts(state.accumulator), "result": "sja result"}
 
 
 def request_cancel(state: JobState, now: float) -> JobState:

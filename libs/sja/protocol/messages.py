@@ -381,6 +381,20 @@ class TimeDecl(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     rel_sd: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.5
 
 
+class WorkloadFacts(msgspec.Struct, frozen=True, kw_only=True, gc=False, forbid_unknown_fields=True):
+    """What the control plane needs of a workload that is not built into SJA, so that it never runs
+    that workload's code: the submitter's own process (``sja submit``) computes them from the
+    workload with the job's parameters, or the spec states them. Only the job's own subjobs depend
+    on them: facts that are wrong fail that job's subjobs, nobody else's."""
+
+    total_units: PosInt
+    sequential: bool = False
+    memory: MemoryDecl | None = None
+    """The workload's prior memory profile (``declared_memory``); the spec's ``memory`` wins."""
+    time: TimeDecl | None = None
+    """The workload's prior time profile (``declared_time``); the spec's ``time`` wins."""
+
+
 class JobSpec(Tokens, frozen=True, kw_only=True, gc=False, forbid_unknown_fields=True):
     """What a user submits (YAML or JSON)."""
 
@@ -401,6 +415,10 @@ class JobSpec(Tokens, frozen=True, kw_only=True, gc=False, forbid_unknown_fields
     """``auction`` policy: what the job offers per GPU-second of a window (from its tenant's budget)."""
     memory: MemoryDecl | None = None
     time: TimeDecl | None = None
+    facts: WorkloadFacts | None = None
+    """A workload not built into SJA: its unit count, whether it is sequential and its priors
+    (``sja submit`` fills them in from the workload installed where it runs). The control plane
+    never imports such a workload; only the job's sandboxed subjobs run it."""
 
 
 class SubmitJob(Message, tag="sja.submit_job.v1", frozen=True, kw_only=True):

@@ -7,6 +7,9 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any
 
+import msgspec
+
+from sja.protocol.messages import WorkloadFacts
 from sja.workloads.base import SpecError, Workload, check_workload, is_sequential
 from sja.workloads.command import Command
 from sja.workloads.jacobi import Jacobi
@@ -47,6 +50,43 @@ def workload(name: str) -> Workload:
     w = _load(name)
     _LOADED[name] = w
     return w
+
+
+def trusted(name: str) -> bool:
+    """Whether a workload is SJA's own (built in): the only code the control plane runs. Any other
+    (an entry point of another package, ``module:attr``) is the tenant's: the gateway and the agents
+    never import it (they read the spec's ``facts``); it runs only in a subjob's sandbox, and in the
+    submitter's own ``sja`` command."""
+    return name in WORKLOADS
+
+
+def facts_of(name: str, params: dict[str, Any]) -> tuple[dict[str, Any], WorkloadFacts]:
+    """A workload's normalized parameters and the facts the control plane plans it by, computed by
+    running its code here: in the submitter's own process (``sja submit``), never in a service.
+    Raises ``SpecError`` naming the field, whatever the workload's code raises."""
+    w = workload(name)
+    try:
+        normalized = w.validate(dict(params))
+        if not isinstance(normalized, dict):
+            raise SpecError(
+                "params", f"workload {name!r}: validate returned {type(normalized).__name__}, not a map"
+            )
+        facts = msgspec.convert(
+            {
+                "total_units": w.total_units(normalized),
+                "sequential": is_sequential(w, normalized),
+                "memory": msgspec.to_builtins(w.declared_memory(normalized)),
+                "time": msgspec.to_builtins(w.declared_time(normalized)),
+            },
+            WorkloadFacts,
+        )
+    except SpecError:
+        raise
+    except msgspec.ValidationError as e:
+        raise SpecError("params", f"workload {name!r} gave facts a job cannot hold: {e}") from None
+    except Exception as e:
+        raise SpecError("params", f"workload {name!r} refused them: {type(e).__name__}: {e}") from None
+    return normalized, facts
 
 
 def registered() -> list[str]:
@@ -103,7 +143,9 @@ __all__ = [
     "WORKLOADS",
     "SpecError",
     "Workload",
+    "facts_of",
     "registered",
     "run_in_one_piece",
+    "trusted",
     "workload",
 ]

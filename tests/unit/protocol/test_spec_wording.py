@@ -25,7 +25,7 @@ def test_every_problem_of_a_spec_at_once() -> None:
         "bad.yaml: max_parallel: must be a whole number, not text",
         "bad.yaml: memory.base_mib: must be at least 0 and at most 1e+09, not -1",
         "bad.yaml: colour: unknown field (known: bid_per_gpu_s, deadline_s, eps_mem, eps_time, "
-        "max_parallel, memory, min_units, mode, name, params, priority, tenant, time, workload)",
+        "facts, max_parallel, memory, min_units, mode, name, params, priority, tenant, time, workload)",
         "bad.yaml: params.rows: expected an integer, got 'many'",
     ]
     for line in got.value.problems:

@@ -1,4 +1,6 @@
-"""Users' own workloads: loading them by name, and surviving what their code does (untrusted input)."""
+"""Users' own workloads: loading them by name, planning them without running their code (the control
+plane reads the spec's facts), combining their parts where the result is fetched, and surviving what
+SJA's own workloads' code does."""
 
 from __future__ import annotations
 
@@ -33,9 +35,11 @@ from sja.protocol.messages import (
     Subjob,
     TimeDecl,
     Window,
+    WorkloadFacts,
 )
 from sja.workloads import _LOADED as LOADED
-from sja.workloads import SpecError, workload
+from sja.workloads import WORKLOADS, SpecError, facts_of, trusted, workload
+from sja.workloads.parts import combine, parts_of
 
 LIMITS = PlanLimits()
 T0 = 1_000.0
@@ -114,10 +118,15 @@ HOWS = ["raise", "huge-int", "not-a-map", "object", "nested-huge"]
 
 
 def register(name: str, w: Any) -> None:
-    module = type(sys)("sja_test_user_" + name)
-    module.W = w  # type: ignore[attr-defined]
-    sys.modules[module.__name__] = module
-    LOADED.pop(f"{module.__name__}:W", None)
+    """``w`` as one of SJA's own workloads (the only code the core runs), under ``spec_of``'s name."""
+    WORKLOADS[f"sja_test_user_{name}:W"] = w
+
+
+@pytest.fixture(autouse=True)
+def _forget_registered() -> Any:
+    yield
+    for name in [n for n in WORKLOADS if n.startswith("sja_test_user_")]:
+        del WORKLOADS[name]
 
 
 def spec_of(name: str, **kw: Any) -> JobSpec:
@@ -130,6 +139,8 @@ def spec_of(name: str, **kw: Any) -> JobSpec:
         max_parallel=2,
     )
     fields.update(kw)
+    if isinstance(fields.get("facts"), dict):
+        fields["facts"] = msgspec.convert(fields["facts"], WorkloadFacts)
     return JobSpec(**fields)
 
 
@@ -221,24 +232,61 @@ def run_job(state: JobState, rounds: int = 200) -> JobState:
 # --- loading --------------------------------------------------------------------------------------
 
 
-def test_a_workload_named_module_attr_runs_and_equals_the_one_piece_result() -> None:
+def test_a_tenant_workload_runs_by_its_facts_and_its_parts_combine_to_the_one_piece_result(
+    tmp_path: Path,
+) -> None:
+    # Not importable here: the core plans and merges the job without its code.
+    name = "sja_test_tenant_nowhere:Sum"
+    assert not trusted(name)
+    # The facts `sja submit` would have computed from the workload where it runs.
     register("sum", SUM)
-    state = run_job(new_job("j1", spec_of("sum"), T0))
+    _, facts = facts_of("sja_test_user_sum:W", {"units": 200})
+    spec = spec_of("x", workload=name, facts=facts)
+    state = run_job(new_job("j1", spec, T0))
     assert state.status == "done", state.error
-    assert state.result == {"sum": sum(range(200))}
-    assert len(state.history) >= 2, "the job should have been cut"
+    kept = len(parts_of(state.accumulator))
+    assert state.result == {"units_done": 200, "parts": kept, "result": "sja result"}
+    assert len(parts_of(state.accumulator)) >= 2, "the job should have been cut"
+    assert "sja_test_tenant_nowhere" not in sys.modules
+    # Where the result is fetched, the tenant's own code merges the parts.
+    assert combine(SUM, spec.params, state.accumulator, sequential=False) == {"sum": sum(range(200))}
+
+
+def test_the_core_never_imports_a_tenant_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "imported"
+    (tmp_path / "sja_test_tenant_spy.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\n"
+        "from sja.workloads.montecarlo import MonteCarloPi as W\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    register("sum", SUM)
+    _, facts = facts_of("sja_test_user_sum:W", {"units": 40})
+    spec = spec_of("x", workload="sja_test_tenant_spy:W", params={"units": 40}, facts=facts)
+    state = new_job("j1", spec, T0)
+    state, sj = step(state, T0, 1)
+    state, _ = apply_completion(state, completion(sj, T0, b"\x01"), T0 + 0.1)
+    assert not marker.exists() and "sja_test_tenant_spy" not in sys.modules
+
+
+def test_a_tenant_workload_without_facts_is_refused_saying_how_to_give_them() -> None:
+    with pytest.raises(SpecError) as e:
+        validate_spec(spec_of("nope", workload="no_such_module_xyz:Thing"))
+    assert e.value.field == "facts" and "never runs a tenant's code" in e.value.message
+    with pytest.raises(SpecError) as e:
+        validate_spec(spec_of("seq", workload="x:Y", facts={"total_units": 10, "sequential": True}))
+    assert e.value.field == "max_parallel"
 
 
 def test_unknown_and_broken_workloads_are_refused_naming_them_and_the_error() -> None:
     with pytest.raises(SpecError) as e:
-        validate_spec(spec_of("nope", workload="no_such_module_xyz:Thing"))
+        facts_of("no_such_module_xyz:Thing", {})
     assert e.value.field == "workload"
     assert "no_such_module_xyz:Thing" in e.value.message and "ModuleNotFoundError" in e.value.message
     with pytest.raises(SpecError) as e:
-        validate_spec(spec_of("nope", workload="not-registered"))
+        facts_of("not-registered", {})
     assert "unknown workload 'not-registered'" in e.value.message and "matmul" in e.value.message
     with pytest.raises(SpecError) as e:
-        validate_spec(spec_of("nope", workload="json:dumps"))
+        facts_of("json:dumps", {})
     assert "is not a workload" in e.value.message and "validate" in e.value.message
 
 
@@ -273,7 +321,9 @@ def test_a_workload_registered_by_entry_point_is_found(
     LOADED.pop("mine-ep", None)
     w = workload("mine-ep")
     assert type(w).__name__ == "Mine"
-    _, total = validate_spec(spec_of("x", workload="mine-ep", params={"units": 4}))
+    params, facts = facts_of("mine-ep", {"units": 4})
+    assert facts.total_units == 4 and not facts.sequential and params["units"] == 4
+    _, total = validate_spec(spec_of("x", workload="mine-ep", params=params, facts=facts))
     assert total == 4
 
 
@@ -331,6 +381,35 @@ def test_misbehaving_validation_is_a_spec_error(how: str) -> None:
     with pytest.raises(SpecError) as e:
         validate_spec(spec_of("badspec"))
     assert e.value.field == "params"
+    # A tenant's workload misbehaves where it runs: in the submitter's own process.
+    module = type(sys)("sja_test_tenant_badspec")
+    module.W = Bad()  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    LOADED.pop("sja_test_tenant_badspec:W", None)
+    if how != "huge-params":
+        with pytest.raises(SpecError) as refused:
+            facts_of("sja_test_tenant_badspec:W", {})
+        assert refused.value.field == "params"
+        return
+    # Facts it can give, but parameters no job can hold: the core refuses them.
+    params, facts = facts_of("sja_test_tenant_badspec:W", {})
+    with pytest.raises(SpecError):
+        validate_spec(spec_of("x", workload="sja_test_tenant_badspec:W", params=params, facts=facts))
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("where", ["merge", "finalize"])
+def test_a_tenant_merge_or_finalize_that_misbehaves_fails_where_the_result_is_fetched(
+    where: str, how: str
+) -> None:
+    parts = msgspec.msgpack.encode([(0, msgspec.msgpack.encode(3)), (3, msgspec.msgpack.encode(4))])
+    bad = misbehaving(where, how)
+    if where == "merge" or how in ("raise", "not-a-map"):
+        with pytest.raises(ValueError, match=r"the workload's (merge or finalize|finalize) "):
+            combine(bad, {}, parts, sequential=False)
+    else:  # a map the fetching side writes as it can (JSON with every value as text where needed)
+        assert isinstance(combine(bad, {}, parts, sequential=False), dict)
+    assert combine(SUM, {}, parts, sequential=False) == {"sum": 7}
 
 
 def test_a_subjob_that_stopped_early_keeps_what_it_did_and_the_rest_runs_again() -> None:
@@ -360,12 +439,21 @@ def test_a_range_tried_again_knows_its_attempt() -> None:
     assert MAX_CONSECUTIVE_FAILURES > 1
 
 
-def test_the_cli_leaves_a_workload_it_cannot_load_to_the_gateway() -> None:
+def test_the_cli_computes_a_tenant_workloads_facts_or_asks_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("nats", reason="the client needs nats-py")
     from sja.client import load_spec
 
-    spec = load_spec("name: p\ntenant: t\nworkload: some_pkg_not_here:Thing\n")
-    assert spec.workload == "some_pkg_not_here:Thing"
+    with pytest.raises(ValueError, match="state them in the spec") as e:
+        load_spec("name: p\ntenant: t\nworkload: some_pkg_not_here:Thing\n")
+    assert "ModuleNotFoundError" in str(e.value)
+    stated = load_spec("name: p\ntenant: t\nworkload: some_pkg_not_here:Thing\nfacts: {total_units: 7}\n")
+    assert stated.facts is not None and stated.facts.total_units == 7
+    (tmp_path / "sja_test_cli_mod.py").write_text("from sja.workloads.montecarlo import MonteCarloPi as W\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    got = load_spec("name: p\ntenant: t\nworkload: sja_test_cli_mod:W\nparams: {units: 12}\n")
+    assert got.facts is not None and got.facts.total_units == 12 and got.facts.memory is not None
     with pytest.raises(ValueError, match=r"params\.rows"):
         load_spec("name: m\ntenant: t\nworkload: matmul\nparams: {rows: -1}\n")
 
