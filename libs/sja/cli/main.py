@@ -228,6 +228,7 @@ def up(
     import socket
 
     from services.registry import parse_cohost
+    from sja import dashauth
     from sja.bus.natsd import EmbeddedNats, free_port
     from sja.stack import UP_ORDER, LocalStack
 
@@ -245,10 +246,20 @@ def up(
     if not ui_port:
         with socket.socket() as s:
             ui_port = 8080 if s.connect_ex(("127.0.0.1", 8080)) != 0 else free_port()
+    # The dashboard's secret: new at every start (the tokens of an earlier run stop working), in a
+    # file only this user reads; the service reads it from there, never from its command line.
+    secret_file = (out / DASHBOARD_SECRET).absolute()
+    dashboard_secret = dashauth.write_secret(secret_file)
     stack = LocalStack(
         out_dir=out,
         env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
-        service_env={"ui": {"SJA_UI_PORT": str(ui_port), "SJA_UI_HOST": "127.0.0.1"}},
+        service_env={
+            "ui": {
+                "SJA_UI_PORT": str(ui_port),
+                "SJA_UI_HOST": "127.0.0.1",
+                "SJA_UI_TOKEN_FILE": str(secret_file),
+            }
+        },
         replicas={"agent": agents},
         groups=groups,
     )
@@ -276,7 +287,16 @@ def up(
             f"[green]SJA is up[/] — NATS at [bold]{stack.nats_url}[/] ({store}), logs in {out}/logs"
         )
         console.print(f"  export SJA_NATS_URL={stack.nats_url}; sja submit examples/jobs/matmul.yaml")
-        console.print(f"  dashboard: http://127.0.0.1:{ui_port}/")
+        console.print(
+            f"  dashboard: http://127.0.0.1:{ui_port}/?token={dashauth.operator_token(dashboard_secret)}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        console.print(
+            f"  a tenant's view: sja dashboard-token --tenant NAME --secret-file {secret_file}",
+            soft_wrap=True,
+            highlight=False,
+        )
         console.print("  Ctrl-C stops the stack.")
         while all(p.proc.poll() is None for p in stack.procs):
             time.sleep(0.5)
@@ -780,6 +800,46 @@ def simulate(
         err_console=err_console,
     )
     raise typer.Exit(code)
+
+
+DASHBOARD_SECRET = "dashboard.secret"
+"""The dashboard's secret, in ``sja up``'s ``--out`` directory."""
+
+
+@app.command("dashboard-token")
+def dashboard_token(
+    tenant: Annotated[
+        str,
+        typer.Option(
+            "--tenant",
+            metavar="TENANT",
+            help="Mint this tenant's token (its own jobs only); default: the operator's.",
+        ),
+    ] = "",
+    secret_file: Annotated[
+        Path,
+        typer.Option(
+            "--secret-file",
+            envvar="SJA_UI_TOKEN_FILE",
+            metavar="FILE",
+            help="The dashboard's secret (`sja up` writes it in its --out directory).",
+        ),
+    ] = Path("out/stack") / DASHBOARD_SECRET,
+    url: Annotated[
+        str, typer.Option("--url", metavar="URL", help="Print the dashboard's address with the token.")
+    ] = "",
+) -> None:
+    """Print a dashboard token, derived from the dashboard's secret (nothing new is stored): the
+    operator's, or with --tenant one that shows that tenant's jobs only."""
+    from sja import dashauth
+
+    try:
+        secret = dashauth.read_secret(secret_file)
+        token = dashauth.tenant_token(secret, tenant) if tenant else dashauth.operator_token(secret)
+    except ValueError as e:
+        fail(str(e))
+        return
+    print(f"{url.rstrip('/')}/?token={token}" if url else token)
 
 
 @app.command()
