@@ -57,7 +57,7 @@ GATEWAY_TIMEOUT_S = 5.0
 COOKIE = "sja_dashboard"
 """The cookie that keeps a token after its first use (``HttpOnly``, ``SameSite=Strict``)."""
 COOKIE_MAX_AGE_S = 30 * 86400
-SECRET_NAME = "dashboard.secret"
+SECRET_NAME = "dashboard.secret"  # the same name as ``sja dashboard-token`` looks for
 """The secret's file under ``<SJA_OUT_DIR>/ui/`` when ``SJA_UI_TOKEN_FILE`` names none."""
 UNAUTHORIZED_HTML = """<!doctype html><meta charset="utf-8"><title>SJA dashboard</title>
 <p>This dashboard needs a token. Open the address <code>sja up</code> printed

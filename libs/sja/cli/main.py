@@ -817,22 +817,31 @@ def dashboard_token(
         ),
     ] = "",
     secret_file: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--secret-file",
             envvar="SJA_UI_TOKEN_FILE",
             metavar="FILE",
-            help="The dashboard's secret (`sja up` writes it in its --out directory).",
+            help="The dashboard's secret (`sja up` writes it in its --out directory); default: "
+            "$SJA_OUT_DIR/ui/dashboard.secret where SJA_OUT_DIR is set (the dashboard service's own), "
+            "else out/stack/dashboard.secret (`sja up`'s).",
         ),
-    ] = Path("out/stack") / DASHBOARD_SECRET,
+    ] = None,
     url: Annotated[
         str, typer.Option("--url", metavar="URL", help="Print the dashboard's address with the token.")
     ] = "",
 ) -> None:
     """Print a dashboard token, derived from the dashboard's secret (nothing new is stored): the
     operator's, or with --tenant one that shows that tenant's jobs only."""
+    import os
+
     from sja import dashauth
 
+    if secret_file is None:
+        out_dir = os.environ.get("SJA_OUT_DIR", "")
+        secret_file = (
+            Path(out_dir) / "ui" / DASHBOARD_SECRET if out_dir else Path("out/stack") / DASHBOARD_SECRET
+        )
     try:
         secret = dashauth.read_secret(secret_file)
         token = dashauth.tenant_token(secret, tenant) if tenant else dashauth.operator_token(secret)
