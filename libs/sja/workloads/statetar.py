@@ -6,10 +6,11 @@ hand, which has none of SJA's dependencies).
 Extraction takes what the archive's producer (a tenant's program, through the executor) wrote, so it
 must not write outside the directory. Python 3.11.4 and later (and the 3.8-3.10 security releases)
 have ``tarfile``'s ``data`` filter for that; 3.11.0-3.11.3 do not, and there ``extract`` checks every
-member itself, as the ``data`` filter would: it refuses an absolute name, a name or a link that leads
-out of the directory (``..``, or through a link extracted before), a device, a FIFO or any other
-special file, and extracts files without set-uid, set-gid or sticky bits, without write permission
-for group and others, owned by the extracting user.
+member itself, as the ``data`` filter would: it takes the leading ``/`` off an absolute name (it lands
+inside), refuses a name or a link that leads out of the directory (``..``, an absolute link, or a
+path through a link extracted before), a device, a FIFO or any other special file, and extracts
+files without set-uid, set-gid or sticky bits, without write permission for group and others, owned
+by the extracting user.
 """
 
 from __future__ import annotations
@@ -71,9 +72,7 @@ def _inside(root: str, path: str) -> bool:
 def safe_member(member: tarfile.TarInfo, root: str) -> tarfile.TarInfo:
     """``member`` as the ``data`` filter would extract it into ``root`` (a real path), or
     ``UnsafeArchive`` naming it and why."""
-    name = member.name
-    if name.startswith(("/", os.sep)) or os.path.isabs(name):
-        raise UnsafeArchive(f"{name!r} is an absolute path")
+    name = member.name.lstrip("/" + os.sep)
     target = os.path.realpath(os.path.join(root, name))
     if not _inside(root, target):
         raise UnsafeArchive(f"{name!r} would be extracted outside the directory")
@@ -103,6 +102,7 @@ def safe_member(member: tarfile.TarInfo, root: str) -> tarfile.TarInfo:
         else:
             mode |= stat.S_IRWXU
     safe = copy.copy(member)  # (``TarInfo.replace`` came with the filters)
+    safe.name = name
     if mode is not None:
         safe.mode = mode
     safe.uid, safe.gid, safe.uname, safe.gname = os.geteuid(), os.getegid(), "", ""
