@@ -117,7 +117,7 @@ def refusal(size: int, held: int | None, tenant: str, state_max_mib: float, tena
     if state_max_mib > 0 and size > state_max_mib * MIB:
         return (
             f"its state is {size / MIB:.1f} MiB, over the limit of {state_max_mib:g} MiB per state "
-            f"(SJA_STATE_MAX_MIB): leave less in SJA_STATE_OUT"
+            f"(SJA_STATE_MAX_MIB): leave less state"
         )
     if held is not None and tenant_max_mib > 0 and held + size > tenant_max_mib * MIB:
         return (
