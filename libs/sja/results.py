@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import msgspec
 
 from sja.protocol.messages import JobState
+from sja.redaction import is_redacted
 from sja.workloads import checkpoint as ckpt
 from sja.workloads import statestore
 from sja.workloads.base import is_sequential
@@ -84,7 +85,9 @@ async def fetch_result(
     merged = False
     if run_merge and params.get("merge_argv"):
         env = dict(os.environ)
-        env.update(params.get("env", {}))
+        # The gateway hands the spec out redacted: a value it hid is not set here, so the merge
+        # sees this machine's own value of that variable, if any.
+        env.update({k: v for k, v in params.get("env", {}).items() if not is_redacted(v)})
         env.update({"SJA_PARTS_DIR": str(parts_dir), "SJA_STATE_OUT": str(out), "SJA_JOB_ID": state.job_id})
         cwd = params.get("cwd") or None
         r = await asyncio.to_thread(

@@ -594,6 +594,9 @@ class AgentService(Service):
                         return
                 if J.can_take_more(new):
                     self.ready(1)
+                    rest_s = new.bids_again_at - time.time()
+                    if rest_s > 0:  # backing off after timeouts: offers are asked for again at its end
+                        asyncio.get_running_loop().call_later(rest_s, self.ready, 1)
 
     def drop_unproven(self, c: Completion, why: proofs.Unproven) -> None:
         """Count and report a completion dropped because it does not prove its grant."""

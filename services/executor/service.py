@@ -19,9 +19,10 @@ from collections import deque
 from typing import Any
 
 import msgspec
+import nats.js.errors
 import ray
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, ObjectStoreConfig
+from nats.js.api import AckPolicy, ConsumerConfig, ObjectMeta, ObjectStoreConfig
 from opentelemetry import propagate, trace
 
 from sja.bus.codec import DecodeError, decode, encode
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.executor")
 
 
+TENANT_USAGE_REFRESH_S = 10.0
+"""How old the count of each tenant's states in the object store may be (``tenant_state_max_mib``)."""
+
+
 class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     node: str = "local"
     ray_address: str = ""
@@ -69,6 +74,17 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     directory every node sees, or a URL ``fsspec`` opens (``sja.workloads.statestore``). Empty: all
     go to the object store."""
     state_url_min_mib: float = 64.0
+    state_max_mib: float = 512.0
+    """A subjob whose output state (checkpoint blob) is larger than this fails, with the reason,
+    before anything is stored; 0: no limit."""
+    tenant_state_max_mib: float = 8192.0
+    """A tenant's states held in the object store ``sja-checkpoints`` together may not pass this: a
+    subjob whose state would fails, with the reason, before it is stored (counted from the store at
+    most ``TENANT_USAGE_REFRESH_S`` ago, plus this executor's own writes since); 0: no limit."""
+    checkpoint_store_max_mib: float = 20480.0
+    """The object store ``sja-checkpoints`` is created with this size limit (its ``max_bytes``), so
+    states cannot fill the JetStream storage the streams share; 0: none. A store that exists keeps
+    its own (``nats stream edit OBJ_sja-checkpoints --max-bytes``)."""
     warm_grace_s: float = 10.0
     """How long a warm ``command`` job's program is kept alive after its subjob for the job's next
     subjob on the same slice (``sja.execution.warm``); 0: never kept."""
@@ -89,6 +105,9 @@ class ExecutorService(Service):
         self.pin_node = True
         """Whether actors also take a share of the node's resource (``sja_node:<node>``)."""
         self._store: Any = None
+        self._held: dict[str, int] = {}
+        """tenant -> bytes of its states in the object store (the per-tenant quota)."""
+        self._held_at = -1e9
         self.placements: deque[tuple[str, str, str]] = deque(maxlen=1000)
         """``(subjob_id, slice_id, ray_node_id)`` of recent runs: where each subjob really ran."""
         self.m_busy = self.metrics.counter(
@@ -366,10 +385,13 @@ class ExecutorService(Service):
             try:
                 self._store = await self.jetstream.object_store(ckpt.BUCKET)
             except Exception:
+                limit = int(self.cfg.checkpoint_store_max_mib * ckpt.MIB)
                 self._store = await self.jetstream.create_object_store(
                     ckpt.BUCKET,
                     ObjectStoreConfig(
-                        description="SJA checkpoints of sequential jobs", replicas=self.settings.js_replicas
+                        description="SJA checkpoints of sequential jobs",
+                        replicas=self.settings.js_replicas,
+                        max_bytes=limit if limit > 0 else None,
                     ),
                 )
         return self._store
@@ -392,19 +414,49 @@ class ExecutorService(Service):
         blob = ckpt.unpack_blob(result.output)
         name = f"{sj.job_id}/{sj.subjob_id}"
         bucket = ckpt.BUCKET
+        size = len(blob.data)
+        external = bool(self.cfg.state_url) and size >= self.cfg.state_url_min_mib * ckpt.MIB
         try:
-            if self.cfg.state_url and len(blob.data) >= self.cfg.state_url_min_mib * 1024 * 1024:
+            held = None
+            if not external and self.cfg.tenant_state_max_mib > 0:
+                held = await self._tenant_held(sj.tenant)
+            why = ckpt.refusal(size, held, sj.tenant, self.cfg.state_max_mib, self.cfg.tenant_state_max_mib)
+            if why:
+                log.warning("subjob %s: state not stored: %s", sj.subjob_id, why)
+                return msgspec.structs.replace(result, status="failed", units_done=0, output=b"", error=why)
+            if external:
                 bucket = self.cfg.state_url
                 await asyncio.to_thread(statestore.put, bucket, name, blob.data)
             else:
                 store = await self._checkpoints()
-                await store.put(name, blob.data)
+                await store.put(
+                    name, blob.data, meta=ObjectMeta(name=name, description=ckpt.describe(sj.tenant))
+                )
+                self._held[sj.tenant] = self._held.get(sj.tenant, 0) + size
         except Exception as e:
             log.error("subjob %s: checkpoint not stored: %s", sj.subjob_id, e)
             return msgspec.structs.replace(
                 result, status="failed", units_done=0, output=b"", error=f"checkpoint not stored: {e}"
             )
         return msgspec.structs.replace(result, output=ckpt.make_ref(bucket, name, blob))
+
+    async def _tenant_held(self, tenant: str) -> int:
+        """Bytes of ``tenant``'s states in the object store: counted from the store (every object's
+        size, by the tenant its description names) when the last count is older than
+        ``TENANT_USAGE_REFRESH_S``, else that count plus this executor's writes since."""
+        if time.monotonic() - self._held_at >= TENANT_USAGE_REFRESH_S:
+            store = await self._checkpoints()
+            try:
+                objects = await store.list()
+            except nats.js.errors.NotFoundError:  # an empty store
+                objects = []
+            held: dict[str, int] = {}
+            for o in objects:
+                if not o.deleted:
+                    t = ckpt.tenant_of(o.description)
+                    held[t] = held.get(t, 0) + int(o.size or 0)
+            self._held, self._held_at = held, time.monotonic()
+        return self._held.get(tenant, 0)
 
     async def _restart_actor(self, slice_id: str) -> None:
         old = self.actors.get(slice_id)

@@ -6,7 +6,10 @@ tenant's (``sja.v1.job.submit.<tenant>``). NATS does not tell a responder who se
 tenant isolation rests on both sides: the server lets a tenant's user publish only on its own
 ``<tenant>`` subjects (``infra/nats/auth.conf``), and the gateway answers a ``<tenant>`` subject only
 about that tenant's jobs: a submission for another tenant is ``forbidden``, another tenant's job is
-``not_found`` (its existence is not revealed), and rounds show other tenants' bids anonymized."""
+``not_found`` (its existence is not revealed), and rounds show other tenants' bids anonymized.
+
+A job's state leaves the gateway redacted (``sja.redaction.redacted``): the values of its
+``params.env`` are shown to nobody, the operator included."""
 
 from __future__ import annotations
 
@@ -27,7 +30,6 @@ from sja.bus.settings import BaseSettings
 from sja.bus.watch import KvView
 from sja.core import explain as E
 from sja.core import jobs as J
-from sja.core import proofs
 from sja.core.planner import PlanLimits
 from sja.protocol import subjects
 from sja.protocol.messages import (
@@ -50,8 +52,8 @@ from sja.protocol.messages import (
     SubjobLog,
     SubmitAck,
     SubmitJob,
-    Verdict,
 )
+from sja.redaction import OTHER, anonymize_round, redacted
 from sja.workloads import SpecError
 from sja.workloads import checkpoint as ckpt
 from sja.workloads.command import parts as command_parts
@@ -168,7 +170,7 @@ class GatewayService(Service):
         got = await self._job(q.job_id, tenant)
         if isinstance(got, ErrorReply):
             return got
-        return JobView(state=proofs.without_secrets(got[0]))
+        return JobView(state=redacted(got[0]))
 
     async def list_jobs(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         q = decode(data, JobListQuery)
@@ -190,7 +192,7 @@ class GatewayService(Service):
         # job is a few hundred bytes, so thousands fit one reply (`status` has the full state).
         return JobList(
             jobs=[
-                msgspec.structs.replace(proofs.without_secrets(s), history=[], profile=None, accumulator=b"")
+                redacted(msgspec.structs.replace(s, history=[], profile=None, accumulator=b""))
                 for s in states[: q.limit]
             ]
         )
@@ -206,7 +208,7 @@ class GatewayService(Service):
             new = J.request_cancel(state, time.time())
             if new == state or await self.jobs.cas(q.job_id, new, rev) is not None:
                 await self.bus.publish(subjects.JOB_CANCEL_REQUESTED, encode(JobCancel(job_id=q.job_id)))
-                return JobView(state=proofs.without_secrets(new))
+                return JobView(state=redacted(new))
         return ErrorReply(code="conflict", message=f"job {q.job_id} is changing too fast; retry")
 
     async def rounds(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
@@ -340,8 +342,6 @@ class GatewayService(Service):
         return E.explain(state, records, states, now, self.limits)
 
 
-OTHER = "(other tenant)"
-
 EXPLAIN_LOOKBACK_S = 60.0
 """``explain`` reads the rounds stored this long back: the last offers of each window shape."""
 EXPLAIN_RECORDS = 5000
@@ -352,37 +352,6 @@ POLICY_LOOKBACK_S = 10.0
 ROUNDS_CLOCK_SKEW_S = 5.0
 """A job's rounds are looked for from this long before its submission (stamped by the gateway) to
 this long after its end (stamped by its agent), against the times the server stored the records."""
-
-
-def anonymize_round(record: RoundRecord, tenant: str) -> RoundRecord:
-    """The round as a tenant may see it: other tenants' bids keep their outcome, score and size, but
-    not their job, tenant or reason; their job ids are also taken out of the tenant's own reasons.
-    An agent's verdict for replying without a bid (no job) is kept as it is."""
-    others = {v.job_id for v in record.verdicts if v.tenant != tenant and v.job_id}
-    if not others:
-        return record
-
-    def scrub(text: str) -> str:
-        for job_id in sorted(others, key=len, reverse=True):
-            text = text.replace(job_id, OTHER)
-        return text
-
-    verdicts = [
-        msgspec.structs.replace(v, reason=scrub(v.reason))
-        if v.tenant == tenant or not v.job_id
-        else Verdict(
-            job_id=OTHER,
-            tenant=OTHER,
-            agent_id=v.agent_id,
-            won=v.won,
-            reason="won" if v.won else "lost",
-            score=v.score,
-            size=v.size,
-        )
-        for v in record.verdicts
-    ]
-    winner = OTHER if record.winner_job in others else record.winner_job
-    return msgspec.structs.replace(record, verdicts=verdicts, winner_job=winner, note=scrub(record.note))
 
 
 def _seq(subjob_id: str) -> int:
@@ -446,3 +415,6 @@ def _typed(handler: Any, service: Service | None = None, subject: str = "") -> A
         await req.respond(encode(result), headers=headers)
 
     return endpoint
+
+
+__all__ = ["OTHER", "GatewayService", "GatewaySettings", "anonymize_round", "job_id_for"]

@@ -137,7 +137,9 @@ async function dashboard() {
   try {
     const d = await getJSON("/api/overview");
     const counts = Object.entries(d.job_counts).map(([k, v]) => `${v} ${k}`).join(", ") || "no jobs";
-    $("#meta").textContent = `${d.slices.length} slices · ${counts} · policy ${d.policy || "(no round yet)"}`;
+    const who = d.viewer && !d.viewer.operator ? `tenant ${d.viewer.tenant}'s view · ` : "";
+    const policy = d.policy || "(no round yet)";
+    $("#meta").textContent = `${who}${d.slices.length} slices · ${counts} · policy ${policy}`;
     drawTimeline(d);
     drawJobs(d.jobs);
     drawTenants(d.tenants);

@@ -11,10 +11,13 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from sja.core import explain as E
 from sja.core.jobs import is_terminal
 from sja.core.policies import Ledger
 from sja.protocol.messages import Explanation, JobState, RoundRecord, SliceState
+from sja.redaction import OTHER, anonymize_round
 
 TIMELINE_SPAN_S = 300.0
 """The timeline shows at most this many seconds back from now."""
@@ -298,3 +301,28 @@ def job_page(
         "rounds_total": len(rounds),
         "jaeger_url": base,
     }
+
+
+def tenant_overview(
+    tenant: str,
+    states: Sequence[JobState],
+    slices: Sequence[SliceState],
+    records: Sequence[RoundRecord],
+    targets: Mapping[str, float],
+    now: float,
+    rounds_shown: int = 25,
+) -> dict[str, Any]:
+    """The main page as ``tenant`` may see it: its own jobs only (timeline, table, counts); every
+    slice, but which job holds it only when the job is the tenant's; its own share, counted against
+    every tenant's (what the clearer is fair about); the rounds it bid in, with the other tenants'
+    bids anonymized (``sja.redaction.anonymize_round``, as the gateway's tenant subjects answer)."""
+    mine = [s for s in states if s.spec.tenant == tenant]
+    own_ids = {s.job_id for s in mine}
+    shown_slices = [
+        s if not s.holder_job or s.holder_job in own_ids else msgspec.structs.replace(s, holder_job=OTHER)
+        for s in slices
+    ]
+    bid_in = [anonymize_round(r, tenant) for r in records if any(v.tenant == tenant for v in r.verdicts)]
+    out = overview(mine, shown_slices, bid_in, {}, now, rounds_shown)
+    out["tenants"] = [row for row in tenant_shares(states, targets) if row["tenant"] == tenant]
+    return out

@@ -1,7 +1,9 @@
 """The dashboard in a real headless browser: Debian's ``chromium`` driven by Playwright, against the
 whole stack as ``sja up`` runs it (every service a process, the dashboard included, a real
 nats-server and a local Ray). The page loads, the timeline draws the subjobs of a running job on
-its slices, and a job's page shows the gateway's explanation of why it waits. Screenshots are kept
+its slices, and a job's page shows the gateway's explanation of why it waits. The browser opens the
+address with the operator's token, as ``sja up`` prints it (kept in a cookie from then on); without
+it the page is refused. Screenshots are kept
 under ``out/ui/`` (``dashboard.png``, ``job.png``) as the test's artifacts.
 
 ``.ci/run`` installs chromium when it is missing; without it (a machine set up by hand) the test is
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sja import dashauth
 from sja.bus.natsd import free_port
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, MemoryDecl
@@ -63,19 +66,28 @@ def chromium_or_skip() -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, int]]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, int, str]]:
     chromium_or_skip()
     out = tmp_path_factory.mktemp("ui-stack")
     port = free_port()
+    secret_file = out / "dashboard.secret"  # as `sja up` writes it
+    secret = dashauth.write_secret(secret_file)
     s = LocalStack(
         out_dir=out,
         env=SETTINGS,
-        service_env={"ui": {"SJA_UI_PORT": str(port), "SJA_UI_HOST": "127.0.0.1", "SJA_UI_REFRESH_S": "0.5"}},
+        service_env={
+            "ui": {
+                "SJA_UI_PORT": str(port),
+                "SJA_UI_HOST": "127.0.0.1",
+                "SJA_UI_REFRESH_S": "0.5",
+                "SJA_UI_TOKEN_FILE": str(secret_file),
+            }
+        },
     )
     try:
         s.start(order=UP_ORDER)
         asyncio.run(s.wait_ready())
-        yield s, port
+        yield s, port, dashauth.operator_token(secret)
     finally:
         s.stop()
 
@@ -90,11 +102,11 @@ async def submit(url: str) -> tuple[str, str]:
         await client.close()
 
 
-def test_the_dashboard_shows_the_timeline_and_a_jobs_explanation(stack: tuple[LocalStack, int]) -> None:
+def test_the_dashboard_shows_the_timeline_and_a_jobs_explanation(stack: tuple[LocalStack, int, str]) -> None:
     from playwright.sync_api import sync_playwright
 
     executable = chromium_or_skip()
-    s, port = stack
+    s, port, token = stack
     running_id, big_id = asyncio.run(submit(s.nats_url))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
@@ -103,7 +115,10 @@ def test_the_dashboard_shows_the_timeline_and_a_jobs_explanation(stack: tuple[Lo
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             # Wait on what the page shows, however long the stack takes (pytest's timeout bounds it).
             page.set_default_timeout(0)
-            page.goto(f"http://127.0.0.1:{port}/")
+            refused = page.goto(f"http://127.0.0.1:{port}/")
+            assert refused is not None and refused.status == 401
+            page.goto(f"http://127.0.0.1:{port}/?token={token}")
+            assert page.url == f"http://127.0.0.1:{port}/"  # the token went into the cookie
             bars = page.locator(f'#timeline rect.subjob[data-job="{running_id}"]')
             bars.first.wait_for()
             slices = page.locator("#timeline text.slice").all_text_contents()

@@ -282,6 +282,7 @@ def up(
     import socket
 
     from services.registry import parse_cohost
+    from sja import dashauth
     from sja.bus.natsd import EmbeddedNats, free_port
     from sja.stack import UP_ORDER, LocalStack
 
@@ -309,10 +310,20 @@ def up(
             roles.tenant_role(t)
         except ValueError as e:
             fail(f"--tenants: {e}")
+    # The dashboard's secret: new at every start (the tokens of an earlier run stop working), in a
+    # file only this user reads; the service reads it from there, never from its command line.
+    secret_file = (out / DASHBOARD_SECRET).absolute()
+    dashboard_secret = dashauth.write_secret(secret_file)
     stack = LocalStack(
         out_dir=out,
         env={"SJA_INVENTORY": inventory, "SJA_POLICY": policy},
-        service_env={"ui": {"SJA_UI_PORT": str(ui_port), "SJA_UI_HOST": "127.0.0.1"}},
+        service_env={
+            "ui": {
+                "SJA_UI_PORT": str(ui_port),
+                "SJA_UI_HOST": "127.0.0.1",
+                "SJA_UI_TOKEN_FILE": str(secret_file),
+            }
+        },
         replicas={"agent": agents},
         groups=groups,
         auth=True,
@@ -350,7 +361,16 @@ def up(
             f"{stack.credentials_dir}/tenant-<name>.json"
         )
         console.print(f"  export SJA_NATS_URL={stack.nats_url}; sja submit examples/jobs/matmul.yaml")
-        console.print(f"  dashboard: http://127.0.0.1:{ui_port}/")
+        console.print(
+            f"  dashboard: http://127.0.0.1:{ui_port}/?token={dashauth.operator_token(dashboard_secret)}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        console.print(
+            f"  a tenant's view: sja dashboard-token --tenant NAME --secret-file {secret_file}",
+            soft_wrap=True,
+            highlight=False,
+        )
         console.print("  Ctrl-C stops the stack.")
         while all(p.proc.poll() is None for p in stack.procs):
             time.sleep(0.5)
@@ -857,6 +877,55 @@ def simulate(
         err_console=err_console,
     )
     raise typer.Exit(code)
+
+
+DASHBOARD_SECRET = "dashboard.secret"
+"""The dashboard's secret, in ``sja up``'s ``--out`` directory."""
+
+
+@app.command("dashboard-token")
+def dashboard_token(
+    tenant: Annotated[
+        str,
+        typer.Option(
+            "--tenant",
+            metavar="TENANT",
+            help="Mint this tenant's token (its own jobs only); default: the operator's.",
+        ),
+    ] = "",
+    secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--secret-file",
+            envvar="SJA_UI_TOKEN_FILE",
+            metavar="FILE",
+            help="The dashboard's secret (`sja up` writes it in its --out directory); default: "
+            "$SJA_OUT_DIR/ui/dashboard.secret where SJA_OUT_DIR is set (the dashboard service's own), "
+            "else out/stack/dashboard.secret (`sja up`'s).",
+        ),
+    ] = None,
+    url: Annotated[
+        str, typer.Option("--url", metavar="URL", help="Print the dashboard's address with the token.")
+    ] = "",
+) -> None:
+    """Print a dashboard token, derived from the dashboard's secret (nothing new is stored): the
+    operator's, or with --tenant one that shows that tenant's jobs only."""
+    import os
+
+    from sja import dashauth
+
+    if secret_file is None:
+        out_dir = os.environ.get("SJA_OUT_DIR", "")
+        secret_file = (
+            Path(out_dir) / "ui" / DASHBOARD_SECRET if out_dir else Path("out/stack") / DASHBOARD_SECRET
+        )
+    try:
+        secret = dashauth.read_secret(secret_file)
+        token = dashauth.tenant_token(secret, tenant) if tenant else dashauth.operator_token(secret)
+    except ValueError as e:
+        fail(str(e))
+        return
+    print(f"{url.rstrip('/')}/?token={token}" if url else token)
 
 
 @app.command()

@@ -10,7 +10,9 @@ A ``Bidder`` holds a set of jobs (their latest states) and answers offers for th
    (``policies.shortlist``), kept ranked between batches for a policy whose order does not depend
    on time (``BidBook``), so a batch costs the jobs that changed since the last one;
 4. after a batch is answered, its likely winners (``policies.likely_winners``) are held back until
-   its outcome comes, or ``jobs.BIDDING_TIMEOUT_S`` after.
+   its outcome comes, or ``jobs.BIDDING_TIMEOUT_S`` after;
+5. a job backing off after timeouts (``jobs.resting``) sends no bid until its back-off ends, and is
+   ranked again then (``wake``).
 
 The agent service moves messages around it; the simulator drives it in virtual time, so what is
 evaluated is what the services run.
@@ -62,6 +64,8 @@ class Bidder:
         """job id -> open batches where it is likely to win."""
         self.bidding: dict[str, tuple[float, list[str]]] = {}
         """Batches answered and not yet cleared: key -> (when, the jobs likely to win there)."""
+        self.resting: dict[str, float] = {}
+        """job id -> when its back-off after timeouts ends (it sends no bid until then)."""
 
     # --- the jobs ---------------------------------------------------------------------------------
 
@@ -78,6 +82,7 @@ class Bidder:
         """The job is no longer bid for (over, or no longer this bidder's)."""
         self.states.pop(job_id, None)
         self.plans.pop(job_id, None)
+        self.resting.pop(job_id, None)
         for book in self.books.values():
             book.drop(job_id)
 
@@ -114,6 +119,9 @@ class Bidder:
         state = self.states.get(job_id)
         if state is None:
             return None
+        if J.resting(state, now):
+            self.resting[job_id] = state.bids_again_at
+            return None
         plans = self.plans.get(job_id)
         if plans is None:
             plans = self.plans[job_id] = {}
@@ -138,6 +146,7 @@ class Bidder:
     ) -> list[Proposal]:
         """The proposals to send for ``like_offers`` windows shaped like ``offer`` under ``policy``
         (``""``: not known yet, every job's proposal)."""
+        self.wake(now)
         shape = self.shape(offer)
 
         def proposal_of(job_id: str) -> Proposal | None:
@@ -153,6 +162,15 @@ class Bidder:
             return book.best(shape, offer, shortlist_size(like_offers), proposal_of)
         out = [p for p in map(proposal_of, list(self.states)) if p is not None]
         return shortlist(policy, offer, out, like_offers, self.config) if policy else out
+
+    def wake(self, now: float) -> list[str]:
+        """The jobs whose back-off after timeouts has ended by ``now``: ranked again (they bid).
+        Returns them."""
+        woken = [job_id for job_id, until in self.resting.items() if now >= until]
+        for job_id in woken:
+            del self.resting[job_id]
+            self.changed(job_id)
+        return woken
 
     # --- batches in flight --------------------------------------------------------------------------
 

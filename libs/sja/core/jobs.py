@@ -47,6 +47,14 @@ from sja.workloads.parts import add_part, count_parts
 
 MAX_CONSECUTIVE_FAILURES = 8
 """A job whose subjobs fail this many times in a row (other than OOM/timeout) is failed."""
+MAX_CONSECUTIVE_TIMEOUTS = 8
+"""A job whose subjobs run out of time this many times with no subjob done between is failed, with
+the reason ("timed out N times in a row: ..."): each timeout already made its next subjob smaller
+(``JobProfile.observe_timeout``), so one that still times out will not finish by retrying."""
+TIMEOUT_BACKOFF_S = 1.0
+"""After its second timeout in a row a job waits this long before it bids again; twice as long
+after each further one (``timeout_backoff_s``)."""
+MAX_TIMEOUT_BACKOFF_S = 60.0
 
 SUMMARY_ERROR_CHARS = 300
 """Characters of a subjob's error its summary keeps (the job's history holds many)."""
@@ -377,6 +385,21 @@ def balanced_units(state: JobState, available: int) -> int:
     return max(1, min(available, -(-unassigned // slots)))
 
 
+def timeout_backoff_s(timeouts_in_row: int) -> float:
+    """How long a job waits before its next bid after ``timeouts_in_row`` timeouts with no subjob
+    done between: nothing after the first (its profile plans smaller at once), then
+    ``TIMEOUT_BACKOFF_S``, doubled after each further one, at most ``MAX_TIMEOUT_BACKOFF_S``."""
+    if timeouts_in_row <= 1:
+        return 0.0
+    return min(TIMEOUT_BACKOFF_S * 2.0 ** (timeouts_in_row - 2), MAX_TIMEOUT_BACKOFF_S)
+
+
+def resting(state: JobState, now: float) -> bool:
+    """Whether the job is waiting out its back-off after timeouts (it sends no bid until
+    ``state.bids_again_at``; ``Bidder`` holds it back and lets it bid again then)."""
+    return now < state.bids_again_at
+
+
 def can_take_more(state: JobState) -> bool:
     return (
         not is_terminal(state)
@@ -591,8 +614,10 @@ def apply_completion(
     acc = state.accumulator
     units_done = state.units_done
     failures = state.attempt_failures
+    timeouts, bids_again_at = state.timeouts_in_row, state.bids_again_at
     error = state.error
     merge_error = ""
+    gave_up = ""
     done = c.units
     if c.status == "ok":
         done = c.units_done if 0 < c.units_done < c.units else c.units
@@ -620,6 +645,7 @@ def apply_completion(
         profile.observe(done, c.peak_mem_mib, c.duration_s, profile_name, compute_share, c.mem_cap_mib)
         if not (state.cancel_requested and failures >= MAX_CONSECUTIVE_FAILURES):
             failures = 0  # else the job has failed (``_fail_now``): it ends so once in flight is done
+            timeouts, bids_again_at = 0, 0.0
     else:
         retry.append(UnitRange(start=flight.unit_start, count=flight.units))
         retry.sort(key=lambda r: r.start)
@@ -627,6 +653,12 @@ def apply_completion(
             profile.observe_oom(c.units, c.mem_cap_mib, c.peak_mem_mib)
         elif c.status == "timeout":
             profile.observe_timeout(c.units, c.time_cap_s, profile_name, compute_share)
+            # Timeouts count toward giving up, and each one more makes the job wait longer to bid.
+            timeouts += 1
+            error = c.error or c.status
+            bids_again_at = max(bids_again_at, now + timeout_backoff_s(timeouts))
+            if timeouts >= MAX_CONSECUTIVE_TIMEOUTS:
+                gave_up = f"timed out {timeouts} times in a row: {error[:SUMMARY_ERROR_CHARS]}"
         elif c.status == "failed":
             # Only the workload's own failures count toward giving up; a subjob lost to the
             # infrastructure (lease lapsed, executor died) is simply planned again.
@@ -666,8 +698,12 @@ def apply_completion(
         profile=calibrated,
         history=history,
         attempt_failures=failures,
+        timeouts_in_row=timeouts,
+        bids_again_at=bids_again_at,
         error=error,
     )
+    if gave_up and not state.cancel_requested:
+        return _fail_now(new, gave_up, now), True
     if merge_error:
         # The contract makes merge deterministic: trying the range again would fail the same way.
         return _fail_now(new, merge_error, now), True

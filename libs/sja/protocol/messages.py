@@ -605,6 +605,12 @@ class JobState(Message, Tokens, tag="sja.job_state.v1", frozen=True, kw_only=Tru
     cancel_requested: bool = False
     rounds_won: NonNegInt = 0
     attempt_failures: NonNegInt = 0
+    timeouts_in_row: NonNegInt = 0
+    """Subjobs that ran out of time since the last one that did any work
+    (``jobs.MAX_CONSECUTIVE_TIMEOUTS``)."""
+    bids_again_at: NonNegFloat = 0.0
+    """Unix time before which the job sends no bid: its back-off after timeouts
+    (``jobs.timeout_backoff_s``)."""
     grants_seen: NonNegInt = 0
     declined_grants: list[str] = []
     """The grants the job declined lately (the newest ``jobs.DECLINED_KEPT``): their slices were given

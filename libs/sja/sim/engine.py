@@ -467,6 +467,14 @@ class _Recut:
 
 
 @dataclass
+class _Rest:
+    """A job's back-off after timeouts (``core.jobs.resting``) ends at ``ends``: it bids again."""
+
+    job_id: str
+    ends: float
+
+
+@dataclass
 class _Running:
     job: _Job
     slice: _Slice
@@ -563,7 +571,7 @@ class SjaEngine:
         """Kinds of window an idle slice of which some job may take now (a job changed since the
         last batch offered it)."""
         self.by_idx: dict[int, _Job] = {}
-        self.events: list[tuple[float, int, _Running | _Recut]] = []
+        self.events: list[tuple[float, int, _Running | _Recut | _Rest]] = []
         self.seq = 0
         self.round_no = 0
         self.now = 0.0
@@ -607,6 +615,17 @@ class SjaEngine:
         self.bidder.own(state)
         if can_take_more(state):
             self.changed_since.update(self.kinds)
+        if state.bids_again_at > self.now:
+            # Backing off after timeouts: it bids again when the back-off ends (the agent's timer).
+            self.seq += 1
+            heapq.heappush(
+                self.events, (state.bids_again_at, self.seq, _Rest(state.job_id, state.bids_again_at))
+            )
+
+    def _end_rest(self) -> None:
+        """A back-off ended: the jobs done waiting bid again, for the idle slices of every kind."""
+        self.bidder.wake(self.now)
+        self.changed_since.update(self.kinds)
 
     def _proposal(self, job: _Job, offer: Offer) -> Proposal | None:
         return self.bidder.proposal(job.state.job_id, offer, self.now, self.cfg.policy)
@@ -1064,6 +1083,9 @@ class SjaEngine:
                     events += 1
                     if isinstance(item, _Recut):
                         self._finish_recut(item)
+                        continue
+                    if isinstance(item, _Rest):
+                        self._end_rest()
                         continue
                     self._complete(item)
                     if item.job.state.status in ("done", "failed", "cancelled"):

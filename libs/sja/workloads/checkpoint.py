@@ -91,3 +91,38 @@ def where(raw: bytes) -> str:
         ref = unpack_ref(raw)
         return f"{ref.bucket}/{ref.name}"
     return "inline"
+
+
+MIB = 1024 * 1024
+TENANT_TAG = "sja-state tenant="
+"""How a stored state's object description names its tenant (``tenant_of``): what the per-tenant
+quota counts the store by."""
+
+
+def describe(tenant: str) -> str:
+    """The description a state's object is stored with."""
+    return f"{TENANT_TAG}{tenant}"
+
+
+def tenant_of(description: str | None) -> str:
+    """The tenant a stored object was described with (``describe``); empty if none."""
+    return description[len(TENANT_TAG) :] if description and description.startswith(TENANT_TAG) else ""
+
+
+def refusal(size: int, held: int | None, tenant: str, state_max_mib: float, tenant_max_mib: float) -> str:
+    """Why a state of ``size`` bytes is not stored, or ``""`` when it may be: over the limit per
+    state (``state_max_mib``), or over the tenant's limit with the ``held`` bytes of states it has
+    in the store already (``tenant_max_mib``; ``held`` is ``None`` when not counted). A limit of 0
+    is none."""
+    if state_max_mib > 0 and size > state_max_mib * MIB:
+        return (
+            f"its state is {size / MIB:.1f} MiB, over the limit of {state_max_mib:g} MiB per state "
+            f"(SJA_STATE_MAX_MIB): leave less state"
+        )
+    if held is not None and tenant_max_mib > 0 and held + size > tenant_max_mib * MIB:
+        return (
+            f"tenant {tenant} holds {held / MIB:.1f} MiB of states already; this one ({size / MIB:.1f} "
+            f"MiB) would pass its limit of {tenant_max_mib:g} MiB (SJA_TENANT_STATE_MAX_MIB): the "
+            f"operator removes finished jobs' states from the object store {BUCKET}"
+        )
+    return ""

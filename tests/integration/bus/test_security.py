@@ -48,6 +48,7 @@ from sja.bus.service import Service
 from sja.bus.streams import JetStreamReplicasError, ensure_jetstream
 from sja.client import ApiError, SjaClient
 from sja.core import leases
+from sja.dashauth import Viewer
 from sja.protocol import subjects
 from sja.protocol.messages import (
     AgentHeartbeat,
@@ -610,6 +611,10 @@ async def test_the_dashboard_reads_with_its_own_user_and_may_write_nothing(
         assert len(overview["slices"]) == 6 and [j["job_id"] for j in overview["jobs"]] == [job_id]
         page = await ui.job(job_id)
         assert page is not None and page["explanation"]["by"] == "gateway"
+        # A tenant's view asks the gateway on the tenant's own subjects, also without a refusal.
+        mine = await ui.job(job_id, Viewer("alpha"))
+        assert mine is not None and mine["explanation"]["by"] == "gateway"
+        assert await ui.job(job_id, Viewer("beta")) is None
         assert ui.permission_violations == 0, ui.last_permission_violation
         async with opened(secured.url, "ui-probe", secured.auth("UI")) as probe:
             assert probe.nc is not None

@@ -501,12 +501,25 @@ def test_compose_services_run_as_local_processes_and_complete_jobs(
             assert s.units_done == s.total_units
 
         # The dashboard, as its own user, shows the jobs and explains each (through the gateway).
+        # Its token as `docker compose exec ui sja dashboard-token` prints it (from $SJA_OUT_DIR).
         ui_port = ui_ports[0]
-        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/overview", timeout=30) as r:
+        minted = subprocess.run(
+            [sys.executable, "-m", "sja.cli.main", "dashboard-token"],
+            env={**os.environ, "SJA_OUT_DIR": str(out)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert minted.returncode == 0, minted.stderr
+        bearer = {"Authorization": f"Bearer {minted.stdout.strip()}"}
+        api = f"http://127.0.0.1:{ui_port}/api"
+        with urllib.request.urlopen(
+            urllib.request.Request(f"{api}/overview", headers=bearer), timeout=30
+        ) as r:
             overview = json.loads(r.read())
         assert {s.job_id for s in states} <= {j["job_id"] for j in overview["jobs"]}
-        page_url = f"http://127.0.0.1:{ui_port}/api/job/{states[0].job_id}"
-        with urllib.request.urlopen(page_url, timeout=30) as r:
+        page_url = f"{api}/job/{states[0].job_id}"
+        with urllib.request.urlopen(urllib.request.Request(page_url, headers=bearer), timeout=30) as r:
             job_page = json.loads(r.read())
         assert job_page["explanation"]["by"] == "gateway" and job_page["job"]["status"] == "done"
 

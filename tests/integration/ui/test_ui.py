@@ -21,6 +21,7 @@ from services.clearer.service import ClearerService, ClearerSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from services.ui.service import UiService, UiSettings
+from sja import dashauth
 from sja.bus.settings import SettingsError
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, MemoryDecl
@@ -29,16 +30,27 @@ from tests.integration.telemetry.test_metrics import common, running
 from tests.integration.waits import wait_until
 
 
-def fetch(port: int, path: str) -> tuple[int, str, bytes]:
+def operator(ui: UiService) -> str:
+    """The operator's token, as ``sja dashboard-token`` derives it from the service's secret."""
+    return dashauth.operator_token(dashauth.read_secret(ui.token_file))
+
+
+def fetch(
+    port: int, path: str, token: str = "", headers: dict[str, str] | None = None
+) -> tuple[int, str, bytes]:
+    sent = dict(headers or {})
+    if token:
+        sent["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=sent)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=10) as r:
             return r.status, r.headers["Content-Type"], r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.headers["Content-Type"], e.read()
 
 
-async def get_json(port: int, path: str) -> Any:
-    status, ctype, body = await asyncio.to_thread(fetch, port, path)
+async def get_json(port: int, path: str, token: str) -> Any:
+    status, ctype, body = await asyncio.to_thread(fetch, port, path, token)
     assert status == 200 and ctype == "application/json", (path, status, body[:200])
     return json.loads(body)
 
@@ -77,12 +89,13 @@ async def test_the_dashboard_shows_subjobs_explanations_shares_and_rounds(
     async with running(*services):
         port = ui.http_port
         assert port > 0
-        status, ctype, body = await asyncio.to_thread(fetch, port, "/")
+        op = operator(ui)
+        status, ctype, body = await asyncio.to_thread(fetch, port, "/", op)
         assert status == 200 and ctype.startswith("text/html") and b'id="timeline"' in body
         assert (await asyncio.to_thread(fetch, port, "/healthz"))[0] == 200
-        assert (await asyncio.to_thread(fetch, port, "/nothing"))[0] == 404
-        assert (await asyncio.to_thread(fetch, port, "/api/job/no-such-job"))[0] == 404
-        assert (await asyncio.to_thread(fetch, port, "/api/job/..%2Fx"))[0] == 404
+        assert (await asyncio.to_thread(fetch, port, "/nothing", op))[0] == 404
+        assert (await asyncio.to_thread(fetch, port, "/api/job/no-such-job", op))[0] == 404
+        assert (await asyncio.to_thread(fetch, port, "/api/job/..%2Fx", op))[0] == 404
 
         client = SjaClient(nc)
         job_id = (await client.submit(spec)).job_id
@@ -90,7 +103,7 @@ async def test_the_dashboard_shows_subjobs_explanations_shares_and_rounds(
 
         # The timeline draws the job's subjobs on the slices the inventory declared.
         async def drawn() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-            o = await get_json(port, "/api/overview")
+            o = await get_json(port, "/api/overview", op)
             mine = [g for g in o["timeline"]["segments"] if g["job_id"] == job_id]
             return (o, mine) if mine and o["rounds"] else None
 
@@ -111,13 +124,13 @@ async def test_the_dashboard_shows_subjobs_explanations_shares_and_rounds(
 
         # A job's page: the gateway's explanation and the job's rounds, linked to Jaeger.
         async def explained() -> dict[str, Any] | None:
-            x: dict[str, Any] = (await get_json(port, f"/api/job/{huge_id}"))["explanation"]
+            x: dict[str, Any] = (await get_json(port, f"/api/job/{huge_id}", op))["explanation"]
             return x if x["windows"] and all("needs" in w["reason"] for w in x["windows"]) else None
 
         x = await wait_until(explained, "every window of the huge job explained", 60.0, every_s=0.3)
         assert x["by"] == "gateway" and x["status"] == "pending"
         assert any("fits none of the slices" in n for n in x["notes"])
-        page = await get_json(port, f"/api/job/{job_id}")
+        page = await get_json(port, f"/api/job/{job_id}", op)
         assert page["job"]["job_id"] == job_id and page["subjobs"]
         assert page["rounds"] and page["jaeger_url"] == "http://jaeger.example:16686"
         traced = [r for r in page["rounds"] if r["trace_id"]]
@@ -135,7 +148,7 @@ async def test_without_a_gateway_a_job_page_still_shows_the_state(nats_url: str,
         async with gateway:
             alone = JobSpec(name="alone", tenant="a", workload="montecarlo")
             job_id = (await SjaClient(nc).submit(alone)).job_id
-        page = await get_json(ui.http_port, f"/api/job/{job_id}")
+        page = await get_json(ui.http_port, f"/api/job/{job_id}", operator(ui))
         assert page["explanation"]["by"] == "dashboard"
         assert page["explanation"]["summary"].startswith("pending")
         assert page["rounds"] == [] and page["jaeger_url"] == ""
@@ -143,6 +156,7 @@ async def test_without_a_gateway_a_job_page_still_shows_the_state(nats_url: str,
 
 def test_the_ui_settings_are_validated() -> None:
     assert UiSettings.from_env({}).ui_port == 8080
+    assert UiSettings.from_env({}).ui_host == "127.0.0.1"
     assert UiSettings.from_env({"SJA_UI_PORT": "9090"}).ui_port == 9090
     with pytest.raises(SettingsError):
         UiSettings.from_env({"SJA_UI_PORT": "70000"})

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import msgspec
 import pytest
 
+from sja.core.bidder import Bidder
 from sja.core.jobs import (
     MAX_CONSECUTIVE_FAILURES,
+    MAX_CONSECUTIVE_TIMEOUTS,
     ProfileCache,
     apply_completion,
     can_take_more,
@@ -22,10 +25,13 @@ from sja.core.jobs import (
     profile_of,
     propose,
     request_cancel,
+    resting,
     settle,
+    timeout_backoff_s,
     validate_spec,
 )
 from sja.core.planner import PlanLimits
+from sja.core.policies import PolicyConfig
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import (
     Completion,
@@ -443,6 +449,73 @@ def test_a_success_resets_the_failure_count() -> None:
     state, sj = win_window(state, now + 1.0)
     state, _ = apply_completion(state, execute(sj, now + 1.0, status="failed"), now + 2.0)
     assert state.status == "running"
+
+
+def test_a_job_that_keeps_timing_out_fails_with_the_reason() -> None:
+    """Timeouts count toward giving up: each one makes the next subjob smaller and the job wait
+    longer before its next bid; after ``MAX_CONSECUTIVE_TIMEOUTS`` with no subjob done between, the
+    job fails saying so (before, it retried for ever)."""
+    state = new_job("j1", spec(), T0)
+    now = T0
+    waits: list[float] = []
+    sizes: list[int] = []
+    for i in range(MAX_CONSECUTIVE_TIMEOUTS):
+        assert state.status == "running" or i == 0
+        now = max(now, state.bids_again_at)
+        assert not resting(state, now)
+        state, sj = win_window(state, now)
+        sizes.append(sj.units)
+        c = msgspec.structs.replace(execute(sj, now, status="timeout"), error="exceeded the window of 3.00s")
+        now += 1.0
+        state, applied = apply_completion(state, c, now)
+        assert applied and state.timeouts_in_row == i + 1
+        waits.append(state.bids_again_at - now if state.bids_again_at else 0.0)
+        if state.status == "running":
+            assert resting(state, now) == (waits[-1] > 0)
+    assert state.status == "failed"
+    assert state.error.startswith(f"timed out {MAX_CONSECUTIVE_TIMEOUTS} times in a row: exceeded the window")
+    assert state.finished_at == now
+    # Nothing after the first (it plans smaller at once), then longer after each further one.
+    assert waits[0] == 0.0 and all(b > a for a, b in itertools.pairwise(waits[1:-1]))
+    assert waits[1:-1] == [timeout_backoff_s(n) for n in range(2, MAX_CONSECUTIVE_TIMEOUTS)]
+    assert sizes[-1] < sizes[0]
+
+
+def test_work_done_resets_the_timeouts_and_the_back_off() -> None:
+    state = new_job("j1", spec(), T0)
+    now = T0
+    for _ in range(MAX_CONSECUTIVE_TIMEOUTS - 1):
+        now = max(now, state.bids_again_at)
+        state, sj = win_window(state, now)
+        now += 1.0
+        state, _ = apply_completion(state, execute(sj, now, status="timeout"), now)
+    assert state.timeouts_in_row == MAX_CONSECUTIVE_TIMEOUTS - 1 and resting(state, now)
+    now = state.bids_again_at
+    state, sj = win_window(state, now)
+    state, _ = apply_completion(state, execute(sj, now), now + 1.0)
+    assert state.status == "running" and state.timeouts_in_row == 0 and not resting(state, now + 1.0)
+    state, sj = win_window(state, now + 1.0)
+    state, _ = apply_completion(state, execute(sj, now + 1.0, status="timeout"), now + 2.0)
+    assert state.status == "running" and state.timeouts_in_row == 1
+
+
+def test_a_job_backing_off_sends_no_bid_until_its_back_off_ends() -> None:
+    """The agent's and the simulator's bidder hold a resting job back, and let it bid once its
+    back-off ends (ranked again: its earlier answer is not kept)."""
+    state = new_job("j1", spec(), T0)
+    now = T0
+    for _ in range(2):
+        state, sj = win_window(state, now)
+        now += 1.0
+        state, _ = apply_completion(state, execute(sj, now, status="timeout"), now)
+    assert resting(state, now) and state.bids_again_at == now + timeout_backoff_s(2)
+    bidder = Bidder(LIMITS, PolicyConfig())
+    bidder.own(state)
+    offer = offer_for(window(now), now)
+    assert bidder.proposals_for(offer, now, 1, "fair") == []
+    assert bidder.proposals_for(offer, state.bids_again_at - 0.01, 1, "fair") == []
+    bids = bidder.proposals_for(offer, state.bids_again_at, 1, "fair")
+    assert [p.job_id for p in bids] == ["j1"]
 
 
 # --- cancel and parallelism -----------------------------------------------------------------------
