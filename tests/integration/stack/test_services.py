@@ -42,7 +42,8 @@ async def test_gateway_validates_and_answers_with_typed_errors(nats_url: str, tm
         client = SjaClient(nc)
         with pytest.raises(ApiError) as bad_workload:
             await client.submit(JobSpec(name="x", tenant="t", workload="nope"))
-        assert bad_workload.value.error.field == "workload"
+        # Not built in: a tenant's workload, which the gateway plans by the facts it was not given.
+        assert bad_workload.value.error.field == "facts"
         with pytest.raises(ApiError) as bad_param:
             await client.submit(JobSpec(name="x", tenant="t", workload="matmul", params={"rows": -3}))
         assert bad_param.value.error.field == "params.rows"
