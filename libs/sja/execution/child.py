@@ -33,7 +33,8 @@ def main(argv: list[str]) -> int:
     with open(argv[0], "rb") as f:
         request = msgspec.msgpack.decode(f.read(), type=ChildRequest)
     signal.signal(signal.SIGTERM, _stop)
-    result = run_workload(request.subjob, started=request.started)
+    sj = msgspec.structs.replace(request.subjob, input_checkpoint=request.checkpoint)
+    result = run_workload(sj, started=request.started)
     tmp = argv[1] + ".tmp"
     with open(tmp, "wb") as f:
         f.write(msgspec.msgpack.encode(result))

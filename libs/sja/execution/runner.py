@@ -241,6 +241,9 @@ class ChildRequest(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint included, and when it started."""
 
     subjob: Subjob
+    """The subjob, without its input checkpoint (a subjob's field holds no more than a message)."""
+    checkpoint: bytes = b""
+    """Its input checkpoint: the full state the executor fetched, however large."""
     started: float
 
 
@@ -263,7 +266,10 @@ def run_sandboxed(sj: Subjob, started: float) -> RunResult:
         return _failed(started, f"no work directory for the subjob: {e}")
     try:
         request, result = work / "request.msgpack", work / "result.msgpack"
-        request.write_bytes(msgspec.msgpack.encode(ChildRequest(subjob=sj, started=started)))
+        bare = msgspec.structs.replace(sj, input_checkpoint=b"")
+        request.write_bytes(
+            msgspec.msgpack.encode(ChildRequest(subjob=bare, checkpoint=sj.input_checkpoint, started=started))
+        )
         box.own(work)
         cuda = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         contract = {

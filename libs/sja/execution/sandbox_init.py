@@ -138,7 +138,7 @@ def child(cfg: dict[str, Any]) -> None:
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
             break
     uid, gid = cfg.get("uid"), cfg.get("gid")
-    if uid is not None:
+    if uid is not None and gid is not None:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)

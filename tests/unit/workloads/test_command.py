@@ -133,7 +133,8 @@ def test_a_program_ignoring_sigterm_is_killed_at_the_cap_with_its_children() -> 
     assert r.status == "timeout" and "killed" in r.error
     assert "forked" in r.stdout, "the child was started"
     left = [p for p in psutil.process_iter(["cmdline"]) if token in (p.info["cmdline"] or [])]
-    assert [p for p in left if p.status() != psutil.STATUS_ZOMBIE] == [], "the forked child outlived its subjob"
+    alive = [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], "the forked child outlived its subjob"
 
 
 def test_a_program_stopped_by_sigterm_keeps_the_units_it_reported() -> None:
