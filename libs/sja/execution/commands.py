@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import stat
 import time
 from pathlib import Path
@@ -177,7 +178,7 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
                 f"was sent {grace:.1f}s before): killed. Last output:\n{tail}",
             )
         if r.returncode != 0:
-            if r.returncode == -25:  # SIGXFSZ
+            if r.returncode == -signal.SIGXFSZ:
                 raise job.Stopped(
                     "failed",
                     f"killed by signal 25 (SIGXFSZ): a file passed the sandbox's size limit of "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import stat
 import sys
 import time
@@ -364,6 +365,11 @@ def check_result(sj: Subjob, raw: bytes | str, returncode: int, tail: str) -> Ru
     result that is missing or not one fails the subjob with the reason."""
     now = time.time()
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with {returncode}"
+    if isinstance(raw, str) and returncode == -signal.SIGXFSZ:
+        return _failed(
+            now,
+            f"the workload's process was killed by SIGXFSZ: a file passed the sandbox's size limit. Last output:\n{tail}",
+        )
     if isinstance(raw, str):
         oom = returncode == -9 or any(m in tail for m in ("MemoryError", "Cannot allocate memory"))
         r = _failed(now, f"the workload's process {how} and {raw}. Last output:\n{tail}")

@@ -441,7 +441,8 @@ def current() -> Sandbox:
         return _current
 
 
-def configure(box: Sandbox) -> None:
+def configure(box: Sandbox | None) -> None:
+    """Set the sandbox of this process's subjobs (``None``: back to the one from the environment)."""
     global _current
     with _current_lock:
         _current = box
