@@ -368,7 +368,8 @@ def check_result(sj: Subjob, raw: bytes | str, returncode: int, tail: str) -> Ru
     if isinstance(raw, str) and returncode == -signal.SIGXFSZ:
         return _failed(
             now,
-            f"the workload's process was killed by SIGXFSZ: a file passed the sandbox's size limit. Last output:\n{tail}",
+            "the workload's process was killed by SIGXFSZ: a file passed the sandbox's size limit. "
+            f"Last output:\n{tail}",
         )
     if isinstance(raw, str):
         oom = returncode == -9 or any(m in tail for m in ("MemoryError", "Cannot allocate memory"))

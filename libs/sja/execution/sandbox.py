@@ -29,8 +29,8 @@ still with an allow-listed environment): only for an operator who trusts every t
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import marshal
 import os
 import shutil
 import signal
@@ -40,7 +40,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Annotated, Any, Literal
+from typing import IO, Annotated, Literal
 
 import msgspec
 
@@ -247,7 +247,7 @@ class Sandbox:
         }
         cfg = os.memfd_create("sja-sandbox", 0)
         try:
-            os.write(cfg, json.dumps(config).encode())
+            os.write(cfg, marshal.dumps(config))
             os.lseek(cfg, 0, os.SEEK_SET)
             proc = subprocess.Popen(
                 self.argv(cfg),
@@ -300,7 +300,8 @@ class Sandboxed:
         """The processes that are the sandbox, not the program (``unshare`` and its pid 1)."""
         return {self.proc.pid, self.init_pid}
 
-    def _line(self) -> dict[str, Any] | None:
+    def _line(self) -> list[str] | None:
+        """The next line pid 1 wrote (``sandbox_init.report``): its kind and fields."""
         while b"\n" not in self._status:
             try:
                 chunk = os.read(self.status_fd, 4096)
@@ -310,30 +311,23 @@ class Sandboxed:
                 return None
             self._status += chunk
         line, _, self._status = self._status.partition(b"\n")
-        try:
-            got = json.loads(line)
-        except ValueError:
-            return None
-        return got if isinstance(got, dict) else None
+        return line.decode(errors="replace").split("\t")
 
     def wait_started(self) -> None:
         first = self._line()
-        if first is not None and first.get("started"):
-            with contextlib.suppress(Exception):
-                import psutil
-
-                kids = psutil.Process(self.proc.pid).children()
-                self.init_pid = kids[0].pid if kids else 0
+        if first is not None and first[0] == "started":
+            self.init_pid = _only_child(self.proc.pid)
             return
         self.kill()
         stderr = b""
         with contextlib.suppress(Exception):
             stderr = self.stderr.read()[-2000:]
         self.close()
-        if first is not None and first.get("stage") == "exec":
-            raise OSError(int(first.get("errno") or 0), str(first.get("error", "")))
-        why = str(first.get("error", "")) if first else stderr.decode(errors="replace").strip()
-        stage = f" ({first.get('stage')})" if first else ""
+        error = first if first is not None and first[0] == "error" and len(first) == 4 else None
+        if error is not None and error[1] == "exec":
+            raise OSError(int(error[2]) if error[2].isdigit() else 0, error[3])
+        why = error[3] if error else stderr.decode(errors="replace").strip()
+        stage = f" ({error[1]})" if error else ""
         raise SandboxError(f"the subjob's sandbox did not start{stage}: {why or 'no reason given'}")
 
     def poll(self) -> int | None:
@@ -345,11 +339,9 @@ class Sandboxed:
     def _result(self) -> int:
         with self._lock:
             if self._returncode is None:
-                got = self._line()
-                if got is not None and "signal" in got:
-                    self._returncode = -int(got["signal"])
-                elif got is not None and "exit" in got:
-                    self._returncode = int(got["exit"])
+                got = self._line() or [""]
+                if got[0] in ("signal", "exit") and len(got) == 2 and got[1].isdigit():
+                    self._returncode = -int(got[1]) if got[0] == "signal" else int(got[1])
                 else:
                     self._returncode = -signal.SIGKILL  # the sandbox was killed
             return self._returncode
@@ -456,6 +448,23 @@ def settings_from_env(env: Mapping[str, str]) -> SandboxSettings:
         sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
 
     return _Only.from_env(env).sandbox
+
+
+def _only_child(pid: int) -> int:
+    """The child of ``unshare`` (the sandbox's pid 1), by its host pid; 0 if not found."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            kids = f.read().split()
+        if kids:
+            return int(kids[0])
+    except (OSError, ValueError):
+        pass
+    with contextlib.suppress(Exception):
+        import psutil
+
+        found = psutil.Process(pid).children()
+        return int(found[0].pid) if found else 0
+    return 0
 
 
 def remove_workdir(work: Path) -> None:

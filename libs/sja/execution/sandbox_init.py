@@ -22,19 +22,23 @@ A failure before the program runs is written on the status descriptor too
 
 from __future__ import annotations
 
-import contextlib
+# Only modules that cost nothing to import (no ``typing``, ``json``, ``socket``, ``signal``,
+# ``contextlib``): this runs before every subjob, and its start-up is the sandbox's cost.
+import _signal as signal  # type: ignore[import-not-found]
+import _socket
 import ctypes
 import errno
 import fcntl
-import json
+import marshal
 import os
 import resource
-import signal
-import socket
 import struct
 import sys
-from types import FrameType
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import Any
 
 WORK_AT = "/tmp/sja-work"
 TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -113,10 +117,13 @@ def hide(cfg: dict[str, Any], work_fd: int) -> None:
 
 
 def loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        got = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH14s", b"lo", 0, b""))
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        got = fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, struct.pack("16sH14s", b"lo", 0, b""))
         flags = struct.unpack("16sH14s", got)[1]
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+    finally:
+        s.close()
 
 
 def child(cfg: dict[str, Any]) -> None:
@@ -152,14 +159,18 @@ def child(cfg: dict[str, Any]) -> None:
     os.execvpe(cfg["argv"][0], cfg["argv"], cfg["env"])
 
 
-def report(status_fd: int, message: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):
-        os.write(status_fd, json.dumps(message).encode() + b"\n")
+def report(status_fd: int, kind: str, *fields: object) -> None:
+    """One line on the status pipe: ``kind`` and its fields, tab-separated."""
+    text = "\t".join([kind, *(str(f).replace("\t", " ").replace("\n", " ") for f in fields)])
+    try:  # noqa: SIM105 - contextlib costs an import
+        os.write(status_fd, text.encode() + b"\n")
+    except OSError:
+        pass
 
 
 def main() -> None:
     with os.fdopen(int(sys.argv[1]), "rb") as f:
-        cfg = json.loads(f.read())
+        cfg = marshal.loads(f.read())
     status_fd = cfg["status_fd"]
     os.set_inheritable(status_fd, False)
     stage = "work directory"
@@ -170,13 +181,15 @@ def main() -> None:
         if cfg.get("net") == "none":
             stage = "loopback"
             loopback_up()
-    except OSError as e:
-        report(status_fd, {"error": str(e), "stage": stage})
+    except Exception as e:
+        report(status_fd, "error", stage, getattr(e, "errno", 0) or 0, e)
         os._exit(1)
 
     def forward(sig: int, _frame: FrameType | None) -> None:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib costs an import
             os.kill(-1, sig)  # from pid 1: every other process of the namespace
+        except OSError:
+            pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
@@ -190,7 +203,7 @@ def main() -> None:
             code = e.errno if isinstance(e, OSError) and e.errno else 0
             text = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             try:
-                os.write(err_w, json.dumps({"errno": code, "error": text}).encode())
+                os.write(err_w, f"{code}\t{text}".encode())
             finally:
                 os._exit(127)
     os.close(err_w)
@@ -205,25 +218,22 @@ def main() -> None:
         failed += chunk
     os.close(err_r)
     if failed:
-        try:
-            why = json.loads(failed)
-        except ValueError:
-            why = {"errno": 0, "error": failed.decode(errors="replace")[:500]}
-        report(status_fd, {"error": why.get("error", ""), "errno": why.get("errno", 0), "stage": "exec"})
+        number, _, text = failed.decode(errors="replace").partition("\t")
+        report(status_fd, "error", "exec", number if number.isdigit() else 0, text[:500])
         os._exit(1)
-    report(status_fd, {"started": True})
+    report(status_fd, "started")
     while True:
         try:
             got, st = os.waitpid(-1, 0)
         except ChildProcessError:
-            report(status_fd, {"error": "the program was not found among the children", "stage": "wait"})
+            report(status_fd, "error", "wait", 0, "the program was not found among the children")
             os._exit(1)
         if got != pid:
             continue  # an orphan of the program, reaped
         if os.WIFSIGNALED(st):
-            report(status_fd, {"signal": os.WTERMSIG(st)})
+            report(status_fd, "signal", os.WTERMSIG(st))
         else:
-            report(status_fd, {"exit": os.WEXITSTATUS(st)})
+            report(status_fd, "exit", os.WEXITSTATUS(st))
         os._exit(0)  # the namespace goes with it: nothing the program started outlives it
 
 
