@@ -80,6 +80,7 @@ class SliceActor:
         settings = (
             msgspec.json.decode(sandbox, type=sbx.SandboxSettings) if sandbox else sbx.SandboxSettings()
         )
+        sbx.check(settings)  # where the subjobs run (another node's Ray, a container): said at once
         sbx.configure(sbx.Sandbox(settings, slot=slot, hidden=hidden))
 
         # Import heavy frameworks (``torch``) now, so that their start-up does not eat the first
