@@ -81,7 +81,9 @@ class SliceActor:
             msgspec.json.decode(sandbox, type=sbx.SandboxSettings) if sandbox else sbx.SandboxSettings()
         )
         sbx.check(settings)  # where the subjobs run (another node's Ray, a container): said at once
-        sbx.configure(sbx.Sandbox(settings, slot=slot, hidden=hidden))
+        box = sbx.Sandbox(settings, slot=slot, hidden=hidden)
+        box.sweep()  # what a previous actor of this slice left when it was killed
+        sbx.configure(box)
 
         # Import heavy frameworks (``torch``) now, so that their start-up does not eat the first
         # subjob's window; a framework this node lacks is left to fail the subjobs that need it.

@@ -44,7 +44,7 @@ from typing import IO, Annotated, Literal
 
 import msgspec
 
-from sja.execution.sandbox_init import WORK_AT
+from sja.execution.sandbox_init import PR_SET_PDEATHSIG, WORK_AT, prctl
 
 log = logging.getLogger(__name__)
 
@@ -158,17 +158,31 @@ class Sandbox:
         """Where ``path`` of the work directory is seen from inside the sandbox."""
         return str(Path(self.home(work)) / path.relative_to(work))
 
-    def workdir(self, tag: str) -> Path:
-        """A new private work directory for a subjob: owned by the sandbox uid, mode 0700."""
+    def root(self) -> Path:
+        """Where this executor's work directories are (mode 0700, its own)."""
         root = Path(tempfile.gettempdir()) / f"sja-subjobs-{os.geteuid()}"
         root.mkdir(mode=0o700, exist_ok=True)
         st = root.lstat()
         if not root.is_dir() or root.is_symlink() or st.st_uid != os.geteuid():
             raise SandboxError(f"{root} is not a directory of this user")
         os.chmod(root, 0o700)
-        work = Path(tempfile.mkdtemp(prefix=_safe(tag) + "-", dir=root))
+        return root
+
+    def workdir(self, tag: str) -> Path:
+        """A new private work directory for a subjob: owned by the sandbox uid, mode 0700."""
+        work = Path(tempfile.mkdtemp(prefix=f"s{self.slot}-{_safe(tag)}-", dir=self.root()))
         self.own(work)
         return work
+
+    def sweep(self) -> int:
+        """Remove the work directories this slot's subjobs left (an actor that died with subjobs
+        running or parked: their sandboxes went with it, their directories did not); how many."""
+        gone = 0
+        with contextlib.suppress(OSError, SandboxError):
+            for work in self.root().glob(f"s{self.slot}-*"):
+                remove_workdir(work)
+                gone += 1
+        return gone
 
     def own(self, path: Path) -> None:
         """Give ``path`` (and what is in it) to the sandbox uid."""
@@ -253,6 +267,7 @@ class Sandbox:
                 self.argv(cfg),
                 env={"PATH": os.environ.get("PATH", DEFAULT_PATH)},
                 cwd="/",
+                preexec_fn=_die_with_parent,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -448,6 +463,12 @@ def settings_from_env(env: Mapping[str, str]) -> SandboxSettings:
         sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
 
     return _Only.from_env(env).sandbox
+
+
+def _die_with_parent() -> None:
+    """In ``unshare`` before it runs: killed when the process that started it dies (a slice's actor
+    killed or restarted), which takes its sandbox down (``--kill-child``) with all in it."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _only_child(pid: int) -> int:

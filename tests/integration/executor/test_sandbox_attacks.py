@@ -7,12 +7,14 @@ failed; a real nats-server is the bus it tries to reach, real processes the ones
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from sja.bus.natsd import EmbeddedNats
 from sja.execution import sandbox as sbx
 from sja.execution.runner import RunResult, run_subjob
 from sja.protocol.messages import Subjob
+from tests.integration.waits import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -282,3 +285,37 @@ def test_an_executor_without_root_isolates_through_a_user_namespace(
     r = run_subjob(subjob("command", params))
     assert "CapEff:\t0000000000000000" in r.stdout, r.stdout
     assert "UNMOUNTED" not in r.stdout and secrets["secret"] not in r.stdout
+
+
+async def test_a_subjob_dies_with_the_actor_that_started_it(secrets: dict[str, Any]) -> None:
+    """A slice's actor killed (or restarted) while its subjob runs, or while a warm program is parked:
+    the subjob's sandbox, and everything in it, goes with it; the next actor of the slice removes the
+    work directory it left."""
+    token = f"sja-orphan-{uuid.uuid4().hex}"
+    actor = textwrap.dedent(
+        f"""
+        import sys, time
+        from sja.execution import sandbox as sbx
+        box = sbx.Sandbox(slot=7)
+        argv = [sys.executable, "-c", "import time; time.sleep(600)", "{token}"]
+        work = box.workdir("orphan")
+        p = box.start(argv, sbx.environment({{}}), work=work)
+        print(work, flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = await asyncio.create_subprocess_exec(PY, "-c", actor, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        work = (await proc.stdout.readline()).decode().strip()
+        assert os.path.isdir(work) and _alive_with(token), "the subjob runs"
+        proc.kill()
+        await proc.wait()
+        await wait_until(lambda: not _alive_with(token), "the subjob to go with its actor")
+        assert os.path.isdir(work)
+        assert sbx.Sandbox(slot=7).sweep() >= 1  # as the slice's next actor does when it starts
+        assert not os.path.exists(work)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
