@@ -179,6 +179,10 @@ def test_no_connection_to_the_bus(kind: str, secrets: dict[str, Any], nats_serve
     assert got.get("nats_by_host", "refused").startswith("refused"), got.get("nats_by_host")
 
 
+def _is_dir(path: str) -> bool:
+    return Path(path).is_dir()
+
+
 def _alive_with(token: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
@@ -308,13 +312,13 @@ async def test_a_subjob_dies_with_the_actor_that_started_it(secrets: dict[str, A
     try:
         assert proc.stdout is not None
         work = (await proc.stdout.readline()).decode().strip()
-        assert os.path.isdir(work) and _alive_with(token), "the subjob runs"
+        assert _is_dir(work) and _alive_with(token), "the subjob runs"
         proc.kill()
         await proc.wait()
         await wait_until(lambda: not _alive_with(token), "the subjob to go with its actor")
-        assert os.path.isdir(work)
+        assert _is_dir(work)
         assert sbx.Sandbox(slot=7).sweep() >= 1  # as the slice's next actor does when it starts
-        assert not os.path.exists(work)
+        assert not _is_dir(work)
     finally:
         if proc.returncode is None:
             proc.kill()
