@@ -493,8 +493,11 @@ SECRET_MARKERS = ("PASSWORD", "TOKEN", "SECRET", "CREDS", "NKEY", "_KEY")
 
 def is_secret(name: str) -> bool:
     """Whether a variable of the executor's environment must stay out of Ray's processes: the
-    service's NATS settings and anything named like a credential."""
+    service's NATS settings and anything named like a credential, except Ray's own (its auth token
+    is how its processes reach each other; subjobs never see it: their environment is allow-listed)."""
     upper = name.upper()
+    if upper.startswith("RAY_"):
+        return False
     return upper.startswith("SJA_NATS_") or any(m in upper for m in SECRET_MARKERS)
 
 

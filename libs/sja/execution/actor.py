@@ -80,9 +80,9 @@ class SliceActor:
         settings = (
             msgspec.json.decode(sandbox, type=sbx.SandboxSettings) if sandbox else sbx.SandboxSettings()
         )
-        sbx.check(settings)  # where the subjobs run (another node's Ray, a container): said at once
-        box = sbx.Sandbox(settings, slot=slot, hidden=hidden)
+        box = sbx.Sandbox(settings, slot=slot, hidden=hidden, owner=slice_id)
         box.sweep()  # what a previous actor of this slice left when it was killed
+        sbx.check(settings, box)  # where the subjobs run (another node's Ray, a container): said at once
         sbx.configure(box)
 
         # Import heavy frameworks (``torch``) now, so that their start-up does not eat the first

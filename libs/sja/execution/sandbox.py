@@ -135,9 +135,17 @@ def is_root() -> bool:
 class Sandbox:
     """How one slice's subjobs are sandboxed: settings, the slice's index (its uid), hidden paths."""
 
-    def __init__(self, settings: SandboxSettings | None = None, slot: int = 0, hidden: Iterable[str] = ()):
+    def __init__(
+        self,
+        settings: SandboxSettings | None = None,
+        slot: int = 0,
+        hidden: Iterable[str] = (),
+        owner: str = "",
+    ):
         self.settings = settings or SandboxSettings()
         self.slot = slot
+        self.owner = _safe(owner or f"slot{slot}")
+        """What this sandbox's work directories are named after (the slice), for ``sweep``."""
         self.hidden = tuple(dict.fromkeys(_abs(p) for p in (*default_hidden(), *hidden, *self.settings.hide)))
 
     @property
@@ -170,16 +178,16 @@ class Sandbox:
 
     def workdir(self, tag: str) -> Path:
         """A new private work directory for a subjob: owned by the sandbox uid, mode 0700."""
-        work = Path(tempfile.mkdtemp(prefix=f"s{self.slot}-{_safe(tag)}-", dir=self.root()))
+        work = Path(tempfile.mkdtemp(prefix=f"{self.owner}--{_safe(tag)}-", dir=self.root()))
         self.own(work)
         return work
 
     def sweep(self) -> int:
-        """Remove the work directories this slot's subjobs left (an actor that died with subjobs
+        """Remove the work directories this owner's subjobs left (an actor that died with subjobs
         running or parked: their sandboxes went with it, their directories did not); how many."""
         gone = 0
         with contextlib.suppress(OSError, SandboxError):
-            for work in self.root().glob(f"s{self.slot}-*"):
+            for work in self.root().glob(f"{self.owner}--*"):
                 remove_workdir(work)
                 gone += 1
         return gone
@@ -498,8 +506,9 @@ def default_hidden() -> list[str]:
 
 
 def keep_paths() -> list[str]:
-    """What a sandboxed Python needs even where a hidden path holds it (bound back read-only): the
-    interpreter's prefixes and SJA's own sources."""
+    """What a sandboxed Python needs even where a hidden path or ``/tmp`` holds it (bound back
+    read-only): the interpreter's prefixes, SJA's own sources and the executor's ``PYTHONPATH`` (where
+    it finds the workloads' packages)."""
     import sja
 
     paths = {
@@ -508,6 +517,7 @@ def keep_paths() -> list[str]:
         sys.exec_prefix,
         os.path.dirname(os.path.realpath(sys.executable)),
         str(Path(sja.__file__).resolve().parent.parent),
+        *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)),
     }
     return sorted(p for p in paths if p and p != "/")
 
@@ -539,14 +549,14 @@ def describe(settings: SandboxSettings, slots: int = 1) -> str:
     return f"subjobs run sandboxed (pid, mount, IPC, UTS namespaces; network: {net}) as {who}"
 
 
-def check(settings: SandboxSettings) -> None:
-    """Start a trivial program in a sandbox: raises ``SandboxError`` with what the operator must grant
-    when namespaces cannot be made here."""
+def check(settings: SandboxSettings, box: Sandbox | None = None) -> None:
+    """Start a trivial program in a sandbox (``box``, or one of ``settings``): raises ``SandboxError``
+    with what the operator must grant when namespaces cannot be made here."""
     if settings.mode == "off":
         return
     if shutil.which("unshare") is None:
         raise SandboxError("the subjob sandbox needs util-linux 'unshare' on PATH (or SJA_SANDBOX=off)")
-    box = Sandbox(settings, slot=0)
+    box = box or Sandbox(settings, owner=f"check-{os.getpid()}")
     work = box.workdir("check")
     try:
         started = box.start(["true"], environment({}), work=work)

@@ -300,7 +300,7 @@ async def test_a_subjob_dies_with_the_actor_that_started_it(secrets: dict[str, A
         f"""
         import sys, time
         from sja.execution import sandbox as sbx
-        box = sbx.Sandbox(slot=7)
+        box = sbx.Sandbox(slot=7, owner="slice-7")
         argv = [sys.executable, "-c", "import time; time.sleep(600)", "{token}"]
         work = box.workdir("orphan")
         p = box.start(argv, sbx.environment({{}}), work=work)
@@ -317,7 +317,9 @@ async def test_a_subjob_dies_with_the_actor_that_started_it(secrets: dict[str, A
         await proc.wait()
         await wait_until(lambda: not _alive_with(token), "the subjob to go with its actor")
         assert _is_dir(work)
-        assert sbx.Sandbox(slot=7).sweep() >= 1  # as the slice's next actor does when it starts
+        assert (
+            sbx.Sandbox(slot=7, owner="slice-7").sweep() >= 1
+        )  # as the slice's next actor does when it starts
         assert not _is_dir(work)
     finally:
         if proc.returncode is None:
