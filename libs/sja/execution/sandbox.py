@@ -104,8 +104,9 @@ class SandboxSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The largest result a Python workload's process may hand back."""
 
 
-class SandboxError(RuntimeError):
-    """The sandbox cannot be made: what the operator must grant is in the message."""
+class SandboxError(ValueError):
+    """The sandbox cannot be made: what the operator must grant is in the message (a configuration
+    error, as a bad setting: ``sja service`` prints it as one line and exits)."""
 
 
 def environment(
