@@ -10,22 +10,30 @@ left (no link followed, no special file read), and warm continuation (``sja.exec
 
 from __future__ import annotations
 
+import io
 import math
 import os
+import shutil
 import signal
 import stat
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from sja import job
 from sja.execution import sandbox as sbx
 from sja.execution import warm as warm_reg
 from sja.execution.program import Running, last_lines, start_program, watch
+from sja.workloads import checkpoint as ckpt
 from sja.workloads import command
-from sja.workloads.command import OOM_MARKERS, StateSummary, pack_state, summary_of, unpack_state
+from sja.workloads.command import OOM_MARKERS, StateSummary, summary_of, unpack_state
 
 REPORT_MAX_BYTES = 1024 * 1024
+_enc = msgspec.msgpack.Encoder()
 
 
 def mem_cap_bytes(mem_cap_mib: float, cuda_visible_devices: str, extra_mib: float = 0.0) -> float:
@@ -42,18 +50,82 @@ def _work_paths(work: Path) -> tuple[Path, Path, Path]:
 
 
 def _fresh(work: Path, box: sbx.Sandbox) -> None:
-    """Empty the work directory's contract paths for a range (a warm program's next one)."""
+    """Empty the work directory's contract paths for a range (a warm program's next one).
+
+    A warm program is alive while this runs, as the owner of the work directory: nothing here
+    follows a link it may have put there, and nothing is changed below a name it controls (only
+    ``work`` itself, which lies in the executor's private directory, is resolved as a path)."""
     state_in, state_out, report = _work_paths(work)
+    for path in (state_in, state_out, report):
+        _remove(path)
     for d in (state_in, state_out):
-        if d.is_symlink() or d.exists():
-            if d.is_dir() and not d.is_symlink():
-                sbx.remove_workdir(d)
-            else:
-                d.unlink()
         d.mkdir(mode=0o700)
-    if report.is_symlink() or report.exists():
-        report.unlink()
-    box.own(work)
+        box.own(d, recursive=False)
+    box.own(work, recursive=False)
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path`` (a directory tree, a file or a link) without following links."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)  # never follows a link (it works on directory descriptors)
+
+
+def _restore_into(checkpoint: bytes, state_in: Path, box: sbx.Sandbox) -> StateSummary:
+    """Unpack a state as ``state_in``: into a directory of the executor's own first, given to the
+    sandbox uid there, then put in place by one rename (a live program sees it whole, and cannot
+    turn the executor's writes elsewhere)."""
+    staging = Path(tempfile.mkdtemp(prefix="staging-", dir=box.root()))
+    try:
+        (staging / "state").mkdir(mode=0o700)
+        before = unpack_state(checkpoint, staging / "state")
+        box.own(staging / "state")
+        _remove(state_in)
+        os.rename(staging / "state", state_in)  # replaces a link or file left there, never follows it
+        return before
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def pack_dir(directory: Path, summary: StateSummary) -> bytes:
+    """``pack_state`` for a directory a live program may still change: walked by directory
+    descriptors (``os.fwalk``), each file opened without following a link, so that no link makes the
+    executor read outside it; links are kept as links."""
+    buf = io.BytesIO()
+    entries: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
+    for root, dirs, files, rootfd in os.fwalk(directory, follow_symlinks=False):
+        rel = os.path.relpath(root, directory)
+        for name in sorted(dirs) + sorted(files):
+            arc = name if rel == "." else f"{rel}/{name}"
+            try:
+                st = os.stat(name, dir_fd=rootfd, follow_symlinks=False)
+            except OSError:
+                continue
+            info = tarfile.TarInfo(arc)
+            info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
+            data: bytes | None = None
+            if stat.S_ISDIR(st.st_mode):
+                info.type = tarfile.DIRTYPE
+            elif stat.S_ISLNK(st.st_mode):
+                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=rootfd)
+            elif stat.S_ISREG(st.st_mode):
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=rootfd)
+                except OSError:
+                    continue
+                with os.fdopen(fd, "rb") as f:
+                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                        continue
+                    data = f.read()
+                info.size = len(data)
+            else:
+                continue  # a FIFO, a device, a socket: not state
+            entries.append((arc, info, data))
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for _, info, data in sorted(entries, key=lambda e: e[0]):
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return ckpt.pack_blob(_enc.encode(summary), buf.getvalue())
 
 
 def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
@@ -85,10 +157,11 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
 
         def restore() -> None:
             try:
-                before = unpack_state(checkpoint, state_in)
+                before = _restore_into(checkpoint, state_in, box)
             except ValueError as e:
                 raise job.Stopped("failed", f"input state unreadable: {e}") from None
-            box.own(state_in)
+            except OSError as e:
+                raise job.Stopped("failed", f"input state not put in place: {e}") from None
             if before.unit_end != unit_start:
                 raise job.Stopped(
                     "failed",
@@ -195,7 +268,7 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
         ctx.units_done = done
         if state_out.is_symlink() or not state_out.is_dir():
             raise job.Stopped("failed", "SJA_STATE_OUT was replaced by something not a directory")
-        files = sum(1 for _ in state_out.rglob("*"))
+        files = sum(len(d) + len(f) for _, d, f, _ in os.fwalk(state_out, follow_symlinks=False))
         if files == 0 and sequential:
             raise job.Stopped("failed", "exited 0 but left no state in SJA_STATE_OUT")
         summary = StateSummary(
@@ -204,7 +277,7 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
             files=files,
             metrics=command.clean_metrics(reported.get("metrics", {})),
         )
-        out = pack_state(state_out, summary)
+        out = pack_dir(state_out, summary)
         if keep is not None:
             warm_reg.park(ctx.job_id, ctx.slice_id, keep, warm_reg.state_digest(out))
             keep = None

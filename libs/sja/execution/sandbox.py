@@ -193,12 +193,13 @@ class Sandbox:
                 gone += 1
         return gone
 
-    def own(self, path: Path) -> None:
-        """Give ``path`` (and what is in it) to the sandbox uid."""
+    def own(self, path: Path, recursive: bool = True) -> None:
+        """Give ``path`` (and, ``recursive``, what is in it) to the sandbox uid, following no link.
+        Recursively only in a tree no tenant process can change meanwhile."""
         ids = self.ids()
         if ids is None:
             return
-        for p in (path, *path.rglob("*")):
+        for p in (path, *(path.rglob("*") if recursive else ())):
             with contextlib.suppress(FileNotFoundError):
                 os.chown(p, *ids, follow_symlinks=False)
 

@@ -8,12 +8,14 @@ failed; a real nats-server is the bus it tries to reach, real processes the ones
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from sja.bus.natsd import EmbeddedNats
 from sja.execution import sandbox as sbx
 from sja.execution.runner import RunResult, run_subjob
 from sja.protocol.messages import Subjob
+from sja.workloads import checkpoint as ckpt
 from tests.integration.waits import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -325,3 +328,32 @@ async def test_a_subjob_dies_with_the_actor_that_started_it(secrets: dict[str, A
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_links_left_in_the_state_do_not_make_the_executor_read_for_the_program(
+    secrets: dict[str, Any],
+) -> None:
+    """The executor (root) packs what the program left in ``SJA_STATE_OUT``: links to the service's
+    files are kept as links, never read through."""
+    service_file, service_dir = secrets["service_file"], str(Path(secrets["service_file"]).parent)
+    body = textwrap.dedent(
+        f"""
+        import os
+        out = os.environ["SJA_STATE_OUT"]
+        os.symlink({service_file!r}, os.path.join(out, "leak"))
+        os.symlink({service_dir!r}, os.path.join(out, "dir"))
+        os.mkfifo(os.path.join(out, "fifo"))
+        open(os.path.join(out, "mine"), "w").write("my state")
+        print("links made", flush=True)
+        """
+    )
+    r = run_subjob(subjob("command", {"argv": [PY, "-c", body], "units": 1}))
+    assert "links made" in r.stdout
+    assert r.status == "ok", r.error
+    raw = ckpt.unpack_blob(r.output).data
+    assert secrets["secret"].encode() not in raw
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert sorted(members) == ["dir", "leak", "mine"], "the FIFO is no state"
+    assert members["leak"].issym() and members["leak"].linkname == service_file
+    assert members["dir"].issym() and members["mine"].isfile()
