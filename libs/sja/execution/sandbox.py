@@ -67,6 +67,11 @@ in ``SJA_SANDBOX_ENV``); every other one stays out."""
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
+NEVER_HIDDEN = frozenset(
+    {"/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/sys", "/var", "/opt", "/srv"}
+)
+"""Paths a sandbox cannot run without (a service user's HOME may be one of them)."""
+
 START_TIMEOUT_S = 60.0
 """How long the sandbox may take to say its program started."""
 
@@ -147,7 +152,9 @@ class Sandbox:
         self.slot = slot
         self.owner = _safe(owner or f"slot{slot}")
         """What this sandbox's work directories are named after (the slice), for ``sweep``."""
-        self.hidden = tuple(dict.fromkeys(_abs(p) for p in (*default_hidden(), *hidden, *self.settings.hide)))
+        wanted = dict.fromkeys(_abs(p) for p in (*default_hidden(), *hidden, *self.settings.hide))
+        self.hidden = tuple(p for p in wanted if p not in NEVER_HIDDEN)
+        """Paths covered with an empty tmpfs (never the system's own: a HOME of ``/`` hides nothing)."""
 
     @property
     def enabled(self) -> bool:

@@ -63,3 +63,9 @@ def test_the_start_line_says_when_uids_cannot_be_switched(monkeypatch: pytest.Mo
     assert "cannot switch uids" in sbx.describe(sbx.SandboxSettings(), 4)
     assert sbx.describe(sbx.SandboxSettings(mode="off")).startswith("SANDBOX OFF")
     assert "HOST'S NETWORK" in sbx.describe(sbx.SandboxSettings(network="host"))
+
+
+def test_a_home_of_slash_hides_nothing_the_system_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", "/")
+    box = sbx.Sandbox(sbx.SandboxSettings(hide=("/etc", "/srv/secrets")), hidden=("/var/lib/sja/out",))
+    assert box.hidden == ("/root", "/var/lib/sja/out", "/srv/secrets")
