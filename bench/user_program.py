@@ -19,8 +19,9 @@ process, and ``warm`` (``params.warm: true``), where the script continues in the
 The sandbox's start cost per subjob (``sandbox`` in the JSON): a trivial program started and waited
 for plainly (a process group, as without the sandbox) and in the subjob sandbox
 (``sja.execution.sandbox``), interleaved A/B, ``--start-rounds`` times each: the medians, their
-difference in ms and their ratio; ``within_budget`` when the sandbox adds at most 100 ms. It needs no
-torch: ``--start-cost-only`` measures only that.
+difference in ms and their ratio; ``within_budget`` when the sandbox adds at most 100 ms; and a
+warm job's two ranges in the sandbox (``warm.continued``: the second went on in the first's
+process). It needs no torch: ``--start-cost-only`` measures only that.
 
 The last line is JSON.
 """
@@ -62,6 +63,7 @@ from sja.protocol.messages import (
     JobSpec,
     MemoryDecl,
     Offer,
+    Subjob,
     TimeDecl,
     Window,
 )
@@ -145,6 +147,63 @@ def sandbox_start_cost(rounds: int, argv: list[str]) -> dict[str, Any]:
     }
 
 
+WARM_PROGRAM = """
+import os, sys
+sys.path.insert(0, os.environ["LIBS"])
+import sja.job
+ctx = sja.job.context()
+total = None
+while ctx is not None:
+    if total is None or not ctx.resumed:
+        f = ctx.state_in / "total"
+        total = int(f.read_text()) if f.exists() else 0
+    total += sum(ctx.units)
+    (ctx.state_out / "total").write_text(str(total))
+    ctx = ctx.next_range()
+"""
+
+
+def warm_in_the_sandbox(python: str) -> dict[str, Any]:
+    """Two ranges of a warm job through ``run_subjob`` (in the sandbox): the second must continue in
+    the first's process (``resumed``); the wall time of each."""
+    from sja.execution import warm
+    from sja.workloads import workload
+
+    params = workload("command").validate(
+        {"argv": [python, "-c", WARM_PROGRAM], "units": 20, "warm": True, "env": {"LIBS": str(ROOT / "libs")}}
+    )
+    os.environ.setdefault("SJA_WARM_GRACE_S", "30")
+    out: dict[str, Any] = {}
+    checkpoint = b""
+    for i, start in enumerate((0, 10)):
+        sj = Subjob(
+            subjob_id=f"warm.s{i}",
+            seq=i,
+            job_id="warm",
+            tenant="bench",
+            agent_id="bench",
+            workload="command",
+            params=params,
+            unit_start=start,
+            units=10,
+            grant_id=f"g{i}",
+            fence=i + 1,
+            slice_id="bench-slice",
+            node="local",
+            mem_cap_mib=4096,
+            time_cap_s=60.0,
+            planned_mem_q_mib=100.0,
+            planned_duration_q_s=1.0,
+            input_checkpoint=checkpoint,
+        )
+        r = run_subjob(sj)
+        checkpoint = r.output
+        out[f"range{i}"] = {"status": r.status, "warm": r.warm, "duration_ms": round(r.duration_s * 1000, 1)}
+    warm.evict_except("", "")
+    out["continued"] = out["range1"]["warm"] == "resumed" and out["range1"]["status"] == "ok"
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--python", default=sys.executable, help="an interpreter with torch")
@@ -162,6 +221,7 @@ def main() -> None:
     start_cost = {
         "python": sandbox_start_cost(args.start_rounds, [args.python, "-c", "pass"]),
         "true": sandbox_start_cost(args.start_rounds, ["true"]),
+        "warm": warm_in_the_sandbox(args.python),
     }
     if args.start_cost_only:
         print(json.dumps({"bench": "user_program", "sandbox": start_cost}))
