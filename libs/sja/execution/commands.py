@@ -199,7 +199,7 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
             "CUDA_VISIBLE_DEVICES": cuda,
         }
         env = sbx.environment(contract, params["env"], box.settings.env, home=box.home(work))
-        nvml, device = _nvml_for(cuda)
+        nvml, device = nvml_for(cuda)
         running = None
         if held is not None:
             if held.running.send({"env": contract, "resumed": resumed}):
@@ -311,7 +311,8 @@ def read_report(path: Path) -> dict[str, Any]:
     return got if isinstance(got, dict) else {}
 
 
-def _nvml_for(device: str) -> tuple[Any, str]:
+def nvml_for(device: str) -> tuple[Any, str]:
+    """NVML and the device to sample a subjob's GPU memory on (none on an emulated slice)."""
     if not device or os.environ.get("SJA_SLICE_SOURCE", "") in ("", "declared") or device.isdigit():
         return None, ""
     try:
@@ -324,4 +325,4 @@ def _nvml_for(device: str) -> tuple[Any, str]:
 
 command.set_runner(run_command)
 
-__all__ = ["mem_cap_bytes", "read_report", "run_command"]
+__all__ = ["mem_cap_bytes", "nvml_for", "pack_dir", "read_report", "run_command"]

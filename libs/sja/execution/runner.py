@@ -294,10 +294,15 @@ def run_sandboxed(sj: Subjob, started: float) -> RunResult:
         except (OSError, sbx.SandboxError) as e:
             return _failed(started, f"the workload's process did not start: {e}")
         deadline = started + sj.time_cap_s
+        # NVML names processes by their host pids, which the sandboxed process cannot know: its GPU
+        # memory is sampled here (the CUDA context included), beside what it measures itself.
+        nvml_handle, device = commands.nvml_for(cuda)
         r = watch(
             running,
             term_at=deadline,
             kill_at=deadline + KILL_AFTER_S,
+            nvml=nvml_handle,
+            device_uuid=device,
             mem_cap_bytes=commands.mem_cap_bytes(sj.mem_cap_mib, cuda, box.settings.python_mib),
         )
         now = time.time()
@@ -330,6 +335,8 @@ def run_sandboxed(sj: Subjob, started: float) -> RunResult:
                 **base,
             )
         got = check_result(sj, read_result(result, box.settings.result_max_mib), r.returncode, tail)
+        if r.gpu_peak_mib > got.peak_mem_mib:
+            got = msgspec.structs.replace(got, peak_mem_mib=round(r.gpu_peak_mib, 3), meter="nvml")
         return msgspec.structs.replace(
             got, started_at=started, finished_at=now, stdout=base["stdout"], stderr=base["stderr"]
         )
