@@ -2,7 +2,7 @@
 against measured peak memory, and the per-subjob overhead.
 
 The job is planned, materialized and calibrated by the decision core exactly as the agent does it,
-and each subjob runs through the executor's own code (``run_subjob``: the process group, its
+and each subjob runs through the executor's own code (``run_subjob``: the sandbox, its
 environment, the state packed and unpacked, the meters), without the bus. On a machine with an
 NVIDIA GPU the subjobs run on soft slices of it (``CUDA_VISIBLE_DEVICES`` = the GPU's UUID, NVML per
 process, the script's CUDA allocator peak); elsewhere on the CPU.
@@ -15,6 +15,13 @@ process, and ``warm`` (``params.warm: true``), where the script continues in the
 
     python bench/user_program.py --python /path/to/python-with-torch --json
     (bench/user_program_gpu.sh runs it on a GPU machine)
+
+The sandbox's start cost per subjob (``sandbox`` in the JSON): a trivial program started and waited
+for plainly (a process group, as without the sandbox) and in the subjob sandbox
+(``sja.execution.sandbox``), interleaved A/B, ``--start-rounds`` times each: the medians, their
+difference in ms and their ratio; ``within_budget`` when the sandbox adds at most 100 ms; and a
+warm job's two ranges in the sandbox (``warm.continued``: the second went on in the first's
+process). It needs no torch: ``--start-cost-only`` measures only that.
 
 The last line is JSON.
 """
@@ -48,12 +55,15 @@ from sja.core.jobs import (
     propose,
 )
 from sja.core.planner import PlanLimits
+from sja.execution.program import run_program
 from sja.execution.runner import completion_of, run_subjob
+from sja.execution.sandbox import Sandbox, SandboxSettings, environment
 from sja.protocol.messages import (
     Grant,
     JobSpec,
     MemoryDecl,
     Offer,
+    Subjob,
     TimeDecl,
     Window,
 )
@@ -105,6 +115,95 @@ def one_piece(python: str, steps: int, width: int, env: dict[str, str]) -> dict[
     return {"wall_s": wall, "steps_per_s": report["metrics"]["steps_per_s"], "report": report}
 
 
+START_BUDGET_MS = 100.0
+"""The most the sandbox may add to a subjob's cold start."""
+
+
+def sandbox_start_cost(rounds: int, argv: list[str]) -> dict[str, Any]:
+    """Start and wait for ``argv`` plainly and in the sandbox, interleaved: medians and the cost."""
+    boxes = {"plain": Sandbox(SandboxSettings(mode="off")), "sandbox": Sandbox(SandboxSettings())}
+    times: dict[str, list[float]] = {"plain": [], "sandbox": []}
+    for i in range(rounds + 1):
+        order = ("plain", "sandbox") if i % 2 == 0 else ("sandbox", "plain")
+        for name in order:
+            t0 = time.perf_counter()
+            far = time.time() + 600
+            r = run_program(argv, environment({}), sandbox=boxes[name], cwd=None, term_at=far, kill_at=far)
+            elapsed = (time.perf_counter() - t0) * 1000
+            if r.returncode != 0:
+                raise RuntimeError(f"{name}: {argv} exited with {r.returncode}: {r.stderr[-500:]}")
+            if i > 0:  # the first round warms the page cache for both
+                times[name].append(elapsed)
+    plain, boxed = statistics.median(times["plain"]), statistics.median(times["sandbox"])
+    return {
+        "program": " ".join(argv),
+        "rounds": rounds,
+        "plain_ms_median": round(plain, 2),
+        "sandbox_ms_median": round(boxed, 2),
+        "added_ms": round(boxed - plain, 2),
+        "ratio": round(boxed / plain, 3) if plain else None,
+        "budget_ms": START_BUDGET_MS,
+        "within_budget": boxed - plain <= START_BUDGET_MS,
+    }
+
+
+WARM_PROGRAM = """
+import os, sys
+sys.path.insert(0, os.environ["LIBS"])
+import sja.job
+ctx = sja.job.context()
+total = None
+while ctx is not None:
+    if total is None or not ctx.resumed:
+        f = ctx.state_in / "total"
+        total = int(f.read_text()) if f.exists() else 0
+    total += sum(ctx.units)
+    (ctx.state_out / "total").write_text(str(total))
+    ctx = ctx.next_range()
+"""
+
+
+def warm_in_the_sandbox(python: str) -> dict[str, Any]:
+    """Two ranges of a warm job through ``run_subjob`` (in the sandbox): the second must continue in
+    the first's process (``resumed``); the wall time of each."""
+    from sja.execution import warm
+    from sja.workloads import workload
+
+    params = workload("command").validate(
+        {"argv": [python, "-c", WARM_PROGRAM], "units": 20, "warm": True, "env": {"LIBS": str(ROOT / "libs")}}
+    )
+    os.environ.setdefault("SJA_WARM_GRACE_S", "30")
+    out: dict[str, Any] = {}
+    checkpoint = b""
+    for i, start in enumerate((0, 10)):
+        sj = Subjob(
+            subjob_id=f"warm.s{i}",
+            seq=i,
+            job_id="warm",
+            tenant="bench",
+            agent_id="bench",
+            workload="command",
+            params=params,
+            unit_start=start,
+            units=10,
+            grant_id=f"g{i}",
+            fence=i + 1,
+            slice_id="bench-slice",
+            node="local",
+            mem_cap_mib=4096,
+            time_cap_s=60.0,
+            planned_mem_q_mib=100.0,
+            planned_duration_q_s=1.0,
+            input_checkpoint=checkpoint,
+        )
+        r = run_subjob(sj)
+        checkpoint = r.output
+        out[f"range{i}"] = {"status": r.status, "warm": r.warm, "duration_ms": round(r.duration_s * 1000, 1)}
+    warm.evict_except("", "")
+    out["continued"] = out["range1"]["warm"] == "resumed" and out["range1"]["status"] == "ok"
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--python", default=sys.executable, help="an interpreter with torch")
@@ -115,7 +214,18 @@ def main() -> None:
     ap.add_argument("--start-overhead-s", type=float, default=5.0)
     ap.add_argument("--modes", default="cold,warm", help="cold, warm (warm continuation) or both")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--start-rounds", type=int, default=20, help="A/B rounds of the sandbox's start cost")
+    ap.add_argument("--start-cost-only", action="store_true", help="measure only the sandbox's start cost")
     args = ap.parse_args()
+
+    start_cost = {
+        "python": sandbox_start_cost(args.start_rounds, [args.python, "-c", "pass"]),
+        "true": sandbox_start_cost(args.start_rounds, ["true"]),
+        "warm": warm_in_the_sandbox(args.python),
+    }
+    if args.start_cost_only:
+        print(json.dumps({"bench": "user_program", "sandbox": start_cost}))
+        return
 
     g = gpu()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SJA_")}
@@ -282,6 +392,7 @@ def main() -> None:
         "overhead_s_max": round(max(overheads), 3) if overheads else None,
         "peak_over_planned_median": round(statistics.median(ratios), 3) if ratios else None,
         "modes": modes,
+        "sandbox": start_cost,
         "subjobs": rows,
     }
     print(json.dumps(summary))

@@ -15,6 +15,7 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client
 
+import sja.execution.commands  # noqa: F401 - runs a command job in one piece (Command.run)
 from sja.bus.connection import connect
 from sja.bus.rounds import iter_rounds
 from sja.client import SjaClient

@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -31,6 +33,7 @@ from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.core import proofs
 from sja.core.leases import Admission
+from sja.execution import sandbox as sbx
 from sja.execution import slicelease
 from sja.execution.actor import (
     NODE_SHARE,
@@ -41,6 +44,7 @@ from sja.execution.actor import (
     slice_resource,
 )
 from sja.execution.runner import RunResult, completion_of, failure_status
+from sja.execution.sandbox import SandboxSettings
 from sja.protocol import subjects
 from sja.protocol.messages import SliceState, Subjob
 from sja.telemetry.metrics import watch_consumers
@@ -88,6 +92,8 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     warm_grace_s: float = 10.0
     """How long a warm ``command`` job's program is kept alive after its subjob for the job's next
     subjob on the same slice (``sja.execution.warm``); 0: never kept."""
+    sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
+    """How subjobs are isolated (``SJA_SANDBOX``, ``SJA_SANDBOX_*``; ``sja.execution.sandbox``)."""
 
 
 class ExecutorService(Service):
@@ -108,6 +114,8 @@ class ExecutorService(Service):
         self._held: dict[str, int] = {}
         """tenant -> bytes of its states in the object store (the per-tenant quota)."""
         self._held_at = -1e9
+        self.hidden: tuple[str, ...] = ()
+        """Paths every sandbox hides besides the defaults (``_hidden_paths``)."""
         self.placements: deque[tuple[str, str, str]] = deque(maxlen=1000)
         """``(subjob_id, slice_id, ray_node_id)`` of recent runs: where each subjob really ran."""
         self.m_busy = self.metrics.counter(
@@ -118,8 +126,15 @@ class ExecutorService(Service):
         )
 
     async def on_start(self) -> None:
+        # No subjob runs where its sandbox cannot be made: the operator is told what to grant.
+        await asyncio.to_thread(sbx.check, self.cfg.sandbox)
         await self._load_slices()
+        if self.cfg.sandbox.mode == "off":
+            log.warning("!" * 20 + " %s " + "!" * 20, sbx.describe(self.cfg.sandbox, len(self.slice_info)))
+        else:
+            log.info("%s", sbx.describe(self.cfg.sandbox, len(self.slice_info)))
         await asyncio.to_thread(self._init_ray)
+        self.hidden = self._hidden_paths()
         for s in self.slice_info.values():
             self.actors[s.slice_id] = self._new_actor(s)
         # An actor's process start (seconds) must not count against the first subjob's window.
@@ -195,15 +210,16 @@ class ExecutorService(Service):
             kwargs: dict[str, Any] = {}
             if self.cfg.ray_num_cpus:
                 kwargs["num_cpus"] = self.cfg.ray_num_cpus
-            ray.init(
-                address="local",  # never join some other Ray cluster running on this machine
-                namespace="sja",
-                resources=resources,
-                include_dashboard=False,
-                log_to_driver=False,
-                object_store_memory=128 * 1024 * 1024,
-                **kwargs,
-            )
+            with without_secrets():  # the local Ray's processes (its workers too) start without them
+                ray.init(
+                    address="local",  # never join some other Ray cluster running on this machine
+                    namespace="sja",
+                    resources=resources,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    object_store_memory=128 * 1024 * 1024,
+                    **kwargs,
+                )
 
     def _check_cluster(self, wanted: dict[str, float]) -> None:
         """Fail at start, not at the first subjob, when the cluster lacks this node's slices."""
@@ -217,6 +233,20 @@ class ExecutorService(Service):
             )
         self.pin_node = node_resource(self.cfg.node) in have
 
+    def _hidden_paths(self) -> tuple[str, ...]:
+        """What every sandbox hides besides the executor's HOME and ``/root``: the stack's output
+        directory and Ray's session directory (its temporary directory)."""
+        paths = [os.path.abspath(self.settings.out_dir)]
+        with contextlib.suppress(Exception):
+            node = ray._private.worker._global_node
+            if node is not None:
+                paths.append(node.get_temp_dir_path())
+        return tuple(paths)
+
+    def _slot(self, slice_id: str) -> int:
+        """The slice's index among the node's slices: its sandbox uid is ``uid_base + index``."""
+        return sorted(self.slice_info).index(slice_id)
+
     def _new_actor(self, s: SliceState) -> Any:
         resources = {slice_resource(s.slice_id): 1.0}
         if self.pin_node:
@@ -225,7 +255,14 @@ class ExecutorService(Service):
             resources=resources,
             runtime_env={"env_vars": {**actor_env(s), "SJA_WARM_GRACE_S": f"{self.cfg.warm_grace_s:g}"}},
             max_concurrency=1,
-        ).remote(s.slice_id, self.settings.out_dir, self.cfg.preload)
+        ).remote(
+            s.slice_id,
+            self.settings.out_dir,
+            self.cfg.preload,
+            msgspec.json.encode(self.cfg.sandbox),
+            self._slot(s.slice_id),
+            self.hidden,
+        )
 
     async def _pull_forever(self) -> None:
         while True:
@@ -505,6 +542,31 @@ class ExecutorService(Service):
     async def _free(self, sj: Subjob, held: slicelease.Held | None = None) -> None:
         assert self.slices is not None
         await slicelease.free(self.slices, sj, held)
+
+
+SECRET_MARKERS = ("PASSWORD", "TOKEN", "SECRET", "CREDS", "NKEY", "_KEY")
+"""Parts of a variable's name that make it a secret the local Ray's processes start without."""
+
+
+def is_secret(name: str) -> bool:
+    """Whether a variable of the executor's environment must stay out of Ray's processes: the
+    service's NATS settings and anything named like a credential, except Ray's own (its auth token
+    is how its processes reach each other; subjobs never see it: their environment is allow-listed)."""
+    upper = name.upper()
+    if upper.startswith("RAY_"):
+        return False
+    return upper.startswith("SJA_NATS_") or any(m in upper for m in SECRET_MARKERS)
+
+
+@contextlib.contextmanager
+def without_secrets() -> Iterator[None]:
+    """This process's environment without its secrets (``is_secret``) while a child inherits it
+    (the local Ray's GCS and raylet, whose workers inherit theirs); put back afterwards."""
+    taken = {k: os.environ.pop(k) for k in list(os.environ) if is_secret(k)}
+    try:
+        yield
+    finally:
+        os.environ.update(taken)
 
 
 LOST_BECAUSE: dict[Admission, str] = {

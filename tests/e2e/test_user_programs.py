@@ -73,6 +73,9 @@ def torch_python() -> str | None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     out = tmp_path_factory.mktemp("stack")
     eps = entry_point_path(tmp_path_factory.mktemp("eps"))
+    # Subjobs import the package in their sandbox, as the slice's uid: readable by others, as an
+    # installed package is (pytest makes its directories the user's only).
+    eps.chmod(0o755)
     path = os.pathsep.join(
         p for p in (str(eps), str(EXAMPLES / "entrypoint-pkg" / "src"), os.environ.get("PYTHONPATH", "")) if p
     )

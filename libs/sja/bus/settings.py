@@ -9,6 +9,9 @@ settings are built, with a message naming its variable, rather than in a handler
 - a tuple, list or set field: comma-separated items (``SJA_POOLS=rack-a,rack-b``);
 - a mapping field: comma-separated ``key=value`` pairs (``SJA_TENANT_SHARES=alpha=3,beta=1``).
 
+A group's field named ``mode`` is read from the group's own variable (``SJA_SANDBOX=off`` sets
+``sandbox.mode``).
+
 The typed aliases below (``Pools``, ``Nodes``, ``TenantShares``, ``TenantBudgets``, ``Weights3``)
 are the settings every service reading them shares.
 """
@@ -81,7 +84,7 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True):
                 sub = {
                     f.name: _parse(env[key], f.type, key)
                     for f in group.fields
-                    if (key := _variable(field.name, f.name)) in env
+                    if (key := _group_variable(field.name, f.name)) in env
                 }
                 if sub:
                     raw[field.name] = sub
@@ -109,11 +112,20 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True):
                 yield _variable(field.name), _default(field)
                 continue
             for sub in group.fields:
-                yield _variable(field.name, sub.name), _default(sub)
+                yield _group_variable(field.name, sub.name), _default(sub)
 
 
 def _variable(*path: str) -> str:
     return PREFIX + "_".join(path).upper()
+
+
+def _group_variable(group: str, name: str) -> str:
+    """A group's field: ``SJA_<GROUP>_<FIELD>``, but its field ``mode`` is the group's own variable
+    (``SJA_SANDBOX=off`` for ``sandbox.mode``)."""
+    return _variable(group) if name == GROUP_MODE else _variable(group, name)
+
+
+GROUP_MODE = "mode"
 
 
 def _struct_info(cls: type[msgspec.Struct]) -> mi.StructType:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+import sja.execution.commands  # noqa: F401 - runs a command job in one piece (Command.run)
 from sja.bus.auth import NatsSettings
 from sja.bus.connection import connect
 from sja.bus.rounds import iter_rounds

@@ -60,11 +60,30 @@ def actor_env(s: SliceState) -> dict[str, str]:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class SliceActor:
-    def __init__(self, slice_id: str, out_dir: str, preload: str = "") -> None:
+    def __init__(
+        self,
+        slice_id: str,
+        out_dir: str,
+        preload: str = "",
+        sandbox: bytes = b"",
+        slot: int = 0,
+        hidden: tuple[str, ...] = (),
+    ) -> None:
         import contextlib
         import importlib
 
+        from sja.execution import sandbox as sbx
         from sja.telemetry.setup import setup_tracing
+
+        # The sandbox of this slice's subjobs: the executor's settings, the slice's uid (``slot``),
+        # and what to hide from them (the service's HOME, Ray's session, the stack's output).
+        settings = (
+            msgspec.json.decode(sandbox, type=sbx.SandboxSettings) if sandbox else sbx.SandboxSettings()
+        )
+        box = sbx.Sandbox(settings, slot=slot, hidden=hidden, owner=slice_id)
+        box.sweep()  # what a previous actor of this slice left when it was killed
+        sbx.check(settings, box)  # where the subjobs run (another node's Ray, a container): said at once
+        sbx.configure(box)
 
         # Import heavy frameworks (``torch``) now, so that their start-up does not eat the first
         # subjob's window; a framework this node lacks is left to fail the subjobs that need it.

@@ -211,11 +211,25 @@ def _text(value: Any) -> str:
 class ProcessTreeMeter:
     """Peak resident memory of a process and its descendants, summed per sample (``psutil``), and
     with ``nvml`` and a device the peak of GPU memory NVML accounts to them on that device. Every
-    process seen is remembered (``seen``), so that those left behind can be stopped at the end."""
+    process seen is remembered (``seen``), so that those left behind can be stopped at the end.
+
+    ``exclude``: pids of the tree that are not the program (its sandbox's ``unshare`` and pid 1),
+    left out of the sum. ``cap_bytes``: once a sample's sum passes it, ``on_over`` is called (once)
+    and ``over`` is set: the subjob is stopped while it runs, not only judged after the fact."""
 
     name = "rss-tree"
 
-    def __init__(self, pid: int, nvml: Any = None, device_uuid: str = "", interval_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        pid: int,
+        nvml: Any = None,
+        device_uuid: str = "",
+        interval_s: float = 0.05,
+        *,
+        exclude: set[int] | None = None,
+        cap_bytes: float = 0.0,
+        on_over: Any = None,
+    ) -> None:
         import psutil
 
         self._psutil = psutil
@@ -223,6 +237,11 @@ class ProcessTreeMeter:
         self.nvml = nvml
         self.device_uuid = device_uuid
         self.interval_s = interval_s
+        self.exclude = set(exclude or ())
+        self.cap_bytes = cap_bytes
+        self.on_over = on_over
+        self.over = 0
+        """The resident bytes that passed ``cap_bytes`` (0: never passed)."""
         self.seen: dict[int, Any] = {pid: self.root}
         self.gpu_peak = 0
         self._gpu: NvmlProcessMeter | None = None
@@ -241,10 +260,17 @@ class ProcessTreeMeter:
         total = 0
         procs = self.processes()
         for p in procs:
+            if p.pid in self.exclude:
+                continue
             try:
                 total += p.memory_info().rss
             except self._psutil.Error:
                 continue
+        if self.cap_bytes and total > self.cap_bytes and not self.over:
+            self.over = total
+            if self.on_over is not None:
+                with contextlib.suppress(Exception):
+                    self.on_over()
         if self._gpu is not None:
             pids = {p.pid for p in procs}
             used = 0

@@ -1,10 +1,11 @@
-"""Run a user's program as a subjob: a process group, measured, stopped at its deadline.
+"""Run a user's program as a subjob: sandboxed, measured, stopped at its deadline.
 
-The program runs in a session of its own (``start_new_session``), so that what it forks is stopped
-with it: ``SIGTERM`` to the group at ``term_at``, ``SIGKILL`` to the group and to every descendant
-ever seen (a child that left the group included) at ``kill_at``, and once more after the program
-exits, so nothing it started outlives its subjob. Its stdout and stderr are read as they come and
-only their last bytes kept: a program flooding its output costs neither memory nor disk.
+The program starts in its sandbox (``sja.execution.sandbox``: namespaces of its own, its own uid, an
+allow-listed environment, a private work directory): ``SIGTERM`` to everything in it at
+``term_at``, the sandbox torn down at ``kill_at`` and once the program exits, so nothing it started
+outlives its subjob. On an emulated slice its resident memory is watched while it runs and it is
+stopped once past its cap (``mem_cap_bytes``). Its stdout and stderr are read as they come and only
+their last bytes kept: a program flooding its output costs neither memory nor disk.
 
 Warm continuation (``sja.execution.warm``): a program started with a channel (``warm=True``: one
 end of a socket pair, its descriptor in ``SJA_WARM_FD``) may say ``done`` on it instead of exiting;
@@ -16,18 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import select
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from sja.execution.meters import ProcessTreeMeter
+from sja.execution.sandbox import Plain, Sandbox, Sandboxed, remove_workdir
 
 TAIL_BYTES = 16 * 1024
 """Bytes of each of stdout and stderr kept."""
@@ -85,15 +85,18 @@ class ProgramResult:
     duration_s: float
     alive: bool = False
     """A warm program said ``done`` on its channel: its range is over, the process still runs."""
+    over_cap_mib: float = 0.0
+    """The resident memory at which it was stopped for passing its cap (0: it was not)."""
 
 
 class Running:
-    """A started program: its process, output tails and (warm) channel."""
+    """A started program: its sandbox, work directory, output tails and (warm) channel."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], chan: socket.socket | None) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
+    def __init__(self, proc: Sandboxed | Plain, chan: socket.socket | None, work: Path | None = None) -> None:
         self.proc = proc
         self.chan = chan
+        self.work = work
+        """The subjob's work directory, removed with the program (``kill``)."""
         self.out, self.err = _Tail(proc.stdout), _Tail(proc.stderr)
         self.meter: ProcessTreeMeter | None = None
         self._buf = b""
@@ -112,19 +115,19 @@ class Running:
         return True
 
     def kill(self) -> None:
-        _kill_all(self.proc, self.meter)
-        with contextlib.suppress(Exception):
-            self.proc.wait(timeout=5)
+        """Stop the program and everything it started, and remove its work directory."""
+        self.proc.kill()
         self.close()
+        if self.work is not None:
+            remove_workdir(self.work)
+            self.work = None
 
     def close(self) -> None:
         if self.chan is not None:
             with contextlib.suppress(OSError):
                 self.chan.close()
             self.chan = None
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            with contextlib.suppress(Exception):
-                pipe.close()  # type: ignore[union-attr]
+        self.proc.close()
 
     def _said_done(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for ``done`` on the channel."""
@@ -149,51 +152,35 @@ class Running:
         return False
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _kill_all(proc: subprocess.Popen[bytes], meter: ProcessTreeMeter | None) -> None:
-    _signal_group(proc.pid, signal.SIGKILL)
-    if meter is not None:
-        meter.processes()
-        for p in list(meter.seen.values()):
-            with contextlib.suppress(Exception):
-                if p.is_running():  # psutil checks the start time: never a reused pid
-                    p.kill()
-
-
-def start_program(argv: list[str], env: dict[str, str], *, cwd: str | None, warm: bool = False) -> Running:
-    """Start ``argv`` in a session of its own; ``warm``: with a channel (``SJA_WARM_FD``). Raises
-    ``OSError`` when it cannot start (no such program)."""
+def start_program(
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    sandbox: Sandbox,
+    work: Path,
+    cwd: str | None,
+    warm: bool = False,
+) -> Running:
+    """Start ``argv`` in ``sandbox`` with ``work`` as its work directory; ``warm``: with a channel
+    (``SJA_WARM_FD``). Raises ``OSError`` when it cannot start (no such program), ``SandboxError``
+    when the sandbox cannot be made."""
     chan: socket.socket | None = None
-    pass_fds: tuple[int, ...] = ()
     theirs: socket.socket | None = None
     if warm:
         chan, theirs = socket.socketpair()
         env = {**env, "SJA_WARM_FD": str(theirs.fileno())}
-        pass_fds = (theirs.fileno(),)
     try:
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=pass_fds,
+        proc = sandbox.start(
+            argv, env, work=work, cwd=cwd, warm_fd=None if theirs is None else theirs.fileno()
         )
-    except OSError:
+    except BaseException:
         if chan is not None:
             chan.close()
         raise
     finally:
         if theirs is not None:
             theirs.close()
-    return Running(proc, chan)
+    return Running(proc, chan, work)
 
 
 def watch(
@@ -204,14 +191,23 @@ def watch(
     nvml: Any = None,
     device_uuid: str = "",
     poll_s: float = 0.05,
+    mem_cap_bytes: float = 0.0,
 ) -> ProgramResult:
-    """Measure a started program's range until it exits, says ``done`` (warm) or ``kill_at``. A
-    program that did not say ``done`` is gone afterwards, with all it started."""
+    """Measure a started program's range until it exits, says ``done`` (warm), passes
+    ``mem_cap_bytes`` of resident memory (0: no cap) or ``kill_at``. A program that did not say
+    ``done`` is gone afterwards, with all it started."""
     t0 = time.monotonic()
     proc = running.proc
     meter: ProcessTreeMeter | None = None
     try:
-        meter = ProcessTreeMeter(proc.pid, nvml=nvml, device_uuid=device_uuid)
+        meter = ProcessTreeMeter(
+            proc.pid,
+            nvml=nvml,
+            device_uuid=device_uuid,
+            exclude=proc.wrappers(),
+            cap_bytes=mem_cap_bytes,
+            on_over=proc.kill,
+        )
         meter.start()
     except Exception:
         meter = None
@@ -221,14 +217,15 @@ def watch(
     try:
         while True:
             now = time.time()
+            if meter is not None and meter.over:
+                break
             if now >= kill_at:
                 signalled = "kill"
-                _kill_all(proc, meter)
-                proc.wait()
+                proc.kill()
                 break
             if now >= term_at and not signalled:
                 signalled = "term"
-                _signal_group(proc.pid, signal.SIGTERM)
+                proc.terminate()
             wait = max(0.001, min(poll_s, (term_at if not signalled else kill_at) - now))
             if running.chan is not None:
                 if running._said_done(wait):
@@ -240,20 +237,20 @@ def watch(
             try:
                 proc.wait(timeout=wait)
                 break
-            except subprocess.TimeoutExpired:
+            except Exception:  # still running
                 continue
     finally:
         if not alive:
-            # Whatever it left running (a forked child, a daemon) goes with it.
-            _kill_all(proc, meter)
-            if proc.returncode is None:
-                proc.wait()
+            # Whatever it left running (a forked child, a daemon) goes with its sandbox.
+            proc.kill()
     duration = time.monotonic() - t0
     peak = rss = gpu = 0.0
+    over = 0.0
     if meter is not None:
         peak = meter.stop()
         rss = meter.rss_peak_mib
         gpu = meter.gpu_peak / (1024 * 1024)
+        over = meter.over / (1024 * 1024)
     if alive:
         time.sleep(0.01)  # let the readers catch up with what it printed before ``done``
         (stdout, out_bytes), (stderr, err_bytes) = running.out.take(), running.err.take()
@@ -262,18 +259,20 @@ def watch(
             tail.thread.join(timeout=2.0)
         (stdout, out_bytes), (stderr, err_bytes) = running.out.take(), running.err.take()
         running.close()
+    code = proc.poll()
     return ProgramResult(
-        returncode=0 if alive else int(proc.returncode),
+        returncode=0 if alive else (code if code is not None else -9),
         signalled=signalled,
         stdout=stdout,
         stderr=stderr,
         stdout_bytes=out_bytes,
         stderr_bytes=err_bytes,
-        peak_mem_mib=peak,
-        rss_peak_mib=rss,
+        peak_mem_mib=max(peak, over),
+        rss_peak_mib=max(rss, over),
         gpu_peak_mib=gpu,
         duration_s=duration,
         alive=alive,
+        over_cap_mib=over,
     )
 
 
@@ -281,6 +280,7 @@ def run_program(
     argv: list[str],
     env: dict[str, str],
     *,
+    sandbox: Sandbox,
     cwd: str | None,
     term_at: float,
     kill_at: float,
@@ -288,16 +288,16 @@ def run_program(
     device_uuid: str = "",
     poll_s: float = 0.05,
 ) -> ProgramResult:
-    """Run ``argv`` until it exits or ``kill_at`` (Unix seconds). Raises ``OSError`` when it cannot
-    start (no such program)."""
-    return watch(
-        start_program(argv, env, cwd=cwd),
-        term_at=term_at,
-        kill_at=kill_at,
-        nvml=nvml,
-        device_uuid=device_uuid,
-        poll_s=poll_s,
-    )
+    """Run ``argv`` in a sandbox of its own until it exits or ``kill_at`` (Unix seconds); its work
+    directory is removed afterwards. Raises ``OSError`` when it cannot start (no such program)."""
+    work = sandbox.workdir("program")
+    try:
+        running = start_program(argv, env, sandbox=sandbox, work=work, cwd=cwd)
+        return watch(
+            running, term_at=term_at, kill_at=kill_at, nvml=nvml, device_uuid=device_uuid, poll_s=poll_s
+        )
+    finally:
+        remove_workdir(work)
 
 
 def last_lines(text: str, lines: int = 20, chars: int = 2000) -> str:

@@ -1,4 +1,14 @@
-"""Run one subjob in the current process and measure it. Used inside the slice's Ray actor.
+"""Run one subjob and measure it. Used inside the slice's Ray actor.
+
+Tenant code never runs in the actor: ``run_subjob`` starts it in a sandbox (``sja.execution.sandbox``)
+and supervises it (its deadline, its memory on an emulated slice, its result). A ``command`` job's
+program is started directly (``sja.execution.commands``); a Python workload (built-in or the
+tenant's own) runs in ``python -m sja.execution.child``, which calls ``run_workload`` on a request
+file of its work directory and writes its ``RunResult`` next to it. That result is untrusted: the
+actor decodes it with a size limit and checks each field (``check_result``); a process that wrote
+none, or garbage, fails its own subjob saying so.
+
+``run_workload`` runs a subjob in the current process:
 
 Where peak memory comes from depends on where the workload allocates (``sja.execution.meters``):
 Python and NumPy workloads are measured with ``tracemalloc``; PyTorch workloads on a GPU with the
@@ -16,16 +26,23 @@ exception is ``failed``.
 
 from __future__ import annotations
 
+import math
 import os
+import signal
+import stat
+import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from sja import job
-from sja.execution import warm
+from sja.execution import commands, warm
+from sja.execution import sandbox as sbx
 from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter
+from sja.execution.program import last_lines, start_program, watch
 from sja.protocol.messages import OUTPUT_TAIL_CHARS, Completion, Subjob
 from sja.workloads import workload
 from sja.workloads.command import DEFAULT_STOP_GRACE_S
@@ -51,6 +68,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """The end of a command's output (``OUTPUT_TAIL_CHARS`` of each)."""
     warm: str = ""
     """A warm command job's range: ``cold``, ``handed`` or ``resumed`` (``sja.execution.warm``)."""
+
+
+_result_dec = msgspec.msgpack.Decoder(RunResult)
 
 
 def completion_of(sj: Subjob, r: RunResult, executor_id: str = "") -> Completion:
@@ -211,10 +231,187 @@ def _failed(started: float, error: str) -> RunResult:
     )
 
 
+STATUSES = ("ok", "oom", "timeout", "failed")
+DEVICES = ("cpu", "cuda")
+KILL_AFTER_S = 0.1
+"""How long after its deadline (and ``SIGTERM``) a Python workload's process is killed."""
+
+
+class ChildRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``sja.execution.child`` is given (a file of its work directory): the subjob, its input
+    checkpoint included, and when it started."""
+
+    subjob: Subjob
+    """The subjob, without its input checkpoint (a subjob's field holds no more than a message)."""
+    checkpoint: bytes = b""
+    """Its input checkpoint: the full state the executor fetched, however large."""
+    started: float
+
+
 def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
+    """Run ``sj`` in its sandbox and supervise it (the slice's actor calls it)."""
     started = time.time()
     # A program kept warm for another job (or another slice) holds memory this subjob may need.
     warm.evict_except(sj.job_id, sj.slice_id)
+    if sj.workload == "command":
+        return run_workload(sj, nvml, started=started)  # its program is started in a sandbox
+    return run_sandboxed(sj, started)
+
+
+def run_sandboxed(sj: Subjob, started: float) -> RunResult:
+    """A Python workload's subjob in ``python -m sja.execution.child``, in the subjob's sandbox."""
+    box = sbx.current()
+    try:
+        work = box.workdir(f"{sj.job_id}-{sj.subjob_id}")
+    except (OSError, sbx.SandboxError) as e:
+        return _failed(started, f"no work directory for the subjob: {e}")
+    try:
+        request, result = work / "request.msgpack", work / "result.msgpack"
+        bare = msgspec.structs.replace(sj, input_checkpoint=b"")
+        request.write_bytes(
+            msgspec.msgpack.encode(ChildRequest(subjob=bare, checkpoint=sj.input_checkpoint, started=started))
+        )
+        box.own(work)
+        cuda = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        contract = {
+            "SJA_SLICE_ID": sj.slice_id,
+            "SJA_JOB_ID": sj.job_id,
+            "SJA_SUBJOB_ID": sj.subjob_id,
+            "CUDA_VISIBLE_DEVICES": cuda,
+        }
+        if os.environ.get("PYTHONPATH"):
+            contract["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        env = sbx.environment(contract, {}, box.settings.env, home=box.home(work))
+        argv = [
+            sys.executable,
+            "-m",
+            "sja.execution.child",
+            box.inside(work, request),
+            box.inside(work, result),
+        ]
+        try:
+            running = start_program(argv, env, sandbox=box, work=work, cwd=None)
+        except (OSError, sbx.SandboxError) as e:
+            return _failed(started, f"the workload's process did not start: {e}")
+        deadline = started + sj.time_cap_s
+        # NVML names processes by their host pids, which the sandboxed process cannot know: its GPU
+        # memory is sampled here (the CUDA context included), beside what it measures itself.
+        nvml_handle, device = commands.nvml_for(cuda)
+        r = watch(
+            running,
+            term_at=deadline,
+            kill_at=deadline + KILL_AFTER_S,
+            nvml=nvml_handle,
+            device_uuid=device,
+            mem_cap_bytes=commands.mem_cap_bytes(sj.mem_cap_mib, cuda, box.settings.python_mib),
+        )
+        now = time.time()
+        tail = last_lines(r.stderr) or last_lines(r.stdout)
+        base: dict[str, Any] = dict(
+            units_done=0,
+            duration_s=round(now - started, 6),
+            started_at=started,
+            finished_at=now,
+            stdout=r.stdout[-OUTPUT_TAIL_CHARS:],
+            stderr=r.stderr[-OUTPUT_TAIL_CHARS:],
+        )
+        if r.over_cap_mib:
+            return RunResult(
+                status="oom",
+                peak_mem_mib=round(r.over_cap_mib, 3),
+                meter="rss-tree",
+                error=(
+                    f"stopped: the workload's process's resident memory {r.over_cap_mib:.1f} MiB exceeded "
+                    f"the slice's {sj.mem_cap_mib} MiB (with {box.settings.python_mib:g} MiB for the "
+                    "interpreter)"
+                ),
+                **base,
+            )
+        if r.signalled == "kill":
+            return RunResult(
+                status="timeout",
+                peak_mem_mib=0.0,
+                error=f"exceeded the window of {sj.time_cap_s:.2f}s",
+                **base,
+            )
+        got = check_result(sj, read_result(result, box.settings.result_max_mib), r.returncode, tail)
+        if r.gpu_peak_mib > got.peak_mem_mib:
+            got = msgspec.structs.replace(got, peak_mem_mib=round(r.gpu_peak_mib, 3), meter="nvml")
+        return msgspec.structs.replace(
+            got, started_at=started, finished_at=now, stdout=base["stdout"], stderr=base["stderr"]
+        )
+    finally:
+        sbx.remove_workdir(work)
+
+
+def read_result(path: Path, max_mib: float) -> bytes | str:
+    """The bytes a workload's process left as its result, or why there are none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return "it wrote no result"
+    except OSError as e:
+        return f"its result is not readable: {e}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "its result is not a regular file"
+        limit = int(max_mib * 1024 * 1024)
+        if st.st_size > limit:
+            return f"its result is {st.st_size} bytes, over the limit of {limit}"
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)[:limit]
+    except OSError as e:
+        return f"its result is not readable: {e}"
+    finally:
+        os.close(fd)
+
+
+def check_result(sj: Subjob, raw: bytes | str, returncode: int, tail: str) -> RunResult:
+    """A workload process's result as its subjob may report it: decoded, each field checked; a
+    result that is missing or not one fails the subjob with the reason."""
+    now = time.time()
+    how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with {returncode}"
+    if isinstance(raw, str) and returncode == -signal.SIGXFSZ:
+        return _failed(
+            now,
+            "the workload's process was killed by SIGXFSZ: a file passed the sandbox's size limit. "
+            f"Last output:\n{tail}",
+        )
+    if isinstance(raw, str):
+        oom = returncode == -9 or any(m in tail for m in ("MemoryError", "Cannot allocate memory"))
+        r = _failed(now, f"the workload's process {how} and {raw}. Last output:\n{tail}")
+        return msgspec.structs.replace(r, status="oom") if oom else r
+    try:
+        got = _result_dec.decode(raw)
+    except msgspec.DecodeError as e:
+        return _failed(now, f"the workload's process ({how}) wrote a result that is not one: {e}")
+    status = got.status if got.status in STATUSES else "failed"
+    done = got.units_done if 0 <= got.units_done <= sj.units else 0
+    if status == "ok" and got.units_done != done:
+        status = "failed"
+    peak = got.peak_mem_mib if math.isfinite(got.peak_mem_mib) and got.peak_mem_mib >= 0 else 0.0
+    duration = got.duration_s if math.isfinite(got.duration_s) and got.duration_s >= 0 else 0.0
+    error = got.error[:4000]
+    if status == "failed" and got.status != "failed":
+        error = f"the workload's process reported status {got.status[:40]!r}, units_done {got.units_done}"
+    return RunResult(
+        status=status,
+        units_done=done if status == "ok" else 0,
+        peak_mem_mib=peak,
+        duration_s=duration,
+        started_at=now,
+        finished_at=now,
+        output=got.output if status == "ok" else b"",
+        error=error,
+        device=got.device if got.device in DEVICES else "cpu",
+        meter=got.meter[:32],
+    )
+
+
+def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> RunResult:
+    """Run ``sj`` in this process (``sja.execution.child`` calls it, in the subjob's sandbox)."""
+    started = time.time() if started is None else started
     try:
         w = workload(sj.workload)
         params = w.validate(dict(sj.params))

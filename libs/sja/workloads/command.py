@@ -1,6 +1,7 @@
 """``workload: command``: any program, run as subjobs under a contract of environment variables.
 
-Each subjob runs ``argv`` as a process of its own on the slice, with (see ``docs/jobs.md``):
+Each subjob runs ``argv`` in a sandbox of its own on the slice (``sja.execution.sandbox``),
+with (see ``docs/jobs.md``):
 
 - ``SJA_JOB_ID``, ``SJA_SUBJOB_ID``, ``SJA_UNIT_START``, ``SJA_UNITS``, ``SJA_TOTAL_UNITS``,
   ``SJA_ATTEMPT``, ``SJA_SLICE_ID``, ``SJA_MEM_CAP_MIB``, ``CUDA_VISIBLE_DEVICES``;
@@ -23,13 +24,9 @@ unit order); ``merge_argv`` combines them when the result is fetched (``sja resu
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
 import tarfile
-import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -76,7 +73,7 @@ def _str_list(params: dict[str, Any], name: str, required: bool) -> list[str]:
     return list(value)
 
 
-def _clean_metrics(metrics: Any) -> dict[str, Any]:
+def clean_metrics(metrics: Any) -> dict[str, Any]:
     """A program's metrics as the job's state may keep them: at most ``METRICS_KEPT`` keys; numbers
     within 64 bits, booleans and short strings; anything else as its (short) text."""
     out: dict[str, Any] = {}
@@ -184,140 +181,11 @@ class Command:
         return TimeDecl(warmup_s=2.0, per_unit_s=1.0, rel_sd=1.0)
 
     def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
-        from sja import job
-        from sja.execution.program import last_lines, start_program, watch
-
-        ctx = job.current()
-        if ctx is None:  # run outside an executor (the one-piece reference): no deadline
-            ctx = job.Context(
-                job_id="local",
-                subjob_id="local",
-                unit_start=unit_start,
-                count=units,
-                total_units=params["units"],
-            )
-        from sja.execution import warm as warm_reg
-
-        warm = bool(params.get("warm")) and self.is_sequential(params)
-        held = warm_reg.take(ctx.job_id, ctx.slice_id) if warm else None
-        in_digest = warm_reg.state_digest(checkpoint) if held is not None else ""
-        # The parked process already holds the state this subjob starts from: nothing to read.
-        resumed = held is not None and bool(in_digest) and held.digest == in_digest
-        keep: Any = None
-        tmp = Path(tempfile.mkdtemp(prefix="sja-subjob-"))
-        try:
-            state_in, state_out, report = tmp / "state_in", tmp / "state_out", tmp / "report.json"
-            state_in.mkdir()
-            state_out.mkdir()
-
-            def restore() -> None:
-                try:
-                    before = unpack_state(checkpoint, state_in)
-                except ValueError as e:
-                    raise job.Stopped("failed", f"input state unreadable: {e}") from None
-                if before.unit_end != unit_start:
-                    raise job.Stopped(
-                        "failed",
-                        f"input state ends at unit {before.unit_end}, the subjob starts at unit {unit_start}",
-                    )
-
-            if checkpoint and self.is_sequential(params):
-                if resumed:
-                    held_end = summary_of(checkpoint).unit_end
-                    if held_end != unit_start:
-                        raise job.Stopped(
-                            "failed",
-                            f"input state ends at unit {held_end}, the subjob starts at unit {unit_start}",
-                        )
-                else:
-                    restore()
-            now = time.time()
-            deadline = ctx.deadline if math.isfinite(ctx.deadline) else now + 10 * 365 * 86400
-            grace = min(params["stop_grace_s"], max(0.0, (deadline - now) / 2))
-            env = dict(os.environ)
-            env.update(params["env"])
-            env.update(
-                {
-                    "SJA_JOB_ID": ctx.job_id,
-                    "SJA_SUBJOB_ID": ctx.subjob_id,
-                    "SJA_UNIT_START": str(unit_start),
-                    "SJA_UNITS": str(units),
-                    "SJA_TOTAL_UNITS": str(params["units"]),
-                    "SJA_ATTEMPT": str(ctx.attempt),
-                    "SJA_STATE_IN": str(state_in),
-                    "SJA_STATE_OUT": str(state_out),
-                    "SJA_REPORT": str(report),
-                    "SJA_DEADLINE": f"{deadline:.3f}",
-                    "SJA_STOP_GRACE_S": f"{grace:.3f}",
-                    "SJA_MEM_CAP_MIB": str(ctx.mem_cap_mib),
-                    "SJA_SLICE_ID": ctx.slice_id,
-                    "CUDA_VISIBLE_DEVICES": ctx.cuda_visible_devices or env.get("CUDA_VISIBLE_DEVICES", ""),
-                }
-            )
-            nvml, device = _nvml_for(env)
-            running = None
-            if held is not None:
-                sent = {k: v for k, v in env.items() if k.startswith("SJA_") or k == "CUDA_VISIBLE_DEVICES"}
-                if held.running.send({"env": sent, "resumed": resumed}):
-                    running = held.running
-                else:  # it died since: start afresh, from the state
-                    held.running.kill()
-                    if resumed and checkpoint:
-                        restore()
-                    resumed = False
-            try:
-                if running is None:
-                    running = start_program(params["argv"], env, cwd=params["cwd"] or None, warm=warm)
-            except OSError as e:
-                raise job.Stopped("failed", f"cannot start {params['argv'][0]!r}: {e}") from None
-            keep = running
-            r = watch(running, term_at=deadline - grace, kill_at=deadline, nvml=nvml, device_uuid=device)
-            if not r.alive:
-                keep = None
-            handed = held is not None and running is held.running
-            if warm:
-                ctx.warm = "resumed" if resumed else ("handed" if handed else "cold")
-            ctx.stdout_tail, ctx.stderr_tail = r.stdout, r.stderr
-            reported = _read_report(report)
-            torch_peak = reported.get("torch_cuda_peak_mib", 0.0)
-            ctx.peak_mem_mib = max(r.peak_mem_mib, torch_peak if isinstance(torch_peak, int | float) else 0.0)
-            tail = last_lines(r.stderr) or last_lines(r.stdout)
-            if r.signalled == "kill":
-                raise job.Stopped(
-                    "timeout",
-                    f"still running at the window's end ({deadline - now:.1f}s after it started; SIGTERM "
-                    f"was sent {grace:.1f}s before): killed. Last output:\n{tail}",
-                )
-            if r.returncode != 0:
-                oom = r.returncode == -9 or any(m in r.stderr for m in OOM_MARKERS)
-                how = (
-                    f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exited with {r.returncode}"
-                )
-                raise job.Stopped("oom" if oom else "failed", f"{how}. Last stderr lines:\n{tail}")
-            done = reported.get("units_done", units)
-            if isinstance(done, bool) or not isinstance(done, int) or not 0 <= done <= units:
-                raise job.Stopped("failed", f"{report.name}: units_done must be 0 to {units}, got {done!r}")
-            if done == 0:
-                raise job.Stopped("timeout", "stopped before its first unit was done")
-            ctx.units_done = done
-            files = sum(1 for _ in state_out.rglob("*"))
-            if files == 0 and self.is_sequential(params):
-                raise job.Stopped("failed", "exited 0 but left no state in SJA_STATE_OUT")
-            summary = StateSummary(
-                unit_start=unit_start,
-                unit_end=unit_start + done,
-                files=files,
-                metrics=_clean_metrics(reported.get("metrics", {})),
-            )
-            out = pack_state(state_out, summary)
-            if keep is not None:
-                warm_reg.park(ctx.job_id, ctx.slice_id, keep, warm_reg.state_digest(out))
-                keep = None
-            return out
-        finally:
-            if keep is not None:  # the range did not end well: the process goes
-                keep.kill()
-            shutil.rmtree(tmp, ignore_errors=True)
+        """Run the range's program: the executor's part (``sja.execution.commands``, which registers
+        itself with ``set_runner`` when imported), in the subjob's sandbox."""
+        if _runner is None:
+            raise RuntimeError("command programs run through the executor: import sja.execution.commands")
+        return _runner(params, unit_start, units, checkpoint)
 
     def merge(self, acc: bytes, partial: bytes) -> bytes:
         # Only the references are kept (the states are in the object store), in unit order.
@@ -345,26 +213,23 @@ class Command:
         }
 
 
-def _read_report(path: Path) -> dict[str, Any]:
-    try:
-        if path.stat().st_size > 1024 * 1024:
-            return {}
-        got = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return got if isinstance(got, dict) else {}
+Runner = Callable[[dict[str, Any], int, int, bytes], bytes]
+_runner: Runner | None = None
 
 
-def _nvml_for(env: dict[str, str]) -> tuple[Any, str]:
-    device = env.get("CUDA_VISIBLE_DEVICES", "")
-    if not device or env.get("SJA_SLICE_SOURCE", "") in ("", "declared") or device.isdigit():
-        return None, ""
-    try:
-        from sja.inventory.nvml import load_nvml
-
-        return load_nvml(), device
-    except Exception:
-        return None, ""
+def set_runner(runner: Runner) -> None:
+    """Who runs a range's program (``sja.execution.commands.run_command``)."""
+    global _runner
+    _runner = runner
 
 
-__all__ = ["Command", "StateSummary", "pack_state", "parts", "summary_of", "unpack_state"]
+__all__ = [
+    "Command",
+    "StateSummary",
+    "clean_metrics",
+    "pack_state",
+    "parts",
+    "set_runner",
+    "summary_of",
+    "unpack_state",
+]

@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 import pytest
@@ -43,8 +43,8 @@ from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.execution.runner import run_subjob
 from sja.protocol import messages as m
-from sja.workloads import WORKLOADS, run_in_one_piece
 from sja.workloads import checkpoint as ckpt
+from sja.workloads import run_in_one_piece
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -374,33 +374,13 @@ async def test_a_checkpoint_larger_than_a_message_goes_through_the_store(
         assert len(data) == ref.size == params["grid"] ** 2 * 8 and ckpt.digest(data) == ref.sha256
 
 
-class _BigOutput:
-    """A workload whose every subjob returns 2 MiB of output, not as a checkpoint blob."""
+USERPKG = str(Path(__file__).resolve().parent / "userpkg")
 
-    name: ClassVar[str] = "big-output"
-    sequential: ClassVar[bool] = False
-    framework: ClassVar[str] = "numpy"
 
-    def validate(self, params: dict[str, Any]) -> dict[str, Any]:
-        return params
-
-    def total_units(self, params: dict[str, Any]) -> int:
-        return 4
-
-    def declared_memory(self, params: dict[str, Any]) -> m.MemoryDecl:
-        return m.MemoryDecl(base_mib=8, per_unit_mib=1)
-
-    def declared_time(self, params: dict[str, Any]) -> m.TimeDecl:
-        return m.TimeDecl(warmup_s=0, per_unit_s=0.01)
-
-    def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
-        return bytes(2 * 1024 * 1024)
-
-    def merge(self, acc: bytes, partial: bytes) -> bytes:
-        return acc
-
-    def finalize(self, params: dict[str, Any], acc: bytes) -> dict[str, Any]:
-        return {}
+def _user_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The misbehaving workloads of ``userpkg/``, importable here and in a subjob's process."""
+    monkeypatch.syspath_prepend(USERPKG)
+    monkeypatch.setenv("PYTHONPATH", USERPKG)
 
 
 async def test_an_output_larger_than_a_message_fails_the_job_with_the_reason(
@@ -408,9 +388,9 @@ async def test_an_output_larger_than_a_message_fails_the_job_with_the_reason(
 ) -> None:
     """A completion the server could never take is not retried until the subjob is judged lost and
     planned again (for ever): the subjob fails, saying why, and the job gives up after its failures."""
-    monkeypatch.setitem(WORKLOADS, _BigOutput.name, _BigOutput())
+    _user_package(monkeypatch)
     async with running(nats_url, tmp_path, Actors()) as stack:
-        job = m.JobSpec(name="big-out", tenant="t", workload="big-output")
+        job = m.JobSpec(name="big-out", tenant="t", workload="sja_test_outputs:BigOutput")
         job_id = (await stack.client.submit(job)).job_id
         state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
     assert state.status == "failed"
@@ -419,33 +399,25 @@ async def test_an_output_larger_than_a_message_fails_the_job_with_the_reason(
     assert len(state.history) == J.MAX_CONSECUTIVE_FAILURES
 
 
-class _HugeResult(_BigOutput):
-    """A workload whose result holds an int past 64 bits: MessagePack cannot encode it."""
-
-    name: ClassVar[str] = "huge-result"
-
-    def run(self, params: dict[str, Any], unit_start: int, units: int, checkpoint: bytes) -> bytes:
-        return b"x"
-
-    def finalize(self, params: dict[str, Any], acc: bytes) -> dict[str, Any]:
-        return {"n": 2**70}
-
-
 async def test_a_result_that_cannot_be_encoded_fails_the_job_and_the_agent_goes_on(
     nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Writing such a result once looped the agent on OverflowError, and the job could no longer
     be cancelled: now the job fails with the reason, and the agent serves the next jobs."""
-    monkeypatch.setitem(WORKLOADS, _HugeResult.name, _HugeResult())
+    _user_package(monkeypatch)
     async with running(nats_url, tmp_path, Actors()) as stack:
-        bad = (await stack.client.submit(m.JobSpec(name="huge", tenant="t", workload="huge-result"))).job_id
+        bad = (
+            await stack.client.submit(
+                m.JobSpec(name="huge", tenant="t", workload="sja_test_outputs:HugeResult")
+            )
+        ).job_id
         state = await until_state(stack.client, bad, J.is_terminal, 60, "the job to end")
         assert state.status == "failed"
         assert "cannot be encoded" in state.error and "OverflowError" in state.error
         assert (await stack.client.cancel(bad)).status == "failed"  # answered, and changes nothing
         good = (
             await stack.client.submit(
-                m.JobSpec(name="after", tenant="t", workload="huge-result", params={"n": 1})
+                m.JobSpec(name="after", tenant="t", workload="sja_test_outputs:HugeResult", params={"n": 1})
             )
         ).job_id
         other = await until_state(stack.client, good, J.is_terminal, 60, "the next job to end")

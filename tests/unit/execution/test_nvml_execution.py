@@ -16,7 +16,7 @@ from sja.core import jobs as J
 from sja.core.planner import PlanLimits, plan_candidates
 from sja.execution.actor import actor_env, cuda_visible_devices, node_resource, node_resources, slice_resource
 from sja.execution.meters import NvmlProcessMeter, RssMeter
-from sja.execution.runner import is_oom, run_subjob
+from sja.execution.runner import is_oom, run_subjob, run_workload
 from sja.inventory.declared import load_declared
 from sja.inventory.fake_nvml import FakeNvml
 from sja.inventory.nvml import discover
@@ -206,17 +206,19 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> _FakeCuda:
 
 
 def test_soft_slice_cap_is_enforced_by_the_allocator_and_oom_keeps_the_peak(fake_gpu: _FakeCuda) -> None:
-    ok = run_subjob(subjob("gpu-alloc", {"mib": 15000}, 1, mem_cap_mib=20389))
+    # What a Python workload's sandboxed process runs (``run_workload``), here in this process, where
+    # the fake device is.
+    ok = run_workload(subjob("gpu-alloc", {"mib": 15000}, 1, mem_cap_mib=20389))
     assert fake_gpu.fraction == pytest.approx(20389 / 81559)
     assert (ok.status, ok.device, ok.meter, ok.peak_mem_mib) == ("ok", "cuda", "torch.cuda", 15000)
     assert fake_gpu.emptied >= 2, "the cache is emptied before and after each subjob"
 
-    oom = run_subjob(subjob("gpu-alloc", {"mib": 30000}, 1, mem_cap_mib=20389))
+    oom = run_workload(subjob("gpu-alloc", {"mib": 30000}, 1, mem_cap_mib=20389))
     assert oom.status == "oom" and oom.units_done == 0 and oom.output == b""
     assert "CUDA out of memory" in oom.error and "of the slice's 20389 MiB" in oom.error
 
     # The allocator holds the cap: a subjob within it is not judged again after the fact.
-    assert run_subjob(subjob("gpu-alloc", {"mib": 100}, 1, mem_cap_mib=20389)).status == "ok"
+    assert run_workload(subjob("gpu-alloc", {"mib": 100}, 1, mem_cap_mib=20389)).status == "ok"
 
 
 # --- checkpoints --------------------------------------------------------------------------------

@@ -118,29 +118,23 @@ def test_an_out_of_memory_death_is_reported_oom(body: str) -> None:
 
 
 def test_a_program_ignoring_sigterm_is_killed_at_the_cap_with_its_children() -> None:
-    body = """
-    import os, signal, subprocess, sys, time, pathlib
+    token = f"sja-deaf-{os.getpid()}-{time.monotonic_ns()}"
+    body = f"""
+    import signal, subprocess, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     deaf = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-    child = subprocess.Popen([sys.executable, "-c", deaf])
-    pathlib.Path(os.environ["PIDFILE"]).write_text(str(child.pid))
+    child = subprocess.Popen([sys.executable, "-c", deaf, "{token}"])
+    print("forked", child.pid, flush=True)
     time.sleep(60)
     """
-    pidfile = Path(tempfile.mkdtemp()) / "pid"
     t0 = time.monotonic()
-    r = run_subjob(
-        subjob(
-            {"argv": program(body), "units": 5, "env": {"PIDFILE": str(pidfile)}, "stop_grace_s": 0.5},
-            cap=2.0,
-        )
-    )
+    r = run_subjob(subjob({"argv": program(body), "units": 5, "stop_grace_s": 0.5}, cap=2.0))
     assert time.monotonic() - t0 < 10
     assert r.status == "timeout" and "killed" in r.error
-    child = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the forked child outlived its subjob"
-        time.sleep(0.05)
+    assert "forked" in r.stdout, "the child was started"
+    left = [p for p in psutil.process_iter(["cmdline"]) if token in (p.info["cmdline"] or [])]
+    alive = [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], "the forked child outlived its subjob"
 
 
 def test_a_program_stopped_by_sigterm_keeps_the_units_it_reported() -> None:

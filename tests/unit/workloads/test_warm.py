@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from sja.execution import warm
@@ -24,13 +25,16 @@ from .test_command import state_of, subjob
 LIBS = str(Path(__file__).resolve().parents[3] / "libs")
 
 # Sums the units it did; holds the sum in memory between ranges when warm, and says in its state
-# how each range got it (its pid, whether it loaded the state).
+# how each range got it (the process's own random id, whether it loaded the state). Inside its
+# sandbox a program sees only its namespace's pids: the test finds its host pid through the parked
+# sandbox (``host_pid``).
 WARM_COUNTER = [
     sys.executable,
     "-c",
     textwrap.dedent(
         """
         import os, sys
+        ident = os.urandom(8).hex()
         sys.path.insert(0, os.environ["LIBS"])
         import sja.job
         ctx = sja.job.context()
@@ -42,7 +46,7 @@ WARM_COUNTER = [
                 total = int(f.read_text()) if f.exists() else 0
             total += sum(ctx.units)
             (ctx.state_out / "total").write_text(str(total))
-            (ctx.state_out / "how").write_text(f"{os.getpid()} {int(loaded)}")
+            (ctx.state_out / "how").write_text(f"{ident} {int(loaded)}")
             print(f"range {ctx.unit_start} done")
             ctx = ctx.next_range()
         """
@@ -66,14 +70,22 @@ def run(start: int, n: int, ckpt: bytes = b"", job: str = "j1", slice_id: str = 
     r = run_subjob(subjob(params(), start, n, input_checkpoint=ckpt, job_id=job, slice_id=slice_id, cap=30.0))
     assert r.status == "ok", r.error
     got = state_of(r.output)
-    pid, loaded = got["how"].split()
-    return r, int(got["total"]), int(pid), loaded == "1"
+    ident, loaded = got["how"].split()
+    return r, int(got["total"]), ident, loaded == "1"
+
+
+def host_pid(job: str = "j1", slice_id: str = "s-a") -> int:
+    """The host pid of the program parked for ``job`` on ``slice_id`` (the child of its sandbox's pid 1)."""
+    box = warm._parked[(job, slice_id)].running.proc
+    init = getattr(box, "init_pid", 0) or box.pid
+    return int(psutil.Process(init).children()[0].pid) if getattr(box, "init_pid", 0) else init
 
 
 def test_the_next_range_continues_in_the_same_process_without_reading_the_state() -> None:
     r1, t1, pid1, loaded1 = run(0, 10)
     assert (r1.warm, t1, loaded1) == ("cold", sum(range(10)), True)
     assert warm.parked() == [("j1", "s-a")]
+    host1 = host_pid()
     r2, t2, pid2, loaded2 = run(10, 10, r1.output)
     assert (r2.warm, t2, pid2, loaded2) == ("resumed", sum(range(20)), pid1, False)
     assert summary_of(r2.output).unit_end == 20
@@ -81,12 +93,12 @@ def test_the_next_range_continues_in_the_same_process_without_reading_the_state(
     r3, t3, pid3, _ = run(20, 20, r2.output)
     assert (r3.warm, t3, pid3) == ("resumed", sum(range(40)), pid1)
     assert warm.parked() == []
-    assert not _alive(pid1)
+    assert not _alive(host1)
 
 
 def test_a_process_that_died_between_subjobs_falls_back_to_a_cold_start_from_the_state() -> None:
     r1, _, pid1, _ = run(0, 10)
-    os.kill(pid1, signal.SIGKILL)
+    os.kill(host_pid(), signal.SIGKILL)
     time.sleep(0.2)
     r2, t2, pid2, loaded2 = run(10, 10, r1.output)
     assert (r2.warm, t2, loaded2) == ("cold", sum(range(20)), True)
@@ -95,12 +107,14 @@ def test_a_process_that_died_between_subjobs_falls_back_to_a_cold_start_from_the
 
 def test_another_slice_starts_cold_and_another_job_evicts_the_parked_process() -> None:
     r1, _, pid1, _ = run(0, 10, slice_id="s-a")
+    host1 = host_pid(slice_id="s-a")
     r2, t2, pid2, loaded2 = run(10, 10, r1.output, slice_id="s-b")
+    host2 = host_pid(slice_id="s-b")
     assert (r2.warm, t2, loaded2) == ("cold", sum(range(20)), True) and pid2 != pid1
     # Subjobs of another job: every parked process but theirs on their slice is stopped first.
     run(0, 5, job="j2", slice_id="s-c")
     time.sleep(0.2)
-    assert not _alive(pid1) and not _alive(pid2)
+    assert not _alive(host1) and not _alive(host2)
     assert warm.parked() == [("j2", "s-c")]
 
 
@@ -115,9 +129,10 @@ def test_a_subjob_from_another_state_is_handed_to_the_live_process_which_restore
 
 def test_a_parked_process_goes_when_its_grace_ends() -> None:
     os.environ["SJA_WARM_GRACE_S"] = "0.3"
-    r1, _, pid1, _ = run(0, 10)
+    r1, _, _, _ = run(0, 10)
+    host1 = host_pid()
     time.sleep(1.0)
-    assert warm.parked() == [] and not _alive(pid1)
+    assert warm.parked() == [] and not _alive(host1)
     r2, t2, _, loaded2 = run(10, 10, r1.output)
     assert (r2.warm, t2, loaded2) == ("cold", sum(range(20)), True)
 
