@@ -108,6 +108,13 @@ WORKLOAD = SNOOP + textwrap.dedent(
     class Spy(MonteCarloPi):
         name = "spy"
 
+        def validate(self, params):
+            keep = ("targets", "paths", "marker")
+            return {"units": int(params.get("units", 1)), **{k: params[k] for k in keep}}
+
+        def total_units(self, params):
+            return params["units"]
+
         def run(self, params, unit_start, units, checkpoint):
             rep = snoop(params["targets"], params["paths"], params["marker"])
             # What a workload in a service's process could reach: a NATS connection, Ray's worker.
