@@ -30,7 +30,8 @@ from sja.core import jobs as J
 from sja.execution.actor import node_resource, node_resources
 from sja.inventory.declared import load_declared
 from sja.protocol.messages import JobSpec, TimeDecl
-from sja.workloads import run_in_one_piece
+from sja.workloads import facts_of, run_in_one_piece, workload
+from sja.workloads.parts import combine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -182,10 +183,17 @@ async def test_users_code_runs_on_every_node(
         primes = {"limit": 400_000, "block": 1000}
         slow = TimeDecl(warmup_s=0.05, per_unit_s=0.05, rel_sd=0.5)  # declared slow: cut small
         infer = [sys.executable, str(EXAMPLES / "batch-inference" / "infer.py")]
+        # As `sja submit` does where the package is installed: the control plane plans it by these.
+        params, facts = facts_of("sja_example_primes:Primes", primes)
         jobs = [
             await client.submit(
                 JobSpec(
-                    name=f"p{i}", tenant="t", workload="sja_example_primes:Primes", params=primes, time=slow
+                    name=f"p{i}",
+                    tenant="t",
+                    workload="sja_example_primes:Primes",
+                    params=params,
+                    facts=facts,
+                    time=slow,
                 )
             )
             for i in range(3)
@@ -209,7 +217,13 @@ async def test_users_code_runs_on_every_node(
             assert time.monotonic() < deadline, [(s.status, s.units_done) for s in states]
             await asyncio.sleep(0.2)
         assert [s.status for s in states] == ["done"] * len(jobs), [s.error for s in states]
-        assert all(s.result == run_in_one_piece("sja_example_primes:Primes", primes) for s in states[:3])
+        # The parts the control plane kept, combined where the result is fetched (`sja result`).
+        w = workload("sja_example_primes:Primes")
+        assert all(
+            combine(w, s.spec.params, s.accumulator, sequential=False)
+            == run_in_one_piece("sja_example_primes:Primes", primes)
+            for s in states[:3]
+        )
         assert states[3].result["units_done"] == 400
         for node, ex in executors.items():
             assert ex.placements, f"no subjob ran on {node}"
