@@ -43,8 +43,8 @@ from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.execution.runner import run_subjob
 from sja.protocol import messages as m
+from sja.workloads import WORKLOADS, facts_of, run_in_one_piece
 from sja.workloads import checkpoint as ckpt
-from sja.workloads import run_in_one_piece
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -390,7 +390,11 @@ async def test_an_output_larger_than_a_message_fails_the_job_with_the_reason(
     planned again (for ever): the subjob fails, saying why, and the job gives up after its failures."""
     _user_package(monkeypatch)
     async with running(nats_url, tmp_path, Actors()) as stack:
-        job = m.JobSpec(name="big-out", tenant="t", workload="sja_test_outputs:BigOutput")
+        # A tenant's package: submitted with the facts `sja submit` computes where it is installed.
+        params, facts = facts_of("sja_test_outputs:BigOutput", {})
+        job = m.JobSpec(
+            name="big-out", tenant="t", workload="sja_test_outputs:BigOutput", params=params, facts=facts
+        )
         job_id = (await stack.client.submit(job)).job_id
         state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
     assert state.status == "failed"
@@ -403,8 +407,13 @@ async def test_a_result_that_cannot_be_encoded_fails_the_job_and_the_agent_goes_
     nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Writing such a result once looped the agent on OverflowError, and the job could no longer
-    be cancelled: now the job fails with the reason, and the agent serves the next jobs."""
+    be cancelled: now the job fails with the reason, and the agent serves the next jobs. The agent
+    runs only SJA's own workloads' ``finalize`` (a tenant's is run by its own ``sja result``): the
+    workload stands here for one of SJA's own gone wrong, registered as built in."""
     _user_package(monkeypatch)
+    from sja_test_outputs import HugeResult  # type: ignore[import-not-found]
+
+    monkeypatch.setitem(WORKLOADS, "sja_test_outputs:HugeResult", HugeResult())
     async with running(nats_url, tmp_path, Actors()) as stack:
         bad = (
             await stack.client.submit(
