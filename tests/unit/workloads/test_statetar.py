@@ -227,6 +227,7 @@ def test_the_oldest_python_runs_a_sequential_command_jobs_state_in_and_out(tmp_p
     out = run_old(
         f"""
         import pathlib, sys
+        import sja.execution.commands  # the run of a command job (in its sandbox)
         from sja.workloads import statetar
         from sja.workloads.command import Command, StateSummary, pack_state, unpack_state
         assert not statetar.HAS_DATA_FILTER, sys.version
