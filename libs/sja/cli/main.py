@@ -654,6 +654,7 @@ def logs(
     """What each subjob's program wrote last: the end of its stdout and stderr (16 KiB at most), its
     status and, when it did not end ok, why."""
     from sja.client import ApiError
+    from sja.protocol.wording import unit_range
 
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
@@ -672,8 +673,8 @@ def logs(
             print(f"job {job_id}: no subjob has ended yet")
         for s in got.subjobs:
             print(
-                f"== {s.subjob_id} on {s.slice_id}: {s.status}, units {s.unit_start}.."
-                f"{s.unit_start + s.units} ({s.units_done} done)"
+                f"== {s.subjob_id} on {s.slice_id}: {s.status}, units {unit_range(s.unit_start, s.units)}, "
+                f"{s.units_done} done"
             )
             if s.error:
                 print(f"-- reason:\n{s.error.rstrip()}")

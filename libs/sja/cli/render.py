@@ -9,6 +9,7 @@ from rich.console import RenderableType
 from rich.tree import Tree
 
 from sja.protocol.messages import Explanation, JobState, RoundRecord
+from sja.protocol.wording import unit_range
 
 
 def render_no_rounds(state: JobState) -> str:
@@ -47,7 +48,8 @@ def render_rounds(job_id: str, rounds: list[RoundRecord]) -> Tree:
 # --- jobs, status and explain ----------------------------------------------------------------------
 
 STATUS_COLUMNS = (
-    "units: the range of work units the subjob ran; plan mem q: the planner's (1 - eps_mem) quantile "
+    "units: the first and last unit the subjob ran, both included, and how many (0-7 (8): units 0 to "
+    "7, eight); plan mem q: the planner's (1 - eps_mem) quantile "
     "of its peak memory; peak: measured; mem cap: the slice's memory less the driver reserve; "
     "plan time q: the (1 - eps_time) quantile of its duration; took: measured"
 )
@@ -122,7 +124,7 @@ def render_status(state: JobState, now: float, limit: int = 20) -> list[Renderab
                 f.subjob_id,
                 f.slice_id,
                 f.profile,
-                f"{f.unit_start}-{f.unit_start + f.units - 1} ({f.units})",
+                unit_range(f.unit_start, f.units),
                 _clock(f.dispatched_at),
                 f"{max(now - f.dispatched_at, 0.0):.1f}",
                 f"{f.time_cap_s:.1f}",
@@ -142,7 +144,7 @@ def render_status(state: JobState, now: float, limit: int = 20) -> list[Renderab
                 h.subjob_id,
                 h.slice_id,
                 h.status,
-                f"{h.unit_start}-{h.unit_start + h.units - 1} ({h.units})",
+                unit_range(h.unit_start, h.units),
                 f"{h.planned_mem_q_mib:,.0f}",
                 f"{h.peak_mem_mib:,.0f}",
                 f"{h.mem_cap_mib:,}",
