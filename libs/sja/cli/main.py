@@ -1111,6 +1111,9 @@ def main() -> None:
     def one_line(e: Any) -> str:
         return escape(" ".join(e.format_message().split()).replace("Value error, ", ""))
 
+    # Rich (ours, and Typer's help) ends a command whose reader has gone with exit status 1, as if it
+    # had failed: every console ends it quietly instead.
+    Console.on_broken_pipe = lambda self: _quiet_exit_on_closed_output()  # type: ignore[method-assign]
     try:
         code = app(standalone_mode=False)
         sys.stdout.flush()  # what is still buffered: its reader may have gone meanwhile
