@@ -91,7 +91,7 @@ good state (what its completed subjobs left), saying that the job did not finish
 
 def completeness(state: JobState) -> dict[str, Any]:
     """Whether what ``sja result`` wrote is the job's final state, and if not, what it is."""
-    done = {
+    done: dict[str, Any] = {
         "status": state.status,
         "complete": state.status == "done",
         "units_done": state.units_done,
