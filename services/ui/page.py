@@ -38,6 +38,7 @@ pre { font: 12px/1.35 ui-monospace, monospace; white-space: pre-wrap; overflow-w
   max-height: 24em; overflow: auto; }
 pre.status-failed { background: #fdf3f2; border-color: #f0d0cd; }
 h3 { font-size: 13px; margin: 10px 0 2px; }
+#explain-summary { white-space: pre-line; }
 """
 
 JS = r"""
