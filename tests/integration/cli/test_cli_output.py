@@ -183,11 +183,11 @@ async def test_jobs_at_80_columns_keeps_ids_and_statuses_whole(gateway: list[str
             assert words.count("pending") >= len(gateway) - 3, out
 
 
-def test_up_reads_the_dashboard_port_from_the_environment() -> None:
+def test_up_reads_the_dashboard_port_from_the_environment(tmp_path: Path) -> None:
     """``SJA_UI_PORT`` is ``--ui-port``'s variable, as the service's: a value that is no port is
     refused before anything starts (before, it was ignored and the dashboard took 8080)."""
     done = subprocess.run(
-        [sys.executable, "-m", "sja.cli.main", "up", "--out", "/nonexistent/never-made"],
+        [sys.executable, "-m", "sja.cli.main", "up", "--out", str(tmp_path / "never-made")],
         capture_output=True,
         text=True,
         env={**cli_env(), "SJA_UI_PORT": "not-a-port"},
@@ -196,7 +196,7 @@ def test_up_reads_the_dashboard_port_from_the_environment() -> None:
     assert done.returncode == 2, done
     line = one_error_line(done.stderr)
     assert "'--ui-port' (env var: 'SJA_UI_PORT')" in line, line
-    assert not Path("/nonexistent/never-made").exists()
+    assert not (tmp_path / "never-made").exists()
     help_text = subprocess.run(
         [sys.executable, "-m", "sja.cli.main", "up", "--help"],
         capture_output=True,
