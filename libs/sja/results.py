@@ -64,12 +64,61 @@ async def fetch_result(
 ) -> dict[str, Any]:
     """Write the job's final state under ``out``; returns what was written. ``reader`` reads the
     states the job refers to (``SjaClient``: through the gateway)."""
-    from sja.workloads import workload
 
-    if state.status != "done":
+    partial = state.status in ENDED_UNFINISHED
+    if state.status != "done" and not (partial and state.spec.workload == "command"):
+        if partial:
+            raise ResultError(
+                f"job {state.job_id} is {state.status}: only a command job's last good state is kept "
+                f"for `sja result` when it did not finish ({state.units_done} of {state.total_units} "
+                "units were done)"
+            )
         raise ResultError(f"job {state.job_id} is {state.status}, not done: no final state yet")
     if state.spec.workload != "command":
         return await _combine_here(reader, state, out)
+    if partial and not state.accumulator:
+        raise ResultError(
+            f"job {state.job_id} is {state.status} and no subjob of it completed: it left no state"
+        )
+    got = await _fetch_command(reader, state, out, run_merge=run_merge)
+    return {**got, **completeness(state)}
+
+
+ENDED_UNFINISHED = ("failed", "cancelled")
+"""Statuses of a job that ended before its last unit: ``sja result`` gives a command job's last
+good state (what its completed subjobs left), saying that the job did not finish."""
+
+
+def completeness(state: JobState) -> dict[str, Any]:
+    """Whether what ``sja result`` wrote is the job's final state, and if not, what it is."""
+    done: dict[str, Any] = {
+        "status": state.status,
+        "complete": state.status == "done",
+        "units_done": state.units_done,
+        "total_units": state.total_units,
+    }
+    if state.status != "done":
+        kept = "its last good state" if spec_is_sequential(state) else "the parts of its completed subjobs"
+        done["note"] = (
+            f"job {state.job_id} is {state.status}: it did not finish; this is {kept} "
+            f"({state.units_done} of {state.total_units} units)"
+        )
+    return done
+
+
+def spec_is_sequential(state: JobState) -> bool:
+    from sja.workloads import workload
+
+    return state.spec.workload == "command" and is_sequential(workload("command"), state.spec.params)
+
+
+async def _fetch_command(
+    reader: StateReader, state: JobState, out: Path, *, run_merge: bool
+) -> dict[str, Any]:
+    """A command job's state under ``out``: a sequential job's state unpacked there, an independent
+    one's parts under ``out/parts`` and its ``merge_argv`` run over them."""
+    from sja.workloads import workload
+
     params = state.spec.params
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     if is_sequential(workload("command"), params):

@@ -1,6 +1,7 @@
 """The dashboard's one page: plain HTML, CSS and JavaScript, no build step and nothing fetched from
 elsewhere. ``/`` shows the cluster (timeline, jobs, tenants, rounds) from ``/api/overview``;
-``/job/<id>`` a job (explanation, subjobs, rounds with trace links) from ``/api/job/<id>``. Both
+``/job/<id>`` a job (explanation, subjobs, what their programs wrote, rounds with trace links) from
+``/api/job/<id>``. Text from a job (its error, its programs' output) is always escaped. Both
 poll their endpoint every second."""
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ rect.subjob.failed { fill-opacity: 0.45; stroke-dasharray: 2 2; }
 rect.subjob.running { fill-opacity: 0.75; }
 .grid { display: grid; grid-template-columns: 2fr 1fr; gap: 14px; }
 code { font-size: 12px; }
+pre { font: 12px/1.35 ui-monospace, monospace; white-space: pre-wrap; overflow-wrap: anywhere;
+  margin: 4px 0 8px; padding: 6px 8px; background: #f6f7f9; border: 1px solid #eceef2; border-radius: 4px;
+  max-height: 24em; overflow: auto; }
+pre.status-failed { background: #fdf3f2; border-color: #f0d0cd; }
+h3 { font-size: 13px; margin: 10px 0 2px; }
+#explain-summary { white-space: pre-line; }
 """
 
 JS = r"""
@@ -73,7 +80,7 @@ function drawTimeline(data) {
     svg += `<rect class="${cls}" data-job="${esc(g.job_id)}" data-subjob="${esc(g.subjob_id)}"`
       + ` data-slice="${esc(g.slice_id)}" x="${x0}" y="${y[g.slice_id] + 2}" width="${w}"`
       + ` height="${rowH - 8}" fill="${g.colour}"><title>${esc(g.job_id)} (${esc(g.tenant)}): `
-      + `${esc(g.subjob_id)}, ${g.units} units, ${esc(g.status)}</title></rect>`;
+      + `${esc(g.subjob_id)}, units ${esc(g.units_text)}, ${esc(g.status)}</title></rect>`;
   }
   const ticks = 6;
   for (let i = 0; i <= ticks; i++) {
@@ -131,6 +138,24 @@ function drawRounds(rounds, target, withTrace) {
   $(target).innerHTML = rounds.length ? h + `</table>` : `<p class="muted">no rounds seen yet</p>`;
 }
 
+function drawOutput(d) {
+  // What each subjob's program wrote, as text: escaped, its lines kept (<pre>).
+  let h = d.output_note ? `<p class="muted">${esc(d.output_note)}</p>` : "";
+  for (const o of d.output) {
+    h += `<div class="subjob-output" data-subjob="${esc(o.subjob_id)}"><h3>${esc(o.subjob_id)} on `
+      + `${esc(o.slice_id)}: ${esc(o.status)}, units ${esc(o.units_text)}, ${o.units_done} done</h3>`;
+    if (o.error) {
+      h += `<div class="muted">reason</div><pre class="status-failed reason">${esc(o.error)}</pre>`;
+    }
+    if (o.stdout) h += `<div class="muted">stdout</div><pre class="stdout">${esc(o.stdout)}</pre>`;
+    if (o.stderr) h += `<div class="muted">stderr</div><pre class="stderr">${esc(o.stderr)}</pre>`;
+    if (!o.error && !o.stdout && !o.stderr) h += `<p class="muted">no output</p>`;
+    h += `</div>`;
+  }
+  if (!d.output.length && !d.output_note) h = `<p class="muted">no subjob has ended yet</p>`;
+  $("#output").innerHTML = h;
+}
+
 async function dashboard() {
   $("#job-view").hidden = true;
   $("#dashboard").hidden = false;
@@ -160,9 +185,10 @@ async function jobView(id) {
     $("#job-title").innerHTML = `<span class="swatch" style="background:${j.colour}"></span>`
       + `${esc(j.job_id)} <span class="muted">(${esc(j.tenant)}, ${esc(j.workload)})</span>`;
     $("#job-state").innerHTML = `<span class="status-${esc(j.status)}">${esc(j.status)}</span> · `
-      + `${j.units_done}/${j.total_units} units · ${j.subjobs} subjobs done · ${j.running} running`
+      + `${j.units_done}/${j.total_units} units · <span id="subjob-tally">${esc(j.subjobs_text)}</span>`
+      + ` · ${j.running} running`
       + `<div class="bar"><span style="width:${pct(j.progress)};background:${j.colour}"></span></div>`
-      + (d.error ? `<p class="status-failed">${esc(d.error)}</p>` : "")
+      + (d.error ? `<pre class="status-failed" id="job-error">${esc(d.error)}</pre>` : "")
       + (j.status === "done" ? `<p>result: <code>${esc(JSON.stringify(d.result))}</code></p>` : "");
     let h = `<p id="explain-summary">${esc(x.summary)}</p>`;
     if (x.position) h += `<p>place in line: ${x.position} of ${x.waiting} waiting — ${esc(x.order)}</p>`;
@@ -185,12 +211,13 @@ async function jobView(id) {
     for (const r of d.subjobs) {
       const num = (v, p) => v === null || v === undefined ? "" : v.toFixed(p);
       s += `<tr><td>${esc(r.subjob_id)}</td><td>${esc(r.slice_id)} (${esc(r.profile)})</td>`
-        + `<td class="num">${r.unit_start}+${r.units}</td><td>${esc(r.status)}</td>`
+        + `<td class="num">${esc(r.units_text)}</td><td>${esc(r.status)}</td>`
         + `<td class="num">${num(r.planned_mem_q_mib, 0)}</td><td class="num">${num(r.peak_mem_mib, 0)}</td>`
         + `<td class="num">${r.mem_cap_mib ?? ""}</td><td class="num">${num(r.duration_s, 2)}</td>`
         + `<td class="num">${num(r.time_cap_s, 1)}</td></tr>`;
     }
     $("#subjobs").innerHTML = d.subjobs.length ? s + `</table>` : `<p class="muted">no subjob yet</p>`;
+    drawOutput(d);
     $("#job-rounds-count").textContent = `${d.rounds_total} rounds`
       + (d.jaeger_url ? "" : " (set SJA_JAEGER_URL for trace links)");
     drawRounds(d.rounds, "#job-rounds", true);
@@ -233,7 +260,11 @@ HTML = f"""<!doctype html>
 <div id="job-view" hidden>
 <section><h2 id="job-title"></h2><div id="job-state"></div></section>
 <section><h2>Why</h2><div id="explanation"></div></section>
-<section><h2>Subjobs</h2><div id="subjobs"></div></section>
+<section><h2>Subjobs</h2><div id="subjobs"></div>
+<p class="muted">units: the first and last unit, both included, and how many (0-7 (8): units 0 to 7)</p>
+</section>
+<section><h2>Output <span class="muted">(the end of each subjob's stdout and stderr)</span></h2>
+<div id="output"></div></section>
 <section><h2>Rounds <span class="muted" id="job-rounds-count"></span></h2><div id="job-rounds"></div>
 </section>
 </div>

@@ -3,7 +3,8 @@
 It reads NATS only, like every other service: the slices (KV ``sja-slices``) and the jobs (KV
 ``sja-jobs``), re-read at most every ``SJA_UI_REFRESH_S`` while a page asks; the round records
 (stream ``SJA_ROUNDS``, followed live by an ordered consumer from ``SJA_UI_ROUNDS_LOOKBACK_S``
-back); and, for a job's page, the gateway's requests (``explain``, ``rounds``). It writes nothing
+back); and, for a job's page, the gateway's requests (``explain``, ``rounds``, ``logs``: what the
+subjobs' programs wrote last). It writes nothing
 and decides nothing: the page shows what ``sja.core.explain`` and the clearer's ledger say
 (``services.ui.views``). Replicas are independent (each reads for itself): scale them freely.
 
@@ -46,7 +47,7 @@ from sja.bus.settings import BaseSettings, TenantShares
 from sja.client import ApiError, SjaClient
 from sja.core import explain as E
 from sja.protocol import subjects
-from sja.protocol.messages import Explanation, JobState, RoundRecord, SliceState
+from sja.protocol.messages import Explanation, JobState, LogsView, RoundRecord, SliceState
 from sja.redaction import redacted
 
 log = logging.getLogger(__name__)
@@ -193,9 +194,17 @@ class UiService(Service):
         client = SjaClient(self.bus, timeout_s=GATEWAY_TIMEOUT_S, tenant=tenant or "")
         explained_by = "gateway"
         rounds: list[RoundRecord] = []
-        try:
-            explanation, rounds = await asyncio.gather(client.explain(job_id), client.rounds(job_id))
-        except (ApiError, TimeoutError, nats.errors.Error) as e:
+        logs: LogsView | None = None
+        logs_note = ""
+        explained, logged = await asyncio.gather(
+            asyncio.gather(client.explain(job_id), client.rounds(job_id)),
+            client.logs(job_id),
+            return_exceptions=True,
+        )
+        if isinstance(explained, BaseException):
+            if not isinstance(explained, ApiError | TimeoutError | nats.errors.Error):
+                raise explained
+            e = explained
             log.warning("%s: the gateway did not explain %s: %s", self.instance, job_id, e)
             explained_by = "dashboard"
             explanation = Explanation(
@@ -204,7 +213,29 @@ class UiService(Service):
                 summary=E.summary(state, now),
                 notes=[f"the gateway did not answer ({type(e).__name__}: {e}): no reasons per window"],
             )
-        return views.job_page(state, explanation, rounds, now, self.ui.jaeger_url, explained_by)
+        else:
+            explanation, rounds = explained
+        if isinstance(logged, BaseException):
+            if not isinstance(logged, ApiError | TimeoutError | nats.errors.Error):
+                raise logged
+            logs_note = f"the gateway did not give the subjobs' output ({type(logged).__name__}: {logged})"
+        else:
+            logs = logged
+        # The job's colour among the jobs this viewer sees, as the main page gives it.
+        states, _ = await self._read()
+        shown = [s for s in states if tenant is None or s.spec.tenant == tenant]
+        colour = views.job_colours(shown if any(s.job_id == job_id for s in shown) else [*shown, state])
+        return views.job_page(
+            state,
+            explanation,
+            rounds,
+            now,
+            self.ui.jaeger_url,
+            explained_by,
+            colour=colour[job_id],
+            logs=logs,
+            logs_note=logs_note,
+        )
 
     # --- HTTP ------------------------------------------------------------------------------------
 

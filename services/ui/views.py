@@ -7,7 +7,6 @@ from ``sja.core.explain``, the tenants' attained and target fractions from the c
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,7 +15,8 @@ import msgspec
 from sja.core import explain as E
 from sja.core.jobs import is_terminal
 from sja.core.policies import Ledger
-from sja.protocol.messages import Explanation, JobState, RoundRecord, SliceState
+from sja.protocol.messages import Explanation, JobState, LogsView, RoundRecord, SliceState
+from sja.protocol.wording import unit_range
 from sja.redaction import OTHER, anonymize_round
 
 TIMELINE_SPAN_S = 300.0
@@ -25,10 +25,46 @@ ROUND_VERDICTS_SHOWN = 8
 """Verdicts listed per round (the winner's first); the rest are counted."""
 
 
-def job_colour(job_id: str) -> str:
-    """A stable colour per job (the same on every page and every replica)."""
-    hue = zlib.crc32(job_id.encode()) % 360
-    return f"hsl({hue}, 62%, 55%)"
+GOLDEN_ANGLE = 137.50776405003785
+"""Degrees between the hues of consecutive jobs: any number of them stay spread round the wheel."""
+_LIGHTNESS = (55, 40, 70)
+
+
+def colour_at(i: int) -> str:
+    """The colour of the ``i``-th job on screen: hues a golden angle apart (never the same for two
+    indexes under a few thousand, and far apart for the few jobs a screen shows), the lightness
+    changing every eight jobs as well."""
+    hue = (i * GOLDEN_ANGLE) % 360
+    return f"hsl({hue:.1f}, 62%, {_LIGHTNESS[(i // 8) % len(_LIGHTNESS)]}%)"
+
+
+def job_colours(states: Iterable[JobState]) -> dict[str, str]:
+    """A colour per job on screen, distinct from every other job's there, deterministic: the jobs
+    in the order of their submission (then id), each given ``colour_at`` its place. The same jobs
+    get the same colours on every page and every replica; a job submitted later takes the next
+    colour and changes no earlier one's."""
+    ordered = sorted(states, key=lambda s: (s.submitted_at, s.job_id))
+    return {s.job_id: colour_at(i) for i, s in enumerate(ordered)}
+
+
+def subjob_tally(state: JobState) -> dict[str, int]:
+    """How the job's subjobs ended, counted by status (``ok``, ``failed``, ``oom``, ...)."""
+    counts: dict[str, int] = {}
+    for h in state.history:
+        counts[h.status] = counts.get(h.status, 0) + 1
+    return counts
+
+
+def subjobs_text(state: JobState) -> str:
+    """The subjobs that ended, in words, by status: ``9 subjobs ended: 1 ok, 8 failed``."""
+    counts = subjob_tally(state)
+    total = sum(counts.values())
+    if not total:
+        return "no subjob ended yet"
+    order = ("ok", "failed", "oom", "timeout", "lost", "cancelled")
+    keys = sorted(counts, key=lambda k: (order.index(k) if k in order else len(order), k))
+    parts = ", ".join(f"{counts[k]} {k}" for k in keys)
+    return f"{total} subjob{'s' if total != 1 else ''} ended: {parts}"
 
 
 def slice_rows(slices: Iterable[SliceState]) -> list[dict[str, Any]]:
@@ -50,16 +86,22 @@ def slice_rows(slices: Iterable[SliceState]) -> list[dict[str, Any]]:
 
 
 def timeline(
-    states: Iterable[JobState], slices: Sequence[SliceState], now: float, span_s: float = TIMELINE_SPAN_S
+    states: Sequence[JobState],
+    slices: Sequence[SliceState],
+    now: float,
+    span_s: float = TIMELINE_SPAN_S,
+    colours: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Slices x time, as ``sja demo`` draws it: every subjob that ran (from its job's history) or
-    runs now (in flight, drawn up to ``now``) on a known slice within ``span_s`` of ``now``."""
+    runs now (in flight, drawn up to ``now``) on a known slice within ``span_s`` of ``now``, in its
+    job's colour (``colours``, default ``job_colours(states)``)."""
     known = {s.slice_id for s in slices}
+    colour = job_colours(states) if colours is None else colours
     start = now - span_s
     earliest = now
     segments: list[dict[str, Any]] = []
     for st in states:
-        base = {"job_id": st.job_id, "tenant": st.spec.tenant, "colour": job_colour(st.job_id)}
+        base = {"job_id": st.job_id, "tenant": st.spec.tenant, "colour": colour.get(st.job_id, "")}
         for h in st.history:
             if h.slice_id not in known or h.finished_at < start:
                 continue
@@ -72,6 +114,7 @@ def timeline(
                     "end": max(h.finished_at, h.started_at),
                     "status": h.status,
                     "units": h.units,
+                    "units_text": unit_range(h.unit_start, h.units),
                     "running": False,
                 }
             )
@@ -87,6 +130,7 @@ def timeline(
                     "end": max(now, f.dispatched_at),
                     "status": "running",
                     "units": f.units,
+                    "units_text": unit_range(f.unit_start, f.units),
                     "running": True,
                 }
             )
@@ -96,8 +140,9 @@ def timeline(
     return {"start": earliest, "end": now, "segments": segments}
 
 
-def job_row(state: JobState, now: float) -> dict[str, Any]:
-    """A job as the jobs table lists it: state, progress and why it waits, in a sentence."""
+def job_row(state: JobState, now: float, colour: str = "") -> dict[str, Any]:
+    """A job as the jobs table lists it: state, progress and why it waits, in a sentence; its
+    subjobs counted by how they ended (``subjob_counts``, and in words ``subjobs_text``)."""
     d = E.deadline_status(state, now)
     return {
         "job_id": state.job_id,
@@ -110,19 +155,24 @@ def job_row(state: JobState, now: float) -> dict[str, Any]:
         "progress": state.units_done / state.total_units if state.total_units else 0.0,
         "running": len(state.in_flight),
         "subjobs": len(state.history),
+        "subjob_counts": subjob_tally(state),
+        "subjobs_text": subjobs_text(state),
         "submitted_at": state.submitted_at,
         "finished_at": state.finished_at,
         "summary": E.summary(state, now),
         "deadline": d.text if d is not None else "",
         "deadline_verdict": d.verdict if d is not None else "",
         "terminal": is_terminal(state),
-        "colour": job_colour(state.job_id),
+        "colour": colour,
     }
 
 
-def job_rows(states: Iterable[JobState], now: float) -> list[dict[str, Any]]:
+def job_rows(
+    states: Sequence[JobState], now: float, colours: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Every job, those still running or waiting first, then the newest first."""
-    rows = [job_row(s, now) for s in states]
+    colour = job_colours(states) if colours is None else colours
+    rows = [job_row(s, now, colour.get(s.job_id, "")) for s in states]
     rows.sort(key=lambda r: (r["terminal"], -r["submitted_at"], r["job_id"]))
     return rows
 
@@ -194,13 +244,14 @@ def overview(
     counts: dict[str, int] = {}
     for s in states:
         counts[s.status] = counts.get(s.status, 0) + 1
+    colours = job_colours(states)
     return {
         "now": now,
         "policy": policy,
         "job_counts": counts,
         "slices": slice_rows(slices),
-        "timeline": timeline(states, slices, now),
-        "jobs": job_rows(states, now),
+        "timeline": timeline(states, slices, now, colours=colours),
+        "jobs": job_rows(states, now, colours),
         "tenants": tenant_shares(states, targets),
         "rounds": [round_row(r) for r in reversed(latest)],
     }
@@ -216,6 +267,7 @@ def subjob_rows(state: JobState, now: float) -> list[dict[str, Any]]:
             "status": h.status,
             "unit_start": h.unit_start,
             "units": h.units,
+            "units_text": unit_range(h.unit_start, h.units),
             "planned_mem_q_mib": h.planned_mem_q_mib,
             "peak_mem_mib": h.peak_mem_mib,
             "mem_cap_mib": h.mem_cap_mib,
@@ -234,6 +286,7 @@ def subjob_rows(state: JobState, now: float) -> list[dict[str, Any]]:
                 "status": "running",
                 "unit_start": f.unit_start,
                 "units": f.units,
+                "units_text": unit_range(f.unit_start, f.units),
                 "planned_mem_q_mib": f.planned_mem_q_mib,
                 "peak_mem_mib": None,
                 "mem_cap_mib": None,
@@ -246,6 +299,27 @@ def subjob_rows(state: JobState, now: float) -> list[dict[str, Any]]:
     return rows
 
 
+def output_rows(logs: LogsView | None) -> list[dict[str, Any]]:
+    """What each subjob's program wrote last (the gateway's ``logs``: the tails its completion
+    carries), the newest subjob first; the text as the program wrote it (the page escapes it)."""
+    if logs is None:
+        return []
+    return [
+        {
+            "subjob_id": s.subjob_id,
+            "slice_id": s.slice_id,
+            "status": s.status,
+            "units_text": unit_range(s.unit_start, s.units),
+            "units_done": s.units_done,
+            "finished_at": s.finished_at,
+            "error": s.error,
+            "stdout": s.stdout,
+            "stderr": s.stderr,
+        }
+        for s in reversed(logs.subjobs)
+    ]
+
+
 def job_page(
     state: JobState,
     explanation: Explanation,
@@ -254,9 +328,14 @@ def job_page(
     jaeger_url: str,
     explained_by: str,
     rounds_shown: int = 200,
+    *,
+    colour: str = "",
+    logs: LogsView | None = None,
+    logs_note: str = "",
 ) -> dict[str, Any]:
-    """A job's page: its state, the explanation, its subjobs and its rounds (the newest first),
-    each round with a link to its trace when a Jaeger UI is configured."""
+    """A job's page: its state, the explanation, its subjobs, what their programs wrote last
+    (``logs``; ``logs_note`` says why there is none when the gateway did not answer) and its rounds
+    (the newest first), each round with a link to its trace when a Jaeger UI is configured."""
     base = jaeger_url.rstrip("/")
     out_rounds = []
     for r in reversed(rounds[-rounds_shown:]):
@@ -269,7 +348,7 @@ def job_page(
         out_rounds.append(row)
     return {
         "now": now,
-        "job": job_row(state, now),
+        "job": job_row(state, now, colour),
         "result": state.result,
         "error": state.error,
         "explanation": {
@@ -297,6 +376,8 @@ def job_page(
             "by": explained_by,
         },
         "subjobs": subjob_rows(state, now),
+        "output": output_rows(logs),
+        "output_note": logs_note,
         "rounds": out_rounds,
         "rounds_total": len(rounds),
         "jaeger_url": base,

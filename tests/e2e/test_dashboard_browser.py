@@ -1,7 +1,10 @@
 """The dashboard in a real headless browser: Debian's ``chromium`` driven by Playwright, against the
 whole stack as ``sja up`` runs it (every service a process, the dashboard included, a real
 nats-server and a local Ray). The page loads, the timeline draws the subjobs of a running job on
-its slices, and a job's page shows the gateway's explanation of why it waits. The browser opens the
+its slices, and a job's page shows the gateway's explanation of why it waits; a failed job's page
+counts its subjobs by how they ended, keeps its traceback's lines and shows what its program wrote
+as text (the markup it printed is not made HTML); the jobs on screen have colours of their own. The
+browser opens the
 address with the operator's token, as ``sja up`` prints it (kept in a cookie from then on); without
 it the page is refused. Screenshots are kept
 under ``out/ui/`` (``dashboard.png``, ``job.png``) as the test's artifacts.
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +63,25 @@ TOO_BIG = JobSpec(
 )
 
 
+# Prints markup (which the page must show as text) and fails with a traceback, every time.
+FAILING_PROGRAM = textwrap.dedent(
+    """
+    print("<b id='injected'>bold</b>")
+    print("second line")
+    def train():
+        raise ValueError("the data is bad")
+    train()
+    """
+)
+FAILING = JobSpec(
+    name="fails",
+    tenant="alpha",
+    workload="command",
+    params={"argv": [sys.executable, "-c", FAILING_PROGRAM], "units": 4, "sequential": True},
+    memory=MemoryDecl(base_mib=64.0, per_unit_mib=0.0),
+)
+
+
 def chromium_or_skip() -> str:
     found = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
     if not found:
@@ -92,12 +116,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
         s.stop()
 
 
-async def submit(url: str) -> tuple[str, str]:
+async def submit(url: str) -> tuple[str, str, str]:
     client = await SjaClient.connect(url)
     try:
         running = (await client.submit(RUNNING)).job_id
+        failing = (await client.submit(FAILING)).job_id
         # The gateway refuses a job no slice holds: written as it accepted one before a GPU was lost.
-        return running, await accepted_earlier(client.nc, TOO_BIG)
+        return running, await accepted_earlier(client.nc, TOO_BIG), failing
     finally:
         await client.close()
 
@@ -107,7 +132,7 @@ def test_the_dashboard_shows_the_timeline_and_a_jobs_explanation(stack: tuple[Lo
 
     executable = chromium_or_skip()
     s, port, token = stack
-    running_id, big_id = asyncio.run(submit(s.nats_url))
+    running_id, big_id, failing_id = asyncio.run(submit(s.nats_url))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
@@ -129,6 +154,9 @@ def test_the_dashboard_shows_the_timeline_and_a_jobs_explanation(stack: tuple[Lo
             page.locator('#tenants tr[data-tenant="alpha"]').wait_for()
             page.locator("#rounds tr.round").first.wait_for()
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+            swatches = page.locator("#jobs tr[data-job] .swatch")
+            colours = [swatches.nth(i).get_attribute("style") for i in range(swatches.count())]
+            assert len(colours) == 3 and len(set(colours)) == 3, colours
 
             # The job that fits no slice: its page says why, per window shape.
             page.locator(f'#jobs a.job-link[href="/job/{big_id}"]').click()
@@ -144,6 +172,22 @@ def test_the_dashboard_shows_the_timeline_and_a_jobs_explanation(stack: tuple[Lo
             page.goto(f"http://127.0.0.1:{port}/job/{running_id}")
             page.locator("#subjobs td", has_text=running_id).first.wait_for()
             page.locator("#job-rounds tr.round").first.wait_for()
+
+            # The failed job's page: its subjobs by how they ended, its traceback's lines, and what
+            # its program printed, as text.
+            page.goto(f"http://127.0.0.1:{port}/job/{failing_id}")
+            page.locator("#job-error").wait_for()
+            tally = page.locator("#subjob-tally").inner_text()
+            assert "failed" in tally and "done" not in tally, tally
+            error = page.locator("#job-error").inner_text()
+            assert "\n" in error.strip() and "ValueError: the data is bad" in error, error
+            stdout = page.locator("#output pre.stdout").first
+            stdout.wait_for()
+            assert "<b id='injected'>bold</b>\nsecond line" in stdout.inner_text()
+            assert page.locator("#injected").count() == 0, "a program's output became HTML"
+            stderr = page.locator("#output pre.stderr").first.inner_text()
+            assert "Traceback (most recent call last):\n" in stderr, stderr
+            page.screenshot(path=str(ARTIFACTS / "failed-job.png"), full_page=True)
         finally:
             browser.close()
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000

@@ -226,8 +226,9 @@ def service_roles() -> tuple[Role, ...]:
         _service(
             "ui",
             "the dashboard. Reads only: the two buckets, the round records (an ordered consumer on "
-            "SJA_ROUNDS) and the gateway's operator requests (status, list, rounds, explain), and for "
-            "a tenant's view that tenant's rounds and explain. It may not submit or cancel, nor write "
+            "SJA_ROUNDS) and the gateway's operator requests (status, list, rounds, explain, logs), and "
+            "for a tenant's view that tenant's rounds, explain and logs. It may not submit or cancel, "
+            "nor write "
             "any bucket or stream.",
             (
                 *jobs,
@@ -237,9 +238,11 @@ def service_roles() -> tuple[Role, ...]:
                 "sja.v1.job.list",
                 "sja.v1.job.rounds",
                 "sja.v1.job.explain",
+                "sja.v1.job.logs",
                 # A tenant's view asks on the tenant's own subjects (other tenants' bids anonymized).
                 "sja.v1.job.rounds.*",
                 "sja.v1.job.explain.*",
+                "sja.v1.job.logs.*",
             ),
         ),
     )

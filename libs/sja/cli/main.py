@@ -97,8 +97,45 @@ PolicyName = Literal["efficiency", "fair", "sla", "auction", "token", "jasda"]
 """The clearing policies (``sja.core.policies.POLICIES``; a test keeps the two the same)."""
 
 JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print JSON (every field, full ids) instead of a table.")
+    bool, typer.Option("--json", help="Print the result as JSON (every field, full ids) instead of text.")
 ]
+
+
+def print_json(data: Any) -> None:
+    """A command's result under ``--json``: one JSON document on stdout, every field, full ids (the
+    one way every command prints JSON; errors stay one line on stderr)."""
+    print(json.dumps(msgspec.to_builtins(data), indent=2))
+
+
+def output_closed(fd: int = 1) -> bool:
+    """Whether nobody reads ``fd`` any more (stdout piped into ``head`` that has exited): the pipe's
+    write end reports an error or a hang-up."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(fd, 0)  # errors and hang-ups only: always reported
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+CLOSED_OUTPUT_EXIT = 141
+"""The exit status of a command whose reader went away (128 + SIGPIPE, as ``cat`` or ``ls`` in a
+pipeline): ``sja jobs --json | head`` ends quietly."""
+
+
+def _quiet_exit_on_closed_output() -> None:
+    """The reader of stdout has gone: nothing more is written (what is still buffered goes to
+    ``/dev/null``, so that the interpreter's own last flush does not complain), no error is said."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(CLOSED_OUTPUT_EXIT)
+
+
 JobArg = Annotated[str, typer.Argument(metavar="JOB", help="A job id (`sja jobs` lists them).")]
 
 NatsOpt = Annotated[
@@ -239,7 +276,12 @@ def up(
     agents: Annotated[int, typer.Option(metavar="N", help="Agent processes.")] = 1,
     port: Annotated[int, typer.Option(metavar="PORT", help="NATS port (0: 4222 if free, else any).")] = 0,
     ui_port: Annotated[
-        int, typer.Option(metavar="PORT", help="Dashboard port on 127.0.0.1 (0: 8080 if free, else any).")
+        int,
+        typer.Option(
+            envvar="SJA_UI_PORT",
+            metavar="PORT",
+            help="Dashboard port on 127.0.0.1 (0: 8080 if free, else any).",
+        ),
     ] = 0,
     keep_store: Annotated[
         Path | None,
@@ -353,25 +395,19 @@ def up(
         stack.start(order=UP_ORDER)
         run_async(stack.wait_ready())
         store = f"store in {keep_store}" if keep_store is not None else "temporary store"
-        console.print(
-            f"[green]SJA is up[/] — NATS at [bold]{stack.nats_url}[/] ({store}), logs in {out}/logs"
+        lines = up_banner(
+            sja_command(sys.argv[0], sys.executable),
+            nats_url=stack.nats_url,
+            store=store,
+            logs=f"{out}/logs",
+            operator_file=str(operator_file),
+            tenant_files=f"{stack.credentials_dir}/tenant-<name>.json",
+            dashboard=f"http://127.0.0.1:{ui_port}/?token={dashauth.operator_token(dashboard_secret)}",
+            secret_file=str(secret_file),
         )
-        console.print(
-            f"  operator credentials: {operator_file} (0600; `sja` reads them there); per tenant: "
-            f"{stack.credentials_dir}/tenant-<name>.json"
-        )
-        console.print(f"  export SJA_NATS_URL={stack.nats_url}; sja submit examples/jobs/matmul.yaml")
-        console.print(
-            f"  dashboard: http://127.0.0.1:{ui_port}/?token={dashauth.operator_token(dashboard_secret)}",
-            soft_wrap=True,
-            highlight=False,
-        )
-        console.print(
-            f"  a tenant's view: sja dashboard-token --tenant NAME --secret-file {secret_file}",
-            soft_wrap=True,
-            highlight=False,
-        )
-        console.print("  Ctrl-C stops the stack.")
+        for line in lines:
+            # Never wrapped: a command cut in two cannot be pasted back into a shell.
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
         while all(p.proc.poll() is None for p in stack.procs):
             time.sleep(0.5)
         dead = [p.instance for p in stack.procs if p.proc.poll() is not None]
@@ -384,11 +420,64 @@ def up(
         stack.stop()
 
 
+def sja_command(argv0: str, executable: str, path: str | None = None, cwd: Path | None = None) -> str:
+    """How the user can run this very ``sja`` from their shell: ``sja`` when the ``sja`` found on
+    ``PATH`` is this one; else its path (relative to ``cwd`` when below it, e.g. ``.venv/bin/sja``
+    when the virtual environment is not activated); ``python -m sja.cli.main`` with this
+    interpreter's path when no ``sja`` script is at hand (``argv0`` the running script,
+    ``executable`` the interpreter)."""
+    import os
+    import shlex
+    import shutil
+
+    here = Path(cwd if cwd is not None else Path.cwd())
+    script = Path(argv0)
+    if script.name != "sja" or not script.exists():
+        script = Path(executable).parent / "sja"  # the venv's own script, beside its python
+    if not script.exists():
+        return f"{shlex.quote(executable)} -m sja.cli.main"
+    script = script if script.is_absolute() else here / script
+    found = shutil.which("sja", path=path if path is not None else os.environ.get("PATH", ""))
+    if found is not None and os.path.realpath(found) == os.path.realpath(script):
+        return "sja"
+    try:
+        shown = str(script.relative_to(here))
+    except ValueError:
+        shown = str(script)
+    return shlex.quote(shown if "/" in shown else f"./{shown}")
+
+
+def up_banner(
+    sja: str,
+    *,
+    nats_url: str,
+    store: str,
+    logs: str,
+    operator_file: str,
+    tenant_files: str,
+    dashboard: str,
+    secret_file: str,
+) -> list[str]:
+    """What ``sja up`` prints once the stack is up: each line whole (the caller never wraps them),
+    every command as ``sja`` (``sja_command``) can be run by the user."""
+    return [
+        f"SJA is up — NATS at {nats_url} ({store}), logs in {logs}",
+        f"  operator credentials: {operator_file} (0600; `{sja}` reads them there); "
+        f"per tenant: {tenant_files}",
+        f"  export SJA_NATS_URL={nats_url}; {sja} submit examples/jobs/matmul.yaml",
+        f"  {sja} jobs; {sja} status JOB; {sja} logs JOB; {sja} result JOB --out DIR",
+        f"  dashboard: {dashboard}",
+        f"  a tenant's view: {sja} dashboard-token --tenant NAME --secret-file {secret_file}",
+        "  Ctrl-C stops the stack.",
+    ]
+
+
 @app.command()
 def submit(
     files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Job spec files (YAML or JSON).")],
     nats: NatsOpt = DEFAULT_NATS,
     request_id: Annotated[str, typer.Option(metavar="KEY", help="Idempotency key (one file only).")] = "",
+    as_json: JsonOpt = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
@@ -411,18 +500,27 @@ def submit(
 
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
+        acks = []
         try:
-            for spec in specs:
+            for f, spec in zip(files, specs, strict=True):
                 ack = await c.submit(spec, request_id=request_id)
+                acks.append({"file": str(f), "job_id": ack.job_id, "duplicate": ack.duplicate,
+                             "notes": list(ack.notes)})  # fmt: skip
+                if as_json:
+                    continue
                 console.print(ack.job_id + (" (already submitted)" if ack.duplicate else ""), highlight=False)
                 for note in ack.notes:
                     err_console.print(
                         f"[yellow]note:[/] {ack.job_id}: {note}", soft_wrap=True, highlight=False
                     )
         except ApiError as e:
+            if as_json and acks:
+                print_json(acks)  # what was submitted before the refusal
             fail(str(e))
         finally:
             await c.close()
+        if as_json:
+            print_json(acks)
 
     _with_connection_errors(go, nats)
 
@@ -447,6 +545,10 @@ def _with_connection_errors(fn: Any, url: str) -> None:
 
     try:
         run_async(fn())
+    except BrokenPipeError as e:
+        if output_closed():
+            raise  # stdout's reader has gone (`| head`): not the gateway's fault; main() ends quietly
+        fail(f"cannot reach the SJA gateway at {url} ({type(e).__name__}): is the stack up? ({e})")
     except ApiError as e:
         fail(str(e))
     except NatsAuthError as e:
@@ -489,7 +591,7 @@ def status(
             await c.close()
         now = time.time()
         if as_json:
-            print(json.dumps(status_json(s, now), indent=2))
+            print_json(status_json(s, now))
             return
         for part in render_status(s, now):
             console.print(part, highlight=False)
@@ -528,9 +630,9 @@ def list_jobs(
             for r in rows:
                 for k in ("accumulator", "profile", "history"):
                     r.pop(k, None)
-            print(json.dumps(rows, indent=2))
+            print_json(rows)
             return
-        console.print(render_jobs(states, time.time(), wide=wide), highlight=False)
+        console.print(render_jobs(states, time.time(), wide=wide, width=console.width), highlight=False)
 
     _with_connection_errors(go, nats)
 
@@ -539,6 +641,7 @@ def list_jobs(
 def cancel(
     job_id: JobArg,
     nats: NatsOpt = DEFAULT_NATS,
+    as_json: JsonOpt = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
@@ -562,9 +665,13 @@ def cancel(
             await c.close()
         if s.status in ("done", "failed"):
             fail(f"job {job_id} ended ({s.status}) before it could be cancelled", code=1)
-        console.print(
-            f"{s.job_id}: {'cancelled' if s.status == 'cancelled' else 'cancelling'}", highlight=False
-        )
+        outcome = "cancelled" if s.status == "cancelled" else "cancelling"
+        if as_json:
+            from sja.cli.render import status_json
+
+            print_json({"outcome": outcome, **status_json(s, time.time())})
+            return
+        console.print(f"{s.job_id}: {outcome}", highlight=False)
 
     _with_connection_errors(go, nats)
 
@@ -596,7 +703,7 @@ def trace_cmd(
         finally:
             await c.close()
         if as_json:
-            print(json.dumps([msgspec.to_builtins(r) for r in rounds[-limit:]], indent=2))
+            print_json(rounds[-limit:])
             return
         if state is not None:
             console.print(render_no_rounds(state), highlight=False)
@@ -631,7 +738,7 @@ def explain(
         finally:
             await c.close()
         if as_json:
-            print(json.dumps(msgspec.to_builtins(e), indent=2))
+            print_json(e)
             return
         for part in render_explanation(e):
             console.print(part, highlight=False, soft_wrap=False)
@@ -654,6 +761,7 @@ def logs(
     """What each subjob's program wrote last: the end of its stdout and stderr (16 KiB at most), its
     status and, when it did not end ok, why."""
     from sja.client import ApiError
+    from sja.protocol.wording import unit_range
 
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
@@ -666,14 +774,14 @@ def logs(
         finally:
             await c.close()
         if as_json:
-            print(json.dumps(msgspec.to_builtins(got), indent=2))
+            print_json(got)
             return
         if not got.subjobs:
             print(f"job {job_id}: no subjob has ended yet")
         for s in got.subjobs:
             print(
-                f"== {s.subjob_id} on {s.slice_id}: {s.status}, units {s.unit_start}.."
-                f"{s.unit_start + s.units} ({s.units_done} done)"
+                f"== {s.subjob_id} on {s.slice_id}: {s.status}, units {unit_range(s.unit_start, s.units)}, "
+                f"{s.units_done} done"
             )
             if s.error:
                 print(f"-- reason:\n{s.error.rstrip()}")
@@ -710,7 +818,7 @@ def inventory(
             help="GPUs without MIG: N equal soft slices, or MiB sizes '20000,40000'; empty: whole.",
         ),
     ] = "",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the slices as JSON.")] = False,
+    as_json: JsonOpt = False,
     ray_resources: Annotated[
         bool,
         typer.Option(
@@ -738,7 +846,7 @@ def inventory(
             "lost": found.lost,
             "warnings": found.warnings,
         }
-        print(json.dumps(payload, indent=2))
+        print_json(payload)
         return
     table = Table()
     for column in ("slice", "node", "gpu", "model", "profile", "MiB", "share", "source", "device"):
@@ -907,6 +1015,7 @@ def dashboard_token(
     url: Annotated[
         str, typer.Option("--url", metavar="URL", help="Print the dashboard's address with the token.")
     ] = "",
+    as_json: JsonOpt = False,
 ) -> None:
     """Print a dashboard token, derived from the dashboard's secret (nothing new is stored): the
     operator's, or with --tenant one that shows that tenant's jobs only."""
@@ -925,7 +1034,11 @@ def dashboard_token(
     except ValueError as e:
         fail(str(e))
         return
-    print(f"{url.rstrip('/')}/?token={token}" if url else token)
+    address = f"{url.rstrip('/')}/?token={token}" if url else ""
+    if as_json:
+        print_json({"tenant": tenant, "token": token, "url": address})
+        return
+    print(address or token)
 
 
 @app.command()
@@ -936,12 +1049,15 @@ def result(
     no_merge: Annotated[
         bool, typer.Option("--no-merge", help="Fetch the parts; do not run merge_argv.")
     ] = False,
+    as_json: JsonOpt = False,
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
 ) -> None:
     """Fetch a finished job's final state: a command job's (its parts merged by merge_argv, when it has
-    them), or a workload of your own package combined here by its merge and finalize."""
+    them), or a workload of your own package combined here by its merge and finalize. A command job
+    that failed or was cancelled gives its last good state (what its completed subjobs left), with a
+    note that it did not finish."""
     from sja.client import ApiError
     from sja.results import ResultError, fetch_result
 
@@ -955,14 +1071,35 @@ def result(
             return
         finally:
             await c.close()
-        console.print_json(json.dumps(got))
+        if as_json:
+            print_json(got)
+            return
+        render_result(got)
 
     _with_connection_errors(go, nats)
 
 
+def render_result(got: Mapping[str, Any]) -> None:
+    """``sja result`` in words: where the state went, and a note when the job did not finish."""
+    from rich.markup import escape
+
+    what = [f"{got['parts']} part(s)"] if "parts" in got else []
+    if got.get("merged"):
+        what.append("merged by merge_argv")
+    if "result" in got:
+        what.append("result.json")
+    detail = f" ({', '.join(what)})" if what else ""
+    console.print(f"{got['job_id']}: state written to {got['out']}{detail}", soft_wrap=True, highlight=False)
+    if "result" in got:
+        console.print(json.dumps(got["result"], indent=2, sort_keys=True, default=str), highlight=False)
+    if got.get("note"):
+        err_console.print(f"[yellow]note:[/] {escape(str(got['note']))}", soft_wrap=True, highlight=False)
+
+
 def main() -> None:
     """The ``sja`` command. A command line it cannot take (an unknown option, a value not among the
-    choices) is one line on stderr naming the option, and exit code 2."""
+    choices) is one line on stderr naming the option, and exit code 2. A reader of its output that
+    goes away (``sja jobs --json | head``) ends it quietly with exit status 141, as other tools."""
     from rich.markup import escape
 
     # Typer raises click's exceptions (its own copy of click in recent versions): found by name.
@@ -974,8 +1111,19 @@ def main() -> None:
     def one_line(e: Any) -> str:
         return escape(" ".join(e.format_message().split()).replace("Value error, ", ""))
 
+    # Rich (ours, and Typer's help) ends a command whose reader has gone with exit status 1, as if it
+    # had failed: every console ends it quietly instead.
+    Console.on_broken_pipe = lambda self: _quiet_exit_on_closed_output()  # type: ignore[method-assign]
     try:
         code = app(standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered: its reader may have gone meanwhile
+    except BrokenPipeError:
+        _quiet_exit_on_closed_output()
+    except SystemExit as e:
+        # Typer ends a command whose stdout broke (EPIPE) with exit status 1; it is no failure.
+        if e.code == 1 and output_closed():
+            _quiet_exit_on_closed_output()
+        raise
     except usage_error as e:
         ctx = getattr(e, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""

@@ -9,6 +9,7 @@ from rich.console import RenderableType
 from rich.tree import Tree
 
 from sja.protocol.messages import Explanation, JobState, RoundRecord
+from sja.protocol.wording import unit_range
 
 
 def render_no_rounds(state: JobState) -> str:
@@ -47,7 +48,8 @@ def render_rounds(job_id: str, rounds: list[RoundRecord]) -> Tree:
 # --- jobs, status and explain ----------------------------------------------------------------------
 
 STATUS_COLUMNS = (
-    "units: the range of work units the subjob ran; plan mem q: the planner's (1 - eps_mem) quantile "
+    "units: the first and last unit the subjob ran, both included, and how many (0-7 (8): units 0 to "
+    "7, eight); plan mem q: the planner's (1 - eps_mem) quantile "
     "of its peak memory; peak: measured; mem cap: the slice's memory less the driver reserve; "
     "plan time q: the (1 - eps_time) quantile of its duration; took: measured"
 )
@@ -122,7 +124,7 @@ def render_status(state: JobState, now: float, limit: int = 20) -> list[Renderab
                 f.subjob_id,
                 f.slice_id,
                 f.profile,
-                f"{f.unit_start}-{f.unit_start + f.units - 1} ({f.units})",
+                unit_range(f.unit_start, f.units),
                 _clock(f.dispatched_at),
                 f"{max(now - f.dispatched_at, 0.0):.1f}",
                 f"{f.time_cap_s:.1f}",
@@ -142,7 +144,7 @@ def render_status(state: JobState, now: float, limit: int = 20) -> list[Renderab
                 h.subjob_id,
                 h.slice_id,
                 h.status,
-                f"{h.unit_start}-{h.unit_start + h.units - 1} ({h.units})",
+                unit_range(h.unit_start, h.units),
                 f"{h.planned_mem_q_mib:,.0f}",
                 f"{h.peak_mem_mib:,.0f}",
                 f"{h.mem_cap_mib:,}",
@@ -154,34 +156,59 @@ def render_status(state: JobState, now: float, limit: int = 20) -> list[Renderab
     return out
 
 
-def render_jobs(states: list[JobState], now: float, wide: bool = False) -> RenderableType:
-    """``sja jobs``: full job ids always (the other columns give way on a narrow terminal)."""
+def render_jobs(
+    states: list[JobState], now: float, wide: bool = False, width: int | None = None
+) -> RenderableType:
+    """``sja jobs``: a job's id and status are never cut short, whatever the terminal's ``width``. A
+    table when it fits; else each job in a few lines: its id, status and units on the first
+    (never wrapped), the rest below, indented, wrapped as the terminal needs."""
+    from rich import box
+    from rich.console import Group
+    from rich.padding import Padding
     from rich.table import Table
+    from rich.text import Text
 
     from sja.core.explain import deadline_status
 
-    t = Table()
-    t.add_column("job", no_wrap=True, min_width=max((len(s.job_id) for s in states), default=3))
-    for col in ("tenant", "workload", "status", "units done", "subjobs", "running"):
-        t.add_column(col)
+    columns = ["job", "status", "units done", "running", "subjobs", "tenant", "workload"]
     if wide:
-        for col in ("submitted", "agent", "deadline"):
-            t.add_column(col)
+        columns += ["submitted", "agent", "deadline"]
+    rows: list[list[str]] = []
     for s in states:
         row = [
             s.job_id,
-            s.spec.tenant,
-            s.spec.workload,
             s.status,
             f"{s.units_done}/{s.total_units}",
-            str(s.next_seq),
             str(len(s.in_flight)),
+            str(s.next_seq),
+            s.spec.tenant,
+            s.spec.workload,
         ]
         if wide:
             dl = deadline_status(s, now)
             row += [_clock(s.submitted_at), s.owner_agent or "-", dl.verdict if dl else "-"]
-        t.add_row(*row)
-    return t
+        rows.append(row)
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    if width is None or sum(widths) + 2 * (len(columns) - 1) <= width:
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
+        for col in columns:
+            t.add_column(col, no_wrap=True, overflow="ignore")
+        for r in rows:
+            t.add_row(*r)
+        return t
+    parts: list[RenderableType] = []
+    for r in rows:
+        first = f"{r[0]}  {r[1]}  {r[2]} units"
+        if len(first) <= width:
+            parts.append(Text(first, no_wrap=True))
+        else:  # the id on a line of its own (folded, never cut), then its status
+            parts.append(Text(r[0], overflow="fold"))
+            parts.append(Padding(Text(f"{r[1]}  {r[2]} units", overflow="fold"), (0, 0, 0, 2)))
+        rest = f"tenant {r[5]}, workload {r[6]}, {r[4]} subjobs ({r[3]} running)"
+        if wide:
+            rest += f", submitted {r[7]}, agent {r[8]}, deadline {r[9]}"
+        parts.append(Padding(Text(rest, style="dim"), (0, 0, 0, 2)))
+    return Group(*parts)
 
 
 def render_explanation(e: Explanation) -> list[RenderableType]:

@@ -664,8 +664,9 @@ def apply_completion(
             # infrastructure (lease lapsed, executor died) is simply planned again.
             failures += 1
             error = c.error or c.status
-        else:
-            error = c.error or c.status
+        # ``lost`` (the infrastructure lost the subjob: a lease lapsed, an executor died) and
+        # ``cancelled`` are not the job's error: the range is planned again and the subjob's own
+        # entry in the history keeps why it ended.
     summary = SubjobSummary(
         subjob_id=c.subjob_id,
         slice_id=c.slice_id,
@@ -742,7 +743,9 @@ def settle(state: JobState, now: float) -> JobState:
         result, why = safe_finalize(state)
         if why:
             return msgspec.structs.replace(state, status="failed", finished_at=now, error=why)
-        return msgspec.structs.replace(state, status="done", finished_at=now, result=result)
+        # A job that finished did not fail: what went wrong on the way (a timeout, a failed try)
+        # stays in its subjobs' history, not as the job's error.
+        return msgspec.structs.replace(state, status="done", finished_at=now, result=result, error="")
     return state
 
 

@@ -1,4 +1,4 @@
-"""Validation errors in SJA's own words, all of them at once.
+"""SJA's own words: validation errors, all of them at once, and ranges of units (``unit_range``).
 
 msgspec stops at the first problem of a message and words it for programmers (``Expected `int`,
 got `str` - at `$.max_parallel```). A person who wrote a job spec wants every problem of the file
@@ -67,6 +67,21 @@ def plain(message: str, choices: tuple[object, ...] = ()) -> str:
     if m:
         return f"missing required field {m[1]!r}"
     return message
+
+
+def unit_range(start: int, count: int) -> str:
+    """A range of units as every view writes it (``sja status``, ``sja logs``, the dashboard).
+
+    A range is half-open, ``[start, start + count)``, numbered from 0 as ``SJA_UNIT_START`` is; it is
+    written as its first and last unit, both included, joined by a hyphen, then the number of
+    units in brackets: ``0-7 (8)`` is units 0 to 7, eight of them; ``5 (1)`` is unit 5 alone; a
+    range of no unit is ``none from 5 (0)``. The count makes the notation unambiguous: the last
+    unit is ``start + count - 1``, never ``start + count``."""
+    if count <= 0:
+        return f"none from {start} (0)"
+    if count == 1:
+        return f"{start} (1)"
+    return f"{start}-{start + count - 1} ({count})"
 
 
 def _number(text: str) -> str:

@@ -1,5 +1,12 @@
 """Atomizable workloads and their registry: the built-in ones, the ``command`` contract, and the
-workloads of other packages (entry-point group ``sja.workloads``, or ``module:attr`` in a spec)."""
+workloads of other packages (entry-point group ``sja.workloads``, or ``module:attr`` in a spec).
+
+The public API of a workload of your own is imported from here: the ``Workload`` protocol, the
+declarations it returns (``MemoryDecl``, ``TimeDecl``), the error it raises for bad parameters
+(``SpecError``) and the parameter helpers (``int_param``, ``check_known``)::
+
+    from sja.workloads import MemoryDecl, SpecError, TimeDecl, Workload
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from sja.protocol.messages import WorkloadFacts
-from sja.workloads.base import SpecError, Workload, check_workload, is_sequential
+from sja.protocol.messages import MemoryDecl, TimeDecl, WorkloadFacts
+from sja.workloads.base import SpecError, Workload, check_known, check_workload, int_param, is_sequential
 from sja.workloads.command import Command
 from sja.workloads.jacobi import Jacobi
 from sja.workloads.matmul import MatMul
@@ -141,9 +148,14 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "GPU",
     "WORKLOADS",
+    "MemoryDecl",
     "SpecError",
+    "TimeDecl",
     "Workload",
+    "check_known",
     "facts_of",
+    "int_param",
+    "is_sequential",
     "registered",
     "run_in_one_piece",
     "trusted",

@@ -160,3 +160,47 @@ def test_the_ui_settings_are_validated() -> None:
     assert UiSettings.from_env({"SJA_UI_PORT": "9090"}).ui_port == 9090
     with pytest.raises(SettingsError):
         UiSettings.from_env({"SJA_UI_PORT": "70000"})
+
+
+async def test_a_job_page_shows_its_subjobs_output_as_text(nats_url: str, tmp_path: Path, nc) -> None:
+    """What a subjob's program wrote (its completion, through the gateway's ``logs``) reaches the
+    job's page as the text it is: a traceback with its lines, markup a program printed (``<script>``)
+    as characters for the page to escape, never taken out of it. A tenant's view asks on the
+    tenant's own subjects and sees its own job's output; another tenant's job stays 404."""
+    from sja.bus.codec import encode
+    from sja.protocol import subjects
+    from sja.protocol.messages import Completion
+
+    c = lambda name: common(nats_url, tmp_path, name, 0)  # noqa: E731
+    gateway = GatewayService(GatewaySettings(**c("gateway-o")))
+    ui = UiService(UiSettings(**c("ui-o"), ui_port=0, ui_host="127.0.0.1", ui_refresh_s=0.0))
+    traceback = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nValueError: bad'
+    printed = "<script>alert(document.cookie)</script>\nloss 0.5\n"
+    async with running(gateway, ui):
+        client = SjaClient(nc)
+        job_id = (await client.submit(JobSpec(name="talks", tenant="alpha", workload="montecarlo"))).job_id
+        other = (await client.submit(JobSpec(name="other", tenant="beta", workload="montecarlo"))).job_id
+        empty = await get_json(ui.http_port, f"/api/job/{job_id}", operator(ui))
+        assert empty["output"] == [] and empty["output_note"] == ""
+        done = Completion(
+            subjob_id=f"{job_id}.s0", job_id=job_id, grant_id="g", fence=1, slice_id="s", status="failed",
+            unit_start=0, units=8, units_done=0, peak_mem_mib=1.0, duration_s=1.0, mem_cap_mib=4608,
+            time_cap_s=5.0, started_at=1.0, finished_at=2.0, error="exited with 1", stdout=printed,
+            stderr=traceback,
+        )  # fmt: skip
+        await nc.jetstream().publish(subjects.subjob_completed(job_id), encode(done))
+
+        async def shown(token: str) -> dict[str, Any] | None:
+            page: dict[str, Any] = await get_json(ui.http_port, f"/api/job/{job_id}", token)
+            return page if page["output"] else None
+
+        secret = dashauth.read_secret(ui.token_file)
+        for token in (operator(ui), dashauth.tenant_token(secret, "alpha")):
+            page = await wait_until(lambda t=token: shown(t), "the subjob's output on the job's page", 30.0)
+            (out,) = page["output"]
+            assert out["stdout"] == printed and out["stderr"] == traceback and out["error"] == "exited with 1"
+            assert out["units_text"] == "0-7 (8)" and page["output_note"] == ""
+        status, _, body = await asyncio.to_thread(
+            fetch, ui.http_port, f"/api/job/{other}", dashauth.tenant_token(secret, "alpha")
+        )
+        assert status == 404 and other.encode() not in body

@@ -436,6 +436,47 @@ def test_repeated_failures_fail_the_job() -> None:
     assert propose(state, offer_for(window(now), now), now, LIMITS) is None
 
 
+def test_a_subjob_lost_to_the_infrastructure_is_not_the_jobs_error() -> None:
+    """A lease that lapsed before the subjob started (``lost``) is the infrastructure's loss, not the
+    job's: the range runs again, the job ends ``done`` with no error, and the loss stays visible in
+    the subjob's own entry of the history."""
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0)
+    stale = msgspec.structs.replace(
+        execute(sj, T0, status="lost"), error="lease lapsed before start (stale fence)"
+    )
+    state, applied = apply_completion(state, stale, T0 + 1.0)
+    assert applied and state.status == "running"
+    assert state.error == "", "a lost subjob is not the job's error while it runs"
+    now = T0 + 1.0
+    while state.status == "running":
+        state, sj = win_window(state, now)
+        state, _ = apply_completion(state, execute(sj, now), now + 1.0)
+        now += 1.0
+    assert state.status == "done" and state.error == ""
+    assert state.result == run_in_one_piece("matmul", MM_PARAMS)
+    lost = [h for h in state.history if h.status == "lost"]
+    assert [h.error for h in lost] == ["lease lapsed before start (stale fence)"]
+
+
+def test_a_done_job_shows_no_error_from_a_subjob_that_was_tried_again() -> None:
+    """A subjob that timed out (which is the job's error while it runs) and whose range then
+    completes: the job is done, without that error; the timeout stays in the history."""
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0)
+    late = msgspec.structs.replace(execute(sj, T0, status="timeout"), error="exceeded the window of 3.00s")
+    state, _ = apply_completion(state, late, T0 + 1.0)
+    assert state.error == "exceeded the window of 3.00s"
+    now = max(T0 + 1.0, state.bids_again_at)
+    while state.status == "running":
+        now = max(now, state.bids_again_at)
+        state, sj = win_window(state, now)
+        state, _ = apply_completion(state, execute(sj, now), now + 1.0)
+        now += 1.0
+    assert state.status == "done" and state.error == ""
+    assert any(h.status == "timeout" and h.error.startswith("exceeded") for h in state.history)
+
+
 def test_a_success_resets_the_failure_count() -> None:
     state = new_job("j1", spec(), T0)
     now = T0

@@ -48,3 +48,19 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
         read_spec_file(tmp_path)
     with pytest.raises(SpecErrors, match=r"y\.yaml: not valid YAML/JSON at line \d+, column \d+: "):
         load_spec("name: [unclosed\n", "y.yaml")
+
+
+def test_a_range_of_units_is_written_one_way() -> None:
+    """``[start, start + count)`` as its first and last unit, both included, and the count: the
+    count tells the reader the last unit is included (``0-7 (8)`` is eight units, not nine)."""
+    from sja.protocol.wording import unit_range
+
+    assert unit_range(0, 8) == "0-7 (8)"
+    assert unit_range(1, 8) == "1-8 (8)"
+    assert unit_range(5, 1) == "5 (1)"
+    assert unit_range(5, 0) == "none from 5 (0)"
+    for start, count in [(0, 1), (3, 2), (100, 57)]:
+        first, _, rest = unit_range(start, count).partition("-")
+        if rest:
+            last, n = rest.split(" ")
+            assert int(last) - int(first) + 1 == int(n.strip("()")) == count

@@ -14,8 +14,10 @@ from sja.protocol.messages import (
     InFlight,
     JobSpec,
     JobState,
+    LogsView,
     RoundRecord,
     SliceState,
+    SubjobLog,
     SubjobSummary,
     Verdict,
     Window,
@@ -98,7 +100,8 @@ def test_the_timeline_draws_finished_and_running_subjobs_on_known_slices_within_
     assert segs["ja.s2"]["running"] and segs["ja.s2"]["end"] == NOW and segs["ja.s2"]["status"] == "running"
     assert segs["ja.s1"]["status"] == "oom" and not segs["ja.s1"]["running"]
     assert tl["start"] == NOW - 50 and tl["end"] == NOW
-    assert len({g["colour"] for g in tl["segments"]}) == 1 == len({views.job_colour("ja")})
+    assert {g["colour"] for g in tl["segments"]} == {views.job_colours([a])["ja"]}
+    assert segs["ja.s2"]["units_text"] == "2-4 (3)"
     # Rows by GPU and placement, as the MIG layout places them.
     assert [r["slice_id"] for r in views.slice_rows(slices)] == ["a", "b"]
 
@@ -157,3 +160,69 @@ def test_a_round_lists_the_winner_first_and_counts_the_verdicts_it_leaves_out() 
     assert page["rounds"][0]["trace_url"] == "http://jaeger:16686/trace/abc"
     assert page["rounds"][0]["verdict"] == {"won": True, "reason": "won: best", "size": 0}
     assert views.job_page(state, explanation, [record], NOW, "", "gateway")["rounds"][0]["trace_url"] == ""
+
+
+def test_two_jobs_on_screen_never_share_a_colour() -> None:
+    """``job-0`` and ``job-29`` had the same colour when it was a hash of the id (crc32 % 360 is 337
+    for both): now each job on screen has its own, whatever its id, for as many jobs as a screen
+    could show; the same for the same jobs in any order; a later job changes no earlier colour."""
+    pair = [job("job-0", "a", submitted_at=NOW - 9), job("job-29", "a", submitted_at=NOW - 8)]
+    colours = views.job_colours(pair)
+    assert colours["job-0"] != colours["job-29"]
+    many = [job(f"job-{i}", "a", submitted_at=NOW - 1000 + i) for i in range(500)]
+    given = views.job_colours(many)
+    assert len(set(given.values())) == 500
+    assert views.job_colours(list(reversed(many))) == given
+    later = views.job_colours([*many[:20], job("late", "b", submitted_at=NOW)])
+    assert all(later[f"job-{i}"] == given[f"job-{i}"] for i in range(20))
+    # The overview colours its table and its timeline alike.
+    o = views.overview(pair, [], [], {}, NOW)
+    assert {r["job_id"]: r["colour"] for r in o["jobs"]} == colours
+
+
+def test_a_failed_jobs_subjobs_are_counted_by_how_they_ended() -> None:
+    """Eight failed subjobs and one that ended ok: not "9 subjobs done"."""
+    history = [done_subjob("f.s0", "a", NOW - 50, NOW - 49)] + [
+        done_subjob(f"f.s{i}", "a", NOW - 40 + i, NOW - 39 + i, status="failed") for i in range(1, 9)
+    ]
+    failed = job("f", "a", status="failed", history=history, finished_at=NOW - 1)
+    row = views.job_row(failed, NOW)
+    assert row["subjob_counts"] == {"ok": 1, "failed": 8}
+    assert row["subjobs_text"] == "9 subjobs ended: 1 ok, 8 failed"
+    assert views.job_row(job("p", "a"), NOW)["subjobs_text"] == "no subjob ended yet"
+
+
+def test_a_job_page_carries_its_subjobs_output_and_its_error_as_written() -> None:
+    """The output tails (the gateway's ``logs``) and the error reach the page as the program wrote
+    them, newlines and markup included: the page shows them as text in ``<pre>``."""
+    trace = 'Traceback (most recent call last):\n  File "train.py", line 3\nValueError: <b>bad</b>'
+    logs = LogsView(
+        job_id="w",
+        subjobs=[
+            SubjobLog(subjob_id="w.s0", slice_id="a", status="ok", unit_start=0, units=8, units_done=8,
+                      finished_at=NOW - 5, stdout="loss 0.5\nloss 0.4\n"),
+            SubjobLog(subjob_id="w.s1", slice_id="a", status="failed", unit_start=8, units=1, units_done=0,
+                      finished_at=NOW - 1, error="exit status 1", stderr=trace),
+        ],
+    )  # fmt: skip
+    state = job("w", "t", status="failed", error=trace)
+    explanation = Explanation(job_id="w", status="failed", summary="s")
+    page = views.job_page(state, explanation, [], NOW, "", "gateway", logs=logs)
+    assert page["error"] == trace
+    assert [o["subjob_id"] for o in page["output"]] == ["w.s1", "w.s0"]  # the newest first
+    assert page["output"][0]["stderr"] == trace and page["output"][0]["units_text"] == "8 (1)"
+    assert page["output"][1]["stdout"] == "loss 0.5\nloss 0.4\n"
+    assert page["output"][1]["units_text"] == "0-7 (8)"
+    note = "the gateway did not answer"
+    none = views.job_page(state, explanation, [], NOW, "", "dashboard", logs_note=note)
+    assert none["output"] == [] and none["output_note"] == note
+
+
+def test_the_page_shows_a_jobs_text_escaped_with_its_lines() -> None:
+    """The page's script puts the error and the output into ``<pre>`` through ``esc`` only."""
+    from services.ui import page
+
+    assert '<pre class="status-failed" id="job-error">${esc(d.error)}</pre>' in page.JS
+    for part in ("o.error", "o.stdout", "o.stderr"):
+        assert f">${{esc({part})}}</pre>" in page.JS, part
+    assert "subjobs done" not in page.JS and "${r.unit_start}+${r.units}" not in page.JS

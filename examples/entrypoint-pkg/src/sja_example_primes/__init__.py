@@ -11,8 +11,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from sja.protocol.messages import MemoryDecl, TimeDecl
-from sja.workloads.base import SpecError, check_known, int_param
+from sja.workloads import MemoryDecl, SpecError, TimeDecl, check_known, int_param
 
 
 def is_prime(n: int) -> bool:
