@@ -68,6 +68,8 @@ class Context:
     """Unix seconds: the subjob is killed here."""
     stop_grace_s: float = 0.0
     """``should_stop()`` turns true this long before ``deadline``."""
+    first_unit_s: float = 0.0
+    """The subjob's planned start-up and first unit: no stop signal comes before (0: not planned)."""
     slice_id: str = ""
     cuda_visible_devices: str = ""
     mem_cap_mib: int = 0

@@ -16,6 +16,7 @@ import msgspec
 from sja.core.planner import (
     PlanLimits,
     PlanRequest,
+    first_unit_s,
     largest_safe_size,
     materialize_size,
     plan_candidates,
@@ -541,6 +542,7 @@ def materialize(
         next_unit = start + size
     window = grant.window
     time_cap = plan_length(profile, req, limits) + limits.start_overhead_s
+    first_unit = min(first_unit_s(profile, req), time_cap)
     seq = state.next_seq
     subjob = Subjob(
         subjob_id=f"{state.job_id}.s{seq}",
@@ -569,6 +571,7 @@ def materialize(
         slice_state=grant.slice_state,
         attempt=attempt_of(state, start),
         proof_key=proof_key,
+        first_unit_s=round(max(first_unit, 0.0), 6),
     )
     flight = InFlight(
         subjob_id=subjob.subjob_id,

@@ -180,7 +180,8 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
                 restore()
         now = time.time()
         deadline = ctx.deadline if math.isfinite(ctx.deadline) else now + 10 * 365 * 86400
-        grace = min(params["stop_grace_s"], max(0.0, (deadline - now) / 2))
+        # Never before the planned start-up and first unit (``planner.stop_grace``, in the context).
+        grace = min(ctx.stop_grace_s, max(0.0, deadline - now))
         cuda = ctx.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")
         contract = {
             "SJA_JOB_ID": ctx.job_id,
@@ -249,6 +250,20 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
                 "timeout",
                 f"still running at the window's end ({deadline - now:.1f}s after it started; SIGTERM "
                 f"was sent {grace:.1f}s before): killed. Last output:\n{tail}",
+            )
+        said = reported.get("units_done")
+        if (
+            r.signalled == "term"
+            and r.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+            and (not isinstance(said, int) or isinstance(said, bool))
+        ):
+            # SJA's own stop signal ended it before it said it had done anything: the window was too
+            # short for its start-up, not a failure of the program (its time profile learns).
+            raise job.Stopped(
+                "timeout",
+                f"stopped by SJA's SIGTERM {grace:.1f}s before the window's end, before it reported "
+                f"a unit done (its start-up and first unit were planned at {ctx.first_unit_s:.1f}s of "
+                f"a {deadline - now:.1f}s window): the window was too short. Last output:\n{tail}",
             )
         if r.returncode != 0:
             if r.returncode == -signal.SIGXFSZ:

@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 
 from sja import job
+from sja.core.planner import stop_grace
 from sja.execution import commands, warm
 from sja.execution import sandbox as sbx
 from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter
@@ -211,7 +212,8 @@ def subjob_context(sj: Subjob, params: dict[str, Any], total_units: int, started
         total_units=total_units,
         attempt=sj.attempt,
         deadline=started + sj.time_cap_s,
-        stop_grace_s=min(grace, sj.time_cap_s / 2),
+        stop_grace_s=stop_grace(sj.time_cap_s, sj.first_unit_s, grace),
+        first_unit_s=sj.first_unit_s,
         slice_id=sj.slice_id,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         mem_cap_mib=sj.mem_cap_mib,

@@ -483,6 +483,10 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     proof_key: ProofKey = b""
     """The subjob's secret (``sja.core.proofs``): the executor signs the completion with it and
     keeps it from the program; empty: a subjob whose completion cannot be proven (refused)."""
+    first_unit_s: NonNegFloat = 0.0
+    """Seconds the subjob is given before any stop signal: its planned start-up and first unit (the
+    ``1 - eps_time`` quantile of one unit on this slice, ``planner.stop_grace``); 0: not planned (a
+    stop signal no earlier than half the window)."""
 
 
 class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=True):

@@ -9,7 +9,7 @@ with (see ``docs/jobs.md``):
   always empty when ``sequential`` is false), ``SJA_STATE_OUT``: an empty directory to leave the
   state in;
 - ``SJA_DEADLINE`` (Unix seconds) and ``SJA_STOP_GRACE_S``: ``SIGTERM`` comes ``stop_grace_s``
-  before the deadline (at most half the window), ``SIGKILL`` at it;
+  before the deadline (never before its planned start-up and first unit), ``SIGKILL`` at it;
 - ``SJA_REPORT``: a file where a program that stops early writes ``{"units_done": k}`` (the SDK's
   ``ctx.report`` does it); without it, exit 0 means every unit is done.
 

@@ -270,6 +270,28 @@ def test_materialize_never_exceeds_the_granted_candidate() -> None:
     assert mat.subjob.fence == g.fence and mat.subjob.grant_id == g.grant_id
 
 
+def test_a_subjob_carries_its_planned_start_up_and_first_unit_and_is_not_stopped_before() -> None:
+    from sja.core.planner import stop_grace
+
+    state = new_job("j1", spec(time=TimeDecl(warmup_s=5.0, per_unit_s=0.5, rel_sd=0.2)), T0)
+    big = window(T0, mem_mib=40_192, profile="7g.40gb", share=1.0)
+    offer = offer_for(big, T0)
+    proposal = propose(state, offer, T0, LIMITS)
+    assert proposal is not None
+    mat = materialize(state, grant_for(state, offer, proposal, T0), T0, LIMITS, "agent-1")
+    sj = mat.subjob
+    assert sj is not None
+    # Its start-up and one unit, at the planning quantile: more than the declared 5.5 s, within the cap.
+    assert 5.5 < sj.first_unit_s <= sj.time_cap_s
+    grace = stop_grace(sj.time_cap_s, sj.first_unit_s, 30.0)
+    assert sj.time_cap_s - grace >= sj.first_unit_s - 1e-9
+    # What the job asks, when the window leaves room; half the window without a plan.
+    assert stop_grace(100.0, 10.0, 30.0) == 30.0
+    assert stop_grace(8.0, 5.0, 30.0) == 3.0
+    assert stop_grace(8.0, 0.0, 30.0) == 4.0
+    assert stop_grace(8.0, 9.0, 30.0) == 0.0
+
+
 def test_a_declined_grant_delivered_again_never_becomes_a_subjob() -> None:
     """A job at its ``max_parallel`` declines a second grant (its slice is given back); once the job
     can take work again, a copy of that grant must not become a subjob: its lease may belong to

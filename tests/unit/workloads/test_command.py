@@ -159,6 +159,53 @@ def test_a_program_stopped_by_sigterm_keeps_the_units_it_reported() -> None:
     assert summary_of(r.output).unit_end == r.units_done
 
 
+STARTS_SLOWLY = """
+import os, pathlib, signal, sys, time
+e = os.environ
+t0 = time.time()
+stopped = []
+# How long before its deadline the stop signal came.
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(float(e["SJA_DEADLINE"]) - time.time()))
+time.sleep({startup})  # a framework's import and model build
+done = 0
+for unit in range(int(e["SJA_UNITS"])):
+    if stopped:
+        break
+    time.sleep(0.05)
+    done += 1
+pathlib.Path(e["SJA_STATE_OUT"], "s").write_text(str(done))
+pathlib.Path(e["SJA_REPORT"]).write_text('{{"units_done": %d}}' % done)
+print("stopped before the deadline by", stopped[0] if stopped else None, "units", done, flush=True)
+"""
+
+
+def test_no_stop_signal_comes_before_the_planned_start_up_and_first_unit() -> None:
+    # A 4 s window, a 30 s grace asked for: half the window would stop it at 2 s, inside its 2.5 s
+    # start-up. Planned at 3 s for its start-up and first unit, it is stopped no earlier than that.
+    body = STARTS_SLOWLY.format(startup=2.5)
+    r = run_subjob(
+        subjob(
+            {"argv": program(body), "units": 1000, "stop_grace_s": 30.0},
+            units=1000,
+            cap=4.0,
+            first_unit_s=3.0,
+        )
+    )
+    assert r.status == "ok", r.error
+    assert r.units_done >= 1
+    before = float(r.stdout.split("stopped before the deadline by ")[1].split()[0])
+    assert before <= 4.0 - 3.0 + 0.05, r.stdout  # not the 2 s that half the window would give
+
+
+def test_a_program_killed_by_the_stop_signal_during_its_start_up_is_a_window_too_short() -> None:
+    # No handler: SJA's SIGTERM ends it while it starts. Its program did nothing wrong: a timeout,
+    # which the job's time profile learns from, not a failure counted toward giving up.
+    body = "import time; time.sleep(30)"
+    r = run_subjob(subjob({"argv": program(body), "units": 10, "stop_grace_s": 1.0}, units=10, cap=3.0))
+    assert r.status == "timeout", (r.status, r.error)
+    assert "stopped by SJA's SIGTERM" in r.error and "window was too short" in r.error
+
+
 def test_a_program_flooding_stdout_costs_no_memory_and_keeps_a_tail() -> None:
     body = """
     import os, sys, pathlib
