@@ -533,6 +533,9 @@ class ProfileState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``sja.core.profiles``)."""
     proven: list[tuple[int, float]] = []
     """(size, usable MiB) of completed subjobs: a size no larger fits a cap no smaller."""
+    mem_declared: list[float] = []
+    """(base, per unit) MiB the job declared, kept when a measurement contradicts ``mem_bound``;
+    empty: it declared none."""
 
 
 class UnitRange(msgspec.Struct, frozen=True, kw_only=True, gc=False):
