@@ -697,10 +697,16 @@ class JobProfile:
                 if dof > 0.0:
                     ss = sum(w * (u - mean) ** 2 for w, u in zip(weights, us, strict=True)) / sw
                     sd = math.sqrt(ss * n / dof)
-                # every OOM kept, at its pseudo-value: a later smaller peak at that size does not
-                # make it noise when peaks vary with the data
-                seen = [(float(size), CENSORED_INFLATION * cap) for size, cap in self.oom_bounds]
-                top = max(math.log(max(y, 1e-9) / scale(x)) for x, y in [*((x, y) for x, y, _ in obs), *seen])
+                # every OOM kept (``oom_bounds``): a later smaller peak at its size does not make it
+                # noise when peaks vary with the data. It was above its cap by at least the measured
+                # spread (at most ``CENSORED_INFLATION``, the regression's own pseudo-value)
+                above = min(sd, math.log(CENSORED_INFLATION))
+                seen = [(float(size), cap * math.exp(above)) for size, cap in self.oom_bounds]
+                # the peaks near the latest size (those the regression weighs at least half): far
+                # ones differ from the line by its shape as much as by the data
+                near = [(x, y) for (x, y), w in zip(exact, weights, strict=True) if w >= 0.5]
+                peaks = [*near, *seen]
+                top = max(math.log(max(y, 1e-9) / scale(x)) for x, y in peaks)
                 ev = (dof, n, mean, sd, top)
             self._evidence = ev
         return ev
