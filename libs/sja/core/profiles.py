@@ -41,20 +41,24 @@ learned profile plans alone, as before).
 **Leaving a declaration takes evidence** (``JobProfile.mem_evidence``). Peak memory often depends on
 the data a subjob reads, not only on its size: one subjob of a job that declared 30,000 MiB may peak at
 300 MiB and the next at 20,000. The regression's spread, fitted to a handful of peaks, says little
-about such tails, so below the declaration the quantile is also never below an *evidence bound*
-built from the peaks relative to the declaration, ``u_i = ln(peak_i / D(k_i))``, over the ``n`` kept
-observations (an OOM counts at its pseudo-value):
+about such tails, so below its ceiling the quantile is also never below an *evidence bound* built
+from the measured peaks relative to the regression's line ``s`` (``u_i = ln(peak_i / s(k_i))``,
+weighed as the regression weighs them), with ``dof`` the effective number of peaks less the line's
+parameters:
 
-- ``n`` with ``n / (n + 1) >= q``: the largest ``u_i`` (distribution-free: a new peak exchangeable
-  with ``n`` others exceeds their maximum with probability ``1 / (n + 1)``);
-- fewer, but at least ``EVIDENCE_MIN_OBSERVATIONS``: the largest ``u_i`` or the log-normal predictive
-  ``mean(u) + t_{n-1}(q) * sd(u) * sqrt(1 + 1/n)``, whichever is higher (exact when peaks vary
-  log-normally between subjobs, whatever ``n``; a heavy-tailed Student-t on the log scale);
-- fewer still: none (the plan stays at the declaration).
+- ``dof / (dof + 1) >= q``: the largest ``u_i`` (distribution-free: a new peak exchangeable with
+  ``dof`` others exceeds their maximum with probability ``1 / (dof + 1)``);
+- fewer, but ``dof >= EVIDENCE_MIN_DOF``: the largest ``u_i`` or the log-normal predictive
+  ``mean(u) + t_dof(q) * sd(u) * sqrt(1 + 1/n)``, whichever is higher (exact when peaks vary
+  log-normally between subjobs, whatever their number: a Student-t on the log scale);
+- fewer still: none, and a job with a declaration is planned at its ceiling.
 
-So the number of observations needed before a plan leaves the declaration grows with how far below
-it the plan goes (``ln(D / plan)`` against ``t_{n-1}(q) * sd(u)``): peaks within 3 % of each other
-move the plan down after two subjobs, peaks a factor 3 apart keep it at the declaration.
+Every OOM the profile keeps (``oom_bounds``) counts as a peak seen, above its cap by the measured
+spread. So the number of peaks needed before a plan leaves the declaration grows with how far below
+it the plan goes (``ln(D / plan)`` against ``t_dof(q) * sd(u)``): peaks within 3 % of each other
+move the plan down after two subjobs at one size, two peaks a factor 3 apart do not. A declaration a
+measurement contradicted (``mem_bound`` dropped) is kept in ``declared``: without that evidence the
+job is planned no lower than it.
 """
 
 from __future__ import annotations
