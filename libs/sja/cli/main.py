@@ -668,6 +668,8 @@ def logs(
         if as_json:
             print(json.dumps(msgspec.to_builtins(got), indent=2))
             return
+        for note in got.notes:
+            print(f"memory: {note}")
         if not got.subjobs:
             print(f"job {job_id}: no subjob has ended yet")
         for s in got.subjobs:

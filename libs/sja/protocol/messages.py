@@ -682,6 +682,8 @@ class SubjobLog(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class LogsView(Message, tag="sja.logs_view.v1", frozen=True, kw_only=True):
     job_id: str
     subjobs: list[SubjobLog]
+    notes: list[str] = []
+    """What the user should know beside the output: a measured peak above the declaration."""
 
 
 class StateQuery(Message, Tokens, tag="sja.state_query.v1", frozen=True, kw_only=True):

@@ -14,6 +14,7 @@ from sja.protocol.messages import (
     InFlight,
     JobSpec,
     JobState,
+    MemoryDecl,
     RoundRecord,
     SliceState,
     SubjobSummary,
@@ -157,3 +158,21 @@ def test_a_round_lists_the_winner_first_and_counts_the_verdicts_it_leaves_out() 
     assert page["rounds"][0]["trace_url"] == "http://jaeger:16686/trace/abc"
     assert page["rounds"][0]["verdict"] == {"won": True, "reason": "won: best", "size": 0}
     assert views.job_page(state, explanation, [record], NOW, "", "gateway")["rounds"][0]["trace_url"] == ""
+
+
+def test_the_jobs_list_says_a_peak_above_the_declaration() -> None:
+    def declaring(job_id: str, mib: float) -> JobState:
+        spec = JobSpec(
+            name=job_id, tenant="a", workload="montecarlo", params={"units": 10},
+            memory=MemoryDecl(base_mib=mib, per_unit_mib=0),
+        )  # fmt: skip
+        ran = [done_subjob(f"{job_id}.s0", "x", NOW - 9, NOW - 8)]  # peaked at 90 MiB
+        return msgspec.structs.replace(new_job(job_id, spec, NOW - 100), history=ran)
+
+    over, fine = declaring("m", 80), declaring("f", 100)
+    rows = {r["job_id"]: r for r in views.job_rows([over, fine], NOW)}
+    assert (
+        rows["m"]["memory"]
+        == "measured 90 MiB, above the declared 80 MiB (subjob 0): declare at least 90 MiB"
+    )
+    assert rows["f"]["memory"] == ""
