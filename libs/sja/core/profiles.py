@@ -122,6 +122,9 @@ MAX_OBSERVATIONS = 64
 """Observations kept per regression (the oldest are dropped; the prior always stays, and so do the
 lower bounds that censored observations set)."""
 
+EXP_MAX, HUGE_MIB = 700.0, 1e300
+"""An evidence bound is at most this (finite: an unplannable size, whose quantiles still compare)."""
+
 EVIDENCE_MIN_DOF = 0.75
 """Degrees of freedom the peaks must leave, once the regression's line is fitted to them, before a
 job's memory is planned below its declaration (``JobProfile.mem_evidence``): one peak, or one per
@@ -138,8 +141,9 @@ Fit = tuple[float, float, float, float, float, float, float, float, float]
 """A fitted posterior: (mu0, mu1, p00, p01, p11, a, b, s0, s1)."""
 
 
-Evidence = tuple[float, float, float, float, float]
-"""(dof, n, mean, sd, largest) of a job's log peaks relative to its line (``JobProfile.evidence``)."""
+Evidence = tuple[float, float, float, float, float, float, float]
+"""(dof, n, mean, sd, largest, largest OOM, OOMs) of a job's log peaks relative to its line
+(``JobProfile.evidence``)."""
 
 
 def _loc_scale(fit: Fit, x: float) -> tuple[float, float, float]:
@@ -675,16 +679,20 @@ class JobProfile:
         return self.declared[0] + self.declared[1] * k
 
     def evidence(self) -> Evidence:
-        """(dof, n, mean, sd, largest) of ``u = ln(peak / s(k))`` over the kept measured peaks, ``s``
-        the regression's reference line (its posterior mean as of the latest measured peak: an OOM
-        since then does not move it), each peak weighed as the regression weighs it (its locality).
-        ``n`` is the effective number of peaks (``(sum w)^2 / sum w^2``) and ``dof`` what is left of
-        it once the line is fitted (one parameter per distinct size, at most two). An OOM since
-        counts only in ``largest`` (at its pseudo-value): it can raise the bound, never lower it.
-        All 0 without a declaration."""
+        """(dof, n, mean, sd, largest, largest OOM, OOMs) of ``u = ln(peak / s(k))`` over the kept
+        measured peaks, ``s`` the regression's reference line (its posterior mean as of the latest
+        measured peak: an OOM since then does not move it), each peak weighed as the regression
+        weighs it (its locality). ``n`` is the effective number of peaks (``(sum w)^2 / sum w^2``)
+        and ``dof`` what is left of it once the line is fitted (one parameter per distinct size, at
+        most two). ``largest`` is over the peaks the regression weighs at least half (far ones
+        differ from the line by its shape as much as by the data). Every OOM the profile keeps
+        (``oom_bounds``) is a peak above its cap by the measured spread (at most
+        ``CENSORED_INFLATION``, the regression's own pseudo-value), whatever completed at its size
+        since: ``largest OOM`` is the largest of them, ``OOMs`` their number. All 0 without a
+        measured peak."""
         ev = self._evidence
         if ev is None:
-            ev = (0.0, 0.0, 0.0, math.inf, -math.inf)
+            ev = (0.0, 0.0, 0.0, math.inf, -math.inf, -math.inf, 0.0)
             obs = self.mem.obs
             exact = [(x, y) for x, y, bound in obs if bound <= 0.0]
             if exact:
@@ -701,17 +709,12 @@ class JobProfile:
                 if dof > 0.0:
                     ss = sum(w * (u - mean) ** 2 for w, u in zip(weights, us, strict=True)) / sw
                     sd = math.sqrt(ss * n / dof)
-                # every OOM kept (``oom_bounds``): a later smaller peak at its size does not make it
-                # noise when peaks vary with the data. It was above its cap by at least the measured
-                # spread (at most ``CENSORED_INFLATION``, the regression's own pseudo-value)
+                top = max(u for u, w in zip(us, weights, strict=True) if w >= 0.5)
                 above = min(sd, math.log(CENSORED_INFLATION))
-                seen = [(float(size), cap * math.exp(above)) for size, cap in self.oom_bounds]
-                # the peaks near the latest size (those the regression weighs at least half): far
-                # ones differ from the line by its shape as much as by the data
-                near = [(x, y) for (x, y), w in zip(exact, weights, strict=True) if w >= 0.5]
-                peaks = [*near, *seen]
-                top = max(math.log(max(y, 1e-9) / scale(x)) for x, y in peaks)
-                ev = (dof, n, mean, sd, top)
+                ooms = [
+                    math.log(max(cap, 1e-9) / scale(float(size))) + above for size, cap in self.oom_bounds
+                ]
+                ev = (dof, n, mean, sd, top, max(ooms, default=-math.inf), float(len(ooms)))
             self._evidence = ev
         return ev
 
@@ -723,36 +726,43 @@ class JobProfile:
         return lambda x: s0 + s1 * max(x, 0.0)
 
     def mem_evidence(self, k: int, q: float) -> float:
-        """The lowest ``q`` quantile of peak memory at ``k`` that the observed peaks support, for a job
-        with a declaration (``inf``: too few to leave it). Peaks are taken relative to the
-        regression's line ``s`` (``u = ln(peak / s(k))``, ``evidence``); with ``dof`` degrees of
-        freedom left once the line is fitted, it is ``s(k)`` times
+        """The lowest ``q`` quantile of peak memory at ``k`` that the observed peaks support
+        (``inf``: too few to leave the ceiling). Peaks are taken relative to the regression's line
+        ``s`` (``u = ln(peak / s(k))``, ``evidence``); with ``dof`` degrees of freedom left once the
+        line is fitted and ``m`` OOMs, it is ``s(k)`` times ``exp`` of
 
-        - ``exp(max u)`` when ``dof / (dof + 1) >= q``: a new peak exchangeable with ``dof`` others
-          exceeds their maximum with probability ``1 / (dof + 1)``, whatever their distribution;
-        - otherwise, from ``EVIDENCE_MIN_DOF`` on, ``exp(max(max u, mean(u) + t_dof(q) sd(u)
-          sqrt(1 + 1/n)))``, the log-normal predictive (a Student-t on the log scale: exact for
+        - the largest peak ``U`` when ``dof / (dof + m + 1) >= q``: a new peak exchangeable with the
+          ``dof + m`` others exceeds the largest measured one with probability ``(m + 1) / (dof + m
+          + 1)`` at most, whatever their distribution (the OOMs, above their caps, the largest);
+        - ``max(U, U_oom)`` when ``dof / (dof + 1) >= q``: the largest of ``dof`` peaks and the OOMs;
+        - otherwise, from ``EVIDENCE_MIN_DOF`` on, ``max(U, U_oom, mean(u) + t_dof(q) sd(u)
+          sqrt(1 + 1/n))``, the log-normal predictive (a Student-t on the log scale: exact for
           peaks that vary log-normally between subjobs, at any number of them);
         - ``inf`` with fewer.
 
-        Never below the largest peak seen (scaled to ``k`` by the line)."""
-        dof, n, mean, sd, top = self.evidence()
+        Never below the largest peak seen near the latest size (scaled to ``k`` by the line)."""
+        dof, n, mean, sd, top, top_oom, m = self.evidence()
         if dof < EVIDENCE_MIN_DOF:
             return math.inf
         u = top
+        if dof < q * (dof + m + 1.0) - 1e-9:
+            u = max(top, top_oom)
         if dof < q * (dof + 1.0) - 1e-9:
-            u = max(top, mean + t_ppf(dof, q) * sd * math.sqrt(1.0 + 1.0 / n))
-        return self._evidence_scale()(k) * math.exp(u) if u < 700.0 else math.inf
+            u = max(u, mean + t_ppf(dof, q) * sd * math.sqrt(1.0 + 1.0 / n))
+        return min(self._evidence_scale()(k) * math.exp(min(u, EXP_MAX)), HUGE_MIB)
 
     def mem_evidence_cdf(self, k: int, y: float) -> float:
         """P(peak <= y) consistent with ``mem_evidence``: the largest q whose bound is within ``y``."""
-        dof, n, mean, sd, top = self.evidence()
+        dof, n, mean, sd, top, top_oom, m = self.evidence()
         if dof < EVIDENCE_MIN_DOF:
             return 0.0
         v = math.log(max(y, 1e-300) / self._evidence_scale()(k))
         if v < top:
             return 0.0
-        p = dof / (dof + 1.0)  # the distribution-free part: the largest peak holds up to this q
+        p = dof / (dof + m + 1.0)  # the largest measured peak holds up to this q
+        if v < top_oom:
+            return p
+        p = dof / (dof + 1.0)  # and with the OOMs, up to this one
         if sd > 0.0:
             z = (v - mean) / (sd * math.sqrt(1.0 + 1.0 / n))
             p = max(p, float(stdtr(dof, z)))

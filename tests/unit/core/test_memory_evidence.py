@@ -170,3 +170,19 @@ def test_log_normal_peaks_overrun_their_plan_at_most_eps_of_the_time() -> None:
             # (within the sampling error of 300 jobs)
             assert evidence / jobs <= EPS + 0.01, (sigma, n, evidence / jobs)
             assert evidence / jobs >= 0.5 * EPS, (sigma, n, evidence / jobs)  # and not far more cautious
+
+
+def test_an_oom_is_outranked_once_enough_peaks_make_the_largest_measured_one_a_bound() -> None:
+    # one OOM counted as the largest of dof + 1 peaks: with dof / (dof + 2) >= 0.95 the largest
+    # measured peak is a distribution-free bound without it, and the 5 GB slice is planned again
+    p = declared()
+    run(p, 8, 800.0, FORTY)
+    run(p, 8, 805.0, FORTY)
+    run(p, 8, 6400.0, SMALL)  # out of memory
+    runs = 0
+    while not plans_on(p, SMALL, 7):
+        run(p, 8, 800.0 * (1.0 + 0.01 * (runs % 3)), TEN)
+        runs += 1
+        assert runs < 60
+    dof = p.evidence()[0]
+    assert dof / (dof + 2.0) >= Q > (dof - 1.0) / (dof + 1.0)
