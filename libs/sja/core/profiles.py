@@ -53,8 +53,9 @@ parameters:
   log-normally between subjobs, whatever their number: a Student-t on the log scale);
 - fewer still: none, and a job with a declaration is planned at its ceiling.
 
-Every OOM the profile keeps (``oom_bounds``) counts as a peak seen, above its cap by the measured
-spread. So the number of peaks needed before a plan leaves the declaration grows with how far below
+Every OOM the profile keeps (``oom_bounds``) counts as a peak above its cap by the measured spread,
+whatever completed at its size since, until enough measured peaks outrank it (the OOMs taken as the
+largest). So the number of peaks needed before a plan leaves the declaration grows with how far below
 it the plan goes (``ln(D / plan)`` against ``t_dof(q) * sd(u)``): peaks within 3 % of each other
 move the plan down after two subjobs at one size, two peaks a factor 3 apart do not. A declaration a
 measurement contradicted (``mem_bound`` dropped) is kept in ``declared``: without that evidence the
