@@ -23,13 +23,27 @@ does not is censored at the number of subjobs per run. The median and p90 are ov
 converged or not; overshoots (plans above ``k*``) are counted apart, with the realized OOM rate
 against ``eps_mem``.
 
+Memory that depends on the data (``--data-only`` runs these alone): a job declares a flat peak
+(30,000 MiB unless the case says) and each subjob's peak is drawn from a distribution that does not
+depend on its size: log-normal between subjobs with a large sigma, a mixture with rare 8x spikes, a
+job whose first peaks are small and the later ones large, and plain 3 % noise as a control. Every
+round the job runs on the smallest A100-40GB slice where the planner finds a safe size (the
+cluster offers it every window; a rigid scheduler would take the smallest slice that holds the
+declaration); a peak above that slice's usable memory is an OOM. Each case reports the realized OOM
+rate against ``eps_mem``, the OOM rate the plans it made would have had under the true distribution
+(``expected_oom_rate``: exact, not sampled), the OOM rate of the rigid slice itself
+(``rigid_oom_rate``: a declaration below the peaks' own ``1 - eps_mem`` quantile fails there too), and
+the slice memory saved against the rigid slice.
+
     python bench/calibration.py --json        # last line: a JSON object
+    python bench/calibration.py --data-only --json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -233,6 +247,194 @@ def censored_quantile(values: list[int | None], cap: int, q: float) -> float:
     return float(xs[int(q * (len(xs) - 1))]) if q != 0.5 else float(statistics.median(xs))
 
 
+# --- memory that depends on the data ------------------------------------------------------------
+
+DATA_GPU = "A100-40GB"
+DATA_UNITS = 8
+"""Units a subjob may take (memory does not depend on its size in these cases: it takes them all)."""
+
+
+class PeakLaw:
+    """A subjob's peak memory: drawn per subjob (``draw``) and its exact survival function."""
+
+    def __init__(self, name: str, declared_mib: float, what: str) -> None:
+        self.name, self.declared_mib, self.what = name, declared_mib, what
+
+    def draw(self, rng: random.Random, i: int) -> float:
+        raise NotImplementedError
+
+    def p_above(self, cap: float, i: int) -> float:
+        """P(peak of the ``i``-th subjob > cap)."""
+        raise NotImplementedError
+
+
+class LogNormal(PeakLaw):
+    def __init__(self, name: str, declared_mib: float, median: float, sigma: float) -> None:
+        super().__init__(name, declared_mib, f"log-normal, median {median:g} MiB, sigma {sigma:g}")
+        self.median, self.sigma = median, sigma
+
+    def draw(self, rng: random.Random, i: int) -> float:
+        return self.median * math.exp(rng.gauss(0.0, self.sigma))
+
+    def p_above(self, cap: float, i: int) -> float:
+        return 1.0 - NormalDist().cdf(math.log(cap / self.median) / self.sigma)
+
+
+class Spikes(PeakLaw):
+    """``base`` with a 3 % normal noise; with probability ``p`` a spike ``factor`` times larger."""
+
+    def __init__(self, name: str, declared_mib: float, base: float, p: float, factor: float) -> None:
+        super().__init__(name, declared_mib, f"{base:g} MiB (3 % noise), {p:.0%} of subjobs {factor:g}x")
+        self.base, self.p, self.factor = base, p, factor
+
+    def draw(self, rng: random.Random, i: int) -> float:
+        spike = rng.random() < self.p
+        return self.base * (self.factor if spike else 1.0) * (1.0 + rng.gauss(0.0, 0.03))
+
+    def p_above(self, cap: float, i: int) -> float:
+        n = NormalDist(1.0, 0.03)
+        return (1.0 - self.p) * (1.0 - n.cdf(cap / self.base)) + self.p * (
+            1.0 - n.cdf(cap / (self.base * self.factor))
+        )
+
+
+class Shift(PeakLaw):
+    """``small`` MiB (3 % noise) for the first ``first`` subjobs, then ``large``: not exchangeable."""
+
+    def __init__(self, name: str, declared_mib: float, small: float, large: float, first: int) -> None:
+        what = f"{small:g} MiB for the first {first} subjobs, then {large:g} MiB (3 % noise)"
+        super().__init__(name, declared_mib, what)
+        self.small, self.large, self.first = small, large, first
+
+    def draw(self, rng: random.Random, i: int) -> float:
+        return (self.small if i < self.first else self.large) * (1.0 + rng.gauss(0.0, 0.03))
+
+    def p_above(self, cap: float, i: int) -> float:
+        m = self.small if i < self.first else self.large
+        return 1.0 - NormalDist(1.0, 0.03).cdf(cap / m)
+
+
+DATA_CASES: tuple[PeakLaw, ...] = (
+    LogNormal("lognormal_sigma1", 30_000.0, 300.0, 1.0),
+    LogNormal("lognormal_sigma2", 30_000.0, 300.0, 2.0),
+    LogNormal("declared_below_its_q95", 12_000.0, 1500.0, 1.5),
+    Spikes("spikes_8x_10pct", 30_000.0, 800.0, 0.10, 8.0),
+    Spikes("spikes_8x_2pct", 30_000.0, 800.0, 0.02, 8.0),
+    Shift("small_then_large", 30_000.0, 300.0, 20_000.0, 5),
+    LogNormal("noise_3pct", 30_000.0, 800.0, 0.03),
+)
+
+
+def run_data_case(
+    law: PeakLaw, eps: float, seed: int, completions: int, limits: PlanLimits
+) -> dict[str, float]:
+    rng = random.Random(seed)
+    profile = JobProfile.from_declaration(
+        MemoryDecl(base_mib=law.declared_mib, per_unit_mib=0.0),
+        TimeDecl(warmup_s=0.01, per_unit_s=1e-6, rel_sd=0.1),
+        typical_units=DATA_UNITS,
+    )
+    sizes = sorted({p.mem_mib for p in gpu_model(DATA_GPU).profiles})
+    rigid = min(m for m in sizes if m - limits.mem_reserve_mib >= law.declared_mib)
+    reqs = [
+        PlanRequest(
+            window=Window(
+                slice_id=f"bench-{m}",
+                node="bench",
+                pool="bench",
+                gpu_model=DATA_GPU,
+                profile=f"{m}",
+                mem_mib=m,
+                compute_share=1.0,
+                start_s=0.0,
+                end_s=3600.0,
+            ),
+            now=0.0,
+            eps_mem=eps,
+            eps_time=0.05,
+            max_units=DATA_UNITS,
+        )
+        for m in sizes
+    ]
+    runs = ooms = below = 0
+    expected = saved = 0.0
+    first_below = -1
+    for i in range(completions):
+        for req in reqs:  # the smallest slice where a size is safe
+            k = largest_safe_size(profile, req, limits)
+            if k is not None:
+                break
+        else:
+            break
+        cap = usable_memory(req.window, limits)
+        peak = law.draw(rng, i)
+        runs += 1
+        expected += law.p_above(cap, i)
+        saved += 1.0 - req.window.mem_mib / rigid
+        if req.window.mem_mib < rigid:
+            below += 1
+            if first_below < 0:
+                first_below = i
+        if peak > cap:
+            ooms += 1
+            profile.observe_oom(k, cap)
+        else:
+            profile.observe_memory(k, peak, cap)
+    return {
+        "runs": runs,
+        "ooms": ooms,
+        "expected_ooms": expected,
+        "saved": saved,
+        "below": below,
+        "first_below": first_below,
+    }
+
+
+def data_dependent(eps: float, seeds: int, completions: int, limits: PlanLimits) -> dict[str, object]:
+    rows = []
+    all_runs = all_ooms = 0
+    all_expected = 0.0
+    for law in DATA_CASES:
+        got = [run_data_case(law, eps, seed, completions, limits) for seed in range(seeds)]
+        runs = sum(int(g["runs"]) for g in got)
+        ooms = sum(int(g["ooms"]) for g in got)
+        expected = sum(g["expected_ooms"] for g in got)
+        firsts = [int(g["first_below"]) for g in got if g["first_below"] >= 0]
+        rigid = min(
+            m
+            for m in sorted({p.mem_mib for p in gpu_model(DATA_GPU).profiles})
+            if m - limits.mem_reserve_mib >= law.declared_mib
+        )
+        all_runs += runs
+        all_ooms += ooms
+        all_expected += expected
+        rows.append(
+            {
+                "case": law.name,
+                "peaks": law.what,
+                "declared_mib": law.declared_mib,
+                "runs": runs,
+                "oom_rate": round(ooms / runs, 4) if runs else 0.0,
+                "expected_oom_rate": round(expected / runs, 4) if runs else 0.0,
+                "oom_rate_within_eps": ooms <= eps * runs,
+                "rigid_slice_mib": rigid,
+                "rigid_oom_rate": round(law.p_above(rigid - limits.mem_reserve_mib, completions), 4),
+                "slice_memory_saved": round(sum(g["saved"] for g in got) / runs, 4) if runs else 0.0,
+                "subjobs_below_declaration": round(sum(g["below"] for g in got) / runs, 4) if runs else 0.0,
+                "median_first_subjob_below_declaration": statistics.median(firsts) if firsts else None,
+            }
+        )
+    return {
+        "gpu": DATA_GPU,
+        "seeds": seeds,
+        "completions_per_run": completions,
+        "saved": "mean over subjobs of 1 - slice memory / memory of the slice a rigid scheduler takes",
+        "oom_rate": round(all_ooms / all_runs, 4) if all_runs else 0.0,
+        "expected_oom_rate": round(all_expected / all_runs, 4) if all_runs else 0.0,
+        "cases": rows,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print a JSON object as the last line")
@@ -241,7 +443,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--completions", type=int, default=40)
     ap.add_argument("--noise", type=float, default=0.03, help="run-to-run relative sd of peak memory")
     ap.add_argument("--table", help="path of mps_configs_memory.json")
+    ap.add_argument(
+        "--data-only", action="store_true", help="only the cases of memory that depends on the data"
+    )
     args = ap.parse_args(argv)
+
+    if args.data_only:
+        t0 = time.perf_counter()
+        got = data_dependent(args.eps_mem, args.seeds, args.completions, PlanLimits())
+        got = {"bench": "calibration", "eps_mem": args.eps_mem, "data_dependent": got}
+        got["wall_s"] = round(time.perf_counter() - t0, 3)
+        if not args.json:
+            _print_data(got["data_dependent"])  # type: ignore[arg-type]
+        print(json.dumps(got))
+        return 0
 
     t0 = time.perf_counter()
     table = find_table(args.table)
@@ -321,9 +536,11 @@ def main(argv: list[str] | None = None) -> int:
         "oom_rate_within_eps": total_ooms <= args.eps_mem * total_runs,
         "median_within_10": censored_quantile(every, args.completions, 0.5) <= 10,
         "cases": rows,
+        "data_dependent": data_dependent(args.eps_mem, args.seeds, args.completions, limits),
         "wall_s": round(time.perf_counter() - t0, 3),
     }
     if not args.json:
+        _print_data(result["data_dependent"])  # type: ignore[arg-type]
         for row in rows:
             print(
                 f"{row['model']:12s} {row['slice']:8s} k*={row['true_safe_max_batch']:4d} "
@@ -335,6 +552,15 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(json.dumps(result))
     return 0
+
+
+def _print_data(got: dict[str, object]) -> None:
+    for row in got["cases"]:  # type: ignore[attr-defined]
+        print(
+            f"{row['case']:24s} oom rate {row['oom_rate']:.3f} (expected {row['expected_oom_rate']:.3f}) "
+            f"saved {row['slice_memory_saved']:.3f} below declaration {row['subjobs_below_declaration']:.2f} "
+            f"first below {row['median_first_subjob_below_declaration']}"
+        )
 
 
 if __name__ == "__main__":

@@ -283,7 +283,8 @@ class GatewayService(Service):
                 code="not_found", message=f"no completed subjob {wanted} of job {q.job_id}", field="subjob"
             )
         order = sorted(found.values(), key=lambda s: (_seq(s.subjob_id), s.finished_at))
-        return LogsView(job_id=q.job_id, subjobs=order[-200:])
+        over = E.memory_overrun(got[0])
+        return LogsView(job_id=q.job_id, subjobs=order[-200:], notes=[over.text] if over is not None else [])
 
     async def state(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
         """A piece of one of a job's stored states (``sja result``), for the job's tenant (or the

@@ -101,7 +101,8 @@ function drawJobs(jobs) {
       + `${esc(j.status)}</td><td><div class="bar"><span style="width:${pct(j.progress)};`
       + `background:${j.colour}"></span></div><span class="muted">${j.units_done}/${j.total_units}`
       + ` units</span></td><td class="num">${j.running}</td><td>${esc(j.summary)}`
-      + `${j.deadline ? `<br><span class="muted">${esc(j.deadline)}</span>` : ""}</td></tr>`;
+      + `${j.deadline ? `<br><span class="muted">${esc(j.deadline)}</span>` : ""}`
+      + `${j.memory ? `<br><span class="lost memory">${esc(j.memory)}</span>` : ""}</td></tr>`;
   }
   $("#jobs").innerHTML = jobs.length ? h + `</table>` : `<p class="muted">no jobs yet</p>`;
 }

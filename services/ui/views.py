@@ -144,6 +144,7 @@ def job_row(state: JobState, now: float, colour: str = "") -> dict[str, Any]:
     """A job as the jobs table lists it: state, progress and why it waits, in a sentence; its
     subjobs counted by how they ended (``subjob_counts``, and in words ``subjobs_text``)."""
     d = E.deadline_status(state, now)
+    over = E.memory_overrun(state)
     return {
         "job_id": state.job_id,
         "name": state.spec.name,
@@ -162,6 +163,7 @@ def job_row(state: JobState, now: float, colour: str = "") -> dict[str, Any]:
         "summary": E.summary(state, now),
         "deadline": d.text if d is not None else "",
         "deadline_verdict": d.verdict if d is not None else "",
+        "memory": over.text if over is not None else "",
         "terminal": is_terminal(state),
         "colour": colour,
     }

@@ -776,6 +776,8 @@ def logs(
         if as_json:
             print_json(got)
             return
+        for note in got.notes:
+            print(f"memory: {note}")
         if not got.subjobs:
             print(f"job {job_id}: no subjob has ended yet")
         for s in got.subjobs:

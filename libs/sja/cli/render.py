@@ -64,7 +64,7 @@ def status_json(state: JobState, now: float) -> dict[str, object]:
     (``deadline``: met, missed or open, and in words) and each running subjob's time left."""
     import msgspec
 
-    from sja.core.explain import deadline_status
+    from sja.core.explain import deadline_status, memory_overrun
 
     d: dict[str, Any] = msgspec.to_builtins(state)
     d.pop("accumulator", None)
@@ -75,6 +75,16 @@ def status_json(state: JobState, now: float) -> dict[str, object]:
     dl = deadline_status(state, now)
     if dl is not None:
         d["deadline"] = {"verdict": dl.verdict, "deadline_at": dl.deadline_at, "text": dl.text}
+    over = memory_overrun(state)
+    if over is not None:
+        d["memory"] = {
+            "peak_mib": over.peak_mib,
+            "declared_mib": over.declared_mib,
+            "subjobs": list(over.subjobs),
+            "suggest_base_mib": over.suggest_base_mib,
+            "suggest_per_unit_mib": over.suggest_per_unit_mib,
+            "text": over.text,
+        }
     return d
 
 
@@ -86,7 +96,7 @@ def render_status(state: JobState, now: float, limit: int = 20) -> list[Renderab
     from rich.table import Table
     from rich.text import Text
 
-    from sja.core.explain import deadline_status
+    from sja.core.explain import deadline_status, memory_overrun
 
     out: list[RenderableType] = []
     s = state
@@ -105,6 +115,9 @@ def render_status(state: JobState, now: float, limit: int = 20) -> list[Renderab
         out.append(Text("result: " + json.dumps(s.result, sort_keys=True)))
     if s.error:
         out.append(Text.from_markup(f"[red]error:[/] {s.error}"))
+    over = memory_overrun(s)
+    if over is not None:
+        out.append(Text.assemble(("memory: ", "bold yellow"), over.text))
     if s.in_flight:
         run = Table(title="running", title_justify="left")
         for col in (

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from sja.core.jobs import is_terminal, next_range, plan_request
+from sja.core.jobs import declarations, is_terminal, next_range, plan_request
 from sja.core.planner import PlanLimits, largest_safe_size, usable_memory, usable_time
 from sja.core.policies.base import VerdictKind, verdict_kind
-from sja.core.profiles import JobProfile
+from sja.core.profiles import EVIDENCE_MIN_DOF, JobProfile
 from sja.protocol.messages import Explanation, JobSpec, JobState, RoundRecord, Window, WindowReason
 
 READS_DEADLINE = frozenset(("sla", "jasda"))
@@ -132,7 +132,8 @@ def why_no_bid(state: JobState, window: Window, now: float, limits: PlanLimits) 
             NoBidKind.TOO_LITTLE_MEMORY,
             (
                 f"its smallest subjob ({_plural(k, 'unit')}) needs {need:,.0f} MiB at eps_mem "
-                f"{req.eps_mem:g}, and this {window.profile} slice holds {window.mem_mib:,} MiB "
+                f"{req.eps_mem:g}{memory_basis(profile, k, 1.0 - req.eps_mem)}, and this "
+                f"{window.profile} slice holds {window.mem_mib:,} MiB "
                 f"({mem_cap:,.0f} usable after the {limits.mem_reserve_mib:,.0f} MiB reserve)"
             ),
         )
@@ -168,6 +169,94 @@ def why_no_bid(state: JobState, window: Window, now: float, limits: PlanLimits) 
             "likely to win another window of the same batch"
         ),
     )
+
+
+def memory_basis(profile: JobProfile, k: int, q: float) -> str:
+    """Why the memory a subjob of size ``k`` is planned for is what it is, when that is the
+    declaration or the peaks seen rather than the learned profile (a clause, or "")."""
+    need = profile.mem_quantile(k, q)
+    dof = profile.evidence()[0]
+    seen = sum(1 for _, _, bound in profile.mem.obs if bound <= 0.0)
+    if profile.mem_bound is not None and need >= profile.mem_ceiling(k) and dof < EVIDENCE_MIN_DOF and seen:
+        return (
+            f" (its declaration: {_plural(seen, 'measured peak')} {'says' if seen == 1 else 'say'} too "
+            "little of how its peaks vary between subjobs to plan it lower)"
+        )
+    if (
+        dof >= EVIDENCE_MIN_DOF
+        and need > profile.mem.upper(k, q) * (1 + 1e-9)
+        and need < profile.mem_ceiling(k)
+    ):
+        return " (from how far apart its measured peaks and out-of-memory subjobs were)"
+    return ""
+
+
+@dataclass(frozen=True)
+class MemoryOverrun:
+    """Subjobs whose measured peak exceeded what the job declared for their size."""
+
+    peak_mib: float
+    """The largest of those peaks."""
+    declared_mib: float
+    """The declaration at that subjob's size."""
+    subjobs: tuple[int, ...]
+    """Their numbers in the job (``<job>.s<n>``), in order."""
+    suggest_base_mib: float
+    suggest_per_unit_mib: float
+    """The smallest declaration of the same shape that holds every measured peak."""
+    text: str
+
+
+SUBJOBS_NAMED = 8
+"""Subjob numbers a memory overrun names before it counts the rest."""
+
+
+def memory_overrun(state: JobState) -> MemoryOverrun | None:
+    """Whether any subjob measured a peak above the job's declaration at its size, in words: e.g.
+    "measured 986 MiB, above the declared 400 MiB (subjobs 3, 4, 7): declare at least 986 MiB".
+    ``None`` without a declaration or without such a subjob."""
+    mem, _ = declarations(state.spec)
+    base, per_unit = float(mem.base_mib), float(mem.per_unit_mib)
+    if base <= 0.0 and per_unit <= 0.0:
+        return None
+    over: list[tuple[int, float, float]] = []
+    for h in state.history:
+        declared = base + per_unit * h.units
+        if h.peak_mem_mib > declared:
+            over.append((_subjob_number(h.subjob_id), h.peak_mem_mib, declared))
+    if not over:
+        return None
+    over.sort()
+    _, peak, at = max(over, key=lambda o: (o[1] / o[2] if o[2] > 0 else math.inf, o[1]))
+    factor = max(o[1] / o[2] for o in over if o[2] > 0) if any(o[2] > 0 for o in over) else 1.0
+    nums = [o[0] for o in over]
+    named = ", ".join(str(n) for n in nums[:SUBJOBS_NAMED])
+    if len(nums) > SUBJOBS_NAMED:
+        named += f" and {len(nums) - SUBJOBS_NAMED} more"
+    which = f"subjob {named}" if len(nums) == 1 else f"subjobs {named}"
+    if per_unit <= 0.0:
+        s_base, s_unit = float(math.ceil(max(o[1] for o in over))), 0.0
+        declared_text, suggest = f"{base:,.0f} MiB", f"{s_base:,.0f} MiB"
+    else:
+        s_base = float(math.ceil(base * factor))
+        s_unit = math.ceil(per_unit * factor * 100.0) / 100.0
+        declared_text = f"{at:,.0f} MiB ({base:,.0f} + {per_unit:g} per unit)"
+        suggest = f"{s_base:,.0f} MiB + {s_unit:g} MiB per unit"
+    text = f"measured {peak:,.0f} MiB, above the declared {declared_text} ({which}): declare at least "
+    text += suggest
+    return MemoryOverrun(
+        peak_mib=peak,
+        declared_mib=at,
+        subjobs=tuple(nums),
+        suggest_base_mib=s_base,
+        suggest_per_unit_mib=s_unit,
+        text=text,
+    )
+
+
+def _subjob_number(subjob_id: str) -> int:
+    _, _, tail = subjob_id.rpartition(".s")
+    return int(tail) if tail.isdigit() else -1
 
 
 def shape(window: Window) -> tuple[str, str, int]:
@@ -321,6 +410,9 @@ def explain(
     note = deadline_note(policy, state.spec)
     if note is not None:
         notes.append(note)
+    over = memory_overrun(state)
+    if over is not None:
+        notes.append(over.text)
     d = deadline_status(state, now)
     return Explanation(
         job_id=state.job_id,

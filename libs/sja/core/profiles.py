@@ -37,6 +37,29 @@ So what the job learns only lowers its plans: a slice that holds its ceiling at 
 that size. A ceiling is dropped only when the job itself contradicts it: a measured peak above it,
 or an OOM under a cap at or above it (a declaration that was wrong is no longer a bound; the
 learned profile plans alone, as before).
+
+**Leaving a declaration takes evidence** (``JobProfile.mem_evidence``). Peak memory often depends on
+the data a subjob reads, not only on its size: one subjob of a job that declared 30,000 MiB may peak at
+300 MiB and the next at 20,000. The regression's spread, fitted to a handful of peaks, says little
+about such tails, so below its ceiling the quantile is also never below an *evidence bound* built
+from the measured peaks relative to the regression's line ``s`` (``u_i = ln(peak_i / s(k_i))``,
+weighed as the regression weighs them), with ``dof`` the effective number of peaks less the line's
+parameters:
+
+- ``dof / (dof + 1) >= q``: the largest ``u_i`` (distribution-free: a new peak exchangeable with
+  ``dof`` others exceeds their maximum with probability ``1 / (dof + 1)``);
+- fewer, but ``dof >= EVIDENCE_MIN_DOF``: the largest ``u_i`` or the log-normal predictive
+  ``mean(u) + t_dof(q) * sd(u) * sqrt(1 + 1/n)``, whichever is higher (exact when peaks vary
+  log-normally between subjobs, whatever their number: a Student-t on the log scale);
+- fewer still: none, and a job with a declaration is planned at its ceiling.
+
+Every OOM the profile keeps (``oom_bounds``) counts as a peak above its cap by the measured spread,
+whatever completed at its size since, until enough measured peaks outrank it (the OOMs taken as the
+largest). So the number of peaks needed before a plan leaves the declaration grows with how far below
+it the plan goes (``ln(D / plan)`` against ``t_dof(q) * sd(u)``): peaks within 3 % of each other
+move the plan down after two subjobs at one size, two peaks a factor 3 apart do not. A declaration a
+measurement contradicted (``mem_bound`` dropped) is kept in ``declared``: without that evidence the
+job is planned no lower than it.
 """
 
 from __future__ import annotations
@@ -100,6 +123,15 @@ MAX_OBSERVATIONS = 64
 """Observations kept per regression (the oldest are dropped; the prior always stays, and so do the
 lower bounds that censored observations set)."""
 
+EXP_MAX, HUGE_MIB = 700.0, 1e300
+"""An evidence bound is at most this (finite: an unplannable size, whose quantiles still compare)."""
+
+EVIDENCE_MIN_DOF = 0.75
+"""Degrees of freedom the peaks must leave, once the regression's line is fitted to them, before a
+job's memory is planned below its declaration (``JobProfile.mem_evidence``): one peak, or one per
+size, says nothing of how peaks vary between subjobs. About one: peaks the locality weighs down
+count a little less than one each."""
+
 MEMO_LIMIT = 4096
 """Predictions a frozen profile remembers (``JobProfile.freeze``); past it they are forgotten."""
 
@@ -108,6 +140,11 @@ _FORMAT_V2 = -2.0
 
 Fit = tuple[float, float, float, float, float, float, float, float, float]
 """A fitted posterior: (mu0, mu1, p00, p01, p11, a, b, s0, s1)."""
+
+
+Evidence = tuple[float, float, float, float, float, float, float]
+"""(dof, n, mean, sd, largest, largest OOM, OOMs) of a job's log peaks relative to its line
+(``JobProfile.evidence``)."""
 
 
 def _loc_scale(fit: Fit, x: float) -> tuple[float, float, float]:
@@ -488,6 +525,10 @@ def _add_proven(proven: list[tuple[int, float]], size: int, cap: float) -> None:
     del proven[PROVEN_KEPT:]
 
 
+def _pair(v: list[float]) -> tuple[float, float] | None:
+    return (float(v[0]), float(v[1])) if len(v) == 2 else None
+
+
 def _add_bound(bounds: list[tuple[int, float]], size: int, limit: float) -> None:
     """Adds "size ``>= size`` exceeded ``limit``" unless a bound at a size no larger with a limit no
     smaller implies it; drops the bounds it implies."""
@@ -519,6 +560,11 @@ class JobProfile:
     proven: list[tuple[int, float]] = field(default_factory=list)
     """(size, cap): a subjob of this size completed within ``cap`` MiB of usable memory, so any size
     no larger fits a cap no smaller (only the non-dominated pairs, at most ``PROVEN_KEPT``)."""
+    declared: tuple[float, float] | None = None
+    """(base, per unit) MiB the job declared, kept when a measurement contradicts it (``mem_bound``
+    is then None): until its peaks are evidence enough (``mem_evidence``) it is planned no lower."""
+    _evidence: Evidence | None = field(default=None, repr=False, compare=False)
+    """``evidence()``, worked out once per calibration (None: not yet)."""
     _memo: dict[tuple[object, ...], float] | None = field(default=None, repr=False, compare=False)
     """Predictions already made, once ``freeze`` made the profile read-only (None: not remembered)."""
 
@@ -533,6 +579,7 @@ class JobProfile:
     def _updating(self) -> None:
         if self._memo is not None:
             raise RuntimeError("a frozen profile is read-only: update a copy")
+        self._evidence = None
 
     def _remembered(self, key: tuple[object, ...], compute: Callable[[], float]) -> float:
         memo = self._memo
@@ -557,6 +604,7 @@ class JobProfile:
             mem = UNKNOWN_MEMORY
         return cls(
             mem_bound=bound,
+            declared=bound,
             # Memory follows its declaration's confidence: a 50 % floor would make the planner ask
             # for 2.2x the declared peak at eps 0.05 before the first observation, and a job that
             # declares most of the largest slice could then never run and never learn.
@@ -595,10 +643,19 @@ class JobProfile:
 
     def mem_quantile(self, k: int, q: float) -> float:
         """The ``q`` quantile of peak memory at ``k``, non-decreasing in ``k`` (``LinearPosterior.upper``),
-        never above the ceiling at ``k`` (``mem_ceiling``)."""
-        return self._remembered(
-            ("mq", k, q), lambda: min(max(self.mem.upper(k, q), 0.0), self.mem_ceiling(k))
-        )
+        never below the evidence bound of a declared job (``mem_evidence``) and never above the
+        ceiling at ``k`` (``mem_ceiling``)."""
+        return self._remembered(("mq", k, q), lambda: self._mem_quantile(k, q))
+
+    def _mem_quantile(self, k: int, q: float) -> float:
+        learned = max(self.mem.upper(k, q), 0.0)
+        if self.evidence()[0] >= EVIDENCE_MIN_DOF:
+            learned = max(learned, self.mem_evidence(k, q))
+        elif self.mem_bound is not None:
+            learned = math.inf  # too few peaks to leave the declaration: planned at its ceiling
+        elif self.declared is not None:
+            learned = max(learned, self._declared_at(k))  # it needed more than it declared: not less
+        return min(learned, self.mem_ceiling(k))
 
     def mem_fit_probability(self, k: int, cap_mib: float) -> float:
         """P(peak <= cap) consistent with ``mem_quantile``: its q at which the quantile is the cap
@@ -607,7 +664,116 @@ class JobProfile:
             return 0.0
         if self.mem_ceiling(k) <= cap_mib:
             return 1.0
-        return self._remembered(("mp", k, cap_mib), lambda: self.mem.upper_cdf(k, cap_mib))
+        return self._remembered(("mp", k, cap_mib), lambda: self._mem_fit_probability(k, cap_mib))
+
+    def _mem_fit_probability(self, k: int, cap_mib: float) -> float:
+        p = self.mem.upper_cdf(k, cap_mib)
+        if self.evidence()[0] >= EVIDENCE_MIN_DOF:
+            p = min(p, self.mem_evidence_cdf(k, cap_mib))
+        elif self.mem_bound is not None or (self.declared is not None and cap_mib < self._declared_at(k)):
+            p = 0.0  # planned at its ceiling, or at least at what it declared: neither fits the cap
+        return p
+
+    def _declared_at(self, k: int) -> float:
+        """The job's declared peak at ``k`` (``declared``; the caller checks it has one)."""
+        assert self.declared is not None
+        return self.declared[0] + self.declared[1] * k
+
+    def evidence(self) -> Evidence:
+        """(dof, n, mean, sd, largest, largest OOM, OOMs) of ``u = ln(peak / s(k))`` over the kept
+        measured peaks, ``s`` the regression's reference line (its posterior mean as of the latest
+        measured peak: an OOM since then does not move it), each peak weighed as the regression
+        weighs it (its locality). ``n`` is the effective number of peaks (``(sum w)^2 / sum w^2``)
+        and ``dof`` what is left of it once the line is fitted (one parameter per distinct size, at
+        most two). ``largest`` is over the peaks the regression weighs at least half (far ones
+        differ from the line by its shape as much as by the data). Every OOM the profile keeps
+        (``oom_bounds``) is a peak above its cap by the measured spread (at most
+        ``CENSORED_INFLATION``, the regression's own pseudo-value), whatever completed at its size
+        since: ``largest OOM`` is the largest of them, ``OOMs`` their number. All 0 without a
+        measured peak."""
+        ev = self._evidence
+        if ev is None:
+            ev = (0.0, 0.0, 0.0, math.inf, -math.inf, -math.inf, 0.0)
+            obs = self.mem.obs
+            exact = [(x, y) for x, y, bound in obs if bound <= 0.0]
+            if exact:
+                scale = self._evidence_scale()
+                weights = [
+                    w for w, (_, _, bound) in zip(self.mem._weights(), obs, strict=True) if bound <= 0.0
+                ]
+                us = [math.log(max(y, 1e-9) / scale(x)) for x, y in exact]
+                sw = sum(weights)
+                n = sw * sw / max(sum(w * w for w in weights), 1e-300)
+                dof = max(n - min(len({x for x, _ in exact}), 2), 0.0)
+                mean = sum(w * u for w, u in zip(weights, us, strict=True)) / sw
+                sd = math.inf
+                if dof > 0.0:
+                    ss = sum(w * (u - mean) ** 2 for w, u in zip(weights, us, strict=True)) / sw
+                    sd = math.sqrt(ss * n / dof)
+                top = max(u for u, w in zip(us, weights, strict=True) if w >= 0.5)
+                above = min(sd, math.log(CENSORED_INFLATION))
+                ooms = [
+                    math.log(max(cap, 1e-9) / scale(float(size))) + above for size, cap in self.oom_bounds
+                ]
+                ev = (dof, n, mean, sd, top, max(ooms, default=-math.inf), float(len(ooms)))
+            self._evidence = ev
+        return ev
+
+    def _evidence_scale(self) -> Callable[[float], float]:
+        """The regression's reference line as of its latest exact observation (``s(x)``)."""
+        s0, s1 = self.mem.s0, self.mem.s1
+        if self.mem.held:
+            s0, s1 = self.mem.held[0][8], self.mem.held[0][9]
+        return lambda x: s0 + s1 * max(x, 0.0)
+
+    def mem_evidence(self, k: int, q: float) -> float:
+        """The lowest ``q`` quantile of peak memory at ``k`` that the observed peaks support
+        (``inf``: too few to leave the ceiling). Peaks are taken relative to the regression's line
+        ``s`` (``u = ln(peak / s(k))``, ``evidence``); with ``dof`` degrees of freedom left once the
+        line is fitted and ``m`` OOMs, it is ``s(k)`` times ``exp`` of
+
+        - the largest peak ``U`` when ``dof / (dof + m + 1) >= q``: a new peak exchangeable with the
+          ``dof + m`` others exceeds the largest measured one with probability ``(m + 1) / (dof + m
+          + 1)`` at most, whatever their distribution (the OOMs, above their caps, the largest);
+        - ``max(U, U_oom)`` when ``dof / (dof + 1) >= q``: the largest of ``dof`` peaks and the OOMs;
+        - otherwise, from ``EVIDENCE_MIN_DOF`` on, ``max(U, U_oom, mean(u) + t_dof(q) sd(u)
+          sqrt(1 + 1/n))``, the log-normal predictive (a Student-t on the log scale: exact for
+          peaks that vary log-normally between subjobs, at any number of them);
+        - ``inf`` with fewer.
+
+        Never below the largest peak seen near the latest size (scaled to ``k`` by the line)."""
+        dof, n, mean, sd, top, top_oom, m = self.evidence()
+        if dof < EVIDENCE_MIN_DOF:
+            return math.inf
+        u = top
+        if dof < q * (dof + m + 1.0) - 1e-9:
+            u = max(top, top_oom)
+        if dof < q * (dof + 1.0) - 1e-9:
+            u = max(u, mean + t_ppf(dof, q) * sd * math.sqrt(1.0 + 1.0 / n))
+        return min(self._evidence_scale()(k) * math.exp(min(u, EXP_MAX)), HUGE_MIB)
+
+    def mem_evidence_cdf(self, k: int, y: float) -> float:
+        """P(peak <= y) consistent with ``mem_evidence``: the largest q whose bound is within ``y``."""
+        dof, n, mean, sd, top, top_oom, m = self.evidence()
+        if dof < EVIDENCE_MIN_DOF:
+            return 0.0
+        v = math.log(max(y, 1e-300) / self._evidence_scale()(k))
+        if v < top:
+            return 0.0
+        p = dof / (dof + m + 1.0)  # the largest measured peak holds up to this q
+        if v < top_oom:
+            return p
+        p = dof / (dof + 1.0)  # and with the OOMs, up to this one
+        if sd > 0.0:
+            z = (v - mean) / (sd * math.sqrt(1.0 + 1.0 / n))
+            p = max(p, float(stdtr(dof, z)))
+        elif v >= mean:
+            p = 1.0
+        return p
+
+    def evidence_needed(self, q: float) -> int:
+        """Degrees of freedom the distribution-free bound needs at ``q`` (``dof / (dof + 1) >= q``)."""
+        return max(math.ceil(q / max(1.0 - q, 1e-12) - 1e-9), 0)
 
     def slowdown(self, profile: str, share: float) -> tuple[float, float]:
         """(mean, sd) of log(duration on this profile / full-speed duration)."""
@@ -769,6 +935,7 @@ class JobProfile:
             observations=self.observations,
             mem_bound=self.mem_bound,
             proven=list(self.proven),
+            declared=self.declared,
         )
 
     # --- serialization ----------------------------------------------------------------------------
@@ -783,6 +950,7 @@ class JobProfile:
             observations=self.observations,
             mem_bound=list(self.mem_bound) if self.mem_bound is not None else [],
             proven=list(self.proven),
+            mem_declared=list(self.declared) if self.declared is not None else [],
         )
 
     @classmethod
@@ -794,8 +962,7 @@ class JobProfile:
             oom_bounds=[(int(k), float(c)) for k, c in state.oom_bounds],
             timeout_bounds=[(int(k), float(c)) for k, c in state.timeout_bounds],
             observations=state.observations,
-            mem_bound=(float(state.mem_bound[0]), float(state.mem_bound[1]))
-            if len(state.mem_bound) == 2
-            else None,
+            mem_bound=_pair(state.mem_bound),
             proven=[(int(k), float(c)) for k, c in state.proven],
+            declared=_pair(state.mem_declared) or _pair(state.mem_bound),
         )

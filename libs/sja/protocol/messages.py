@@ -537,6 +537,9 @@ class ProfileState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``sja.core.profiles``)."""
     proven: list[tuple[int, float]] = []
     """(size, usable MiB) of completed subjobs: a size no larger fits a cap no smaller."""
+    mem_declared: list[float] = []
+    """(base, per unit) MiB the job declared, kept when a measurement contradicts ``mem_bound``;
+    empty: it declared none."""
 
 
 class UnitRange(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -683,6 +686,8 @@ class SubjobLog(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class LogsView(Message, tag="sja.logs_view.v1", frozen=True, kw_only=True):
     job_id: str
     subjobs: list[SubjobLog]
+    notes: list[str] = []
+    """What the user should know beside the output: a measured peak above the declaration."""
 
 
 class StateQuery(Message, Tokens, tag="sja.state_query.v1", frozen=True, kw_only=True):

@@ -84,3 +84,52 @@ async def test_logs_show_each_subjobs_output_and_why_one_failed(nats_url: str, t
         assert [s["subjob_id"] for s in json.loads(out)["subjobs"]] == [f"{ack.job_id}.s1"]
         code, out, err = await sja_async("logs", "no-such-job", "--nats", nats_url)
         assert code != 0 and "no job no-such-job" in err and len(err.strip().splitlines()) == 1
+
+
+SMALL_DECLARATION = textwrap.dedent(
+    """
+    import os, pathlib
+    e = os.environ
+    start, n = int(e["SJA_UNIT_START"]), int(e["SJA_UNITS"])
+    block = bytearray(48 * 1024 * 1024)  # far more than the 1 MiB the job declares
+    (pathlib.Path(e["SJA_STATE_OUT"]) / "s").write_text(str(start + n + len(block) * 0))
+    """
+)
+
+
+async def test_a_peak_above_the_declaration_is_said_by_logs_and_status(nats_url: str, tmp_path: Path) -> None:
+    async with running(nats_url, tmp_path, Actors()) as stack:
+        spec = m.JobSpec(
+            name="overrun",
+            tenant="t",
+            workload="command",
+            params={"argv": [sys.executable, "-c", SMALL_DECLARATION], "units": 3, "stop_grace_s": 0.2},
+            memory=m.MemoryDecl(base_mib=1.0, per_unit_mib=0.0, rel_sd=0.2),
+            time=m.TimeDecl(warmup_s=0.05, per_unit_s=0.01, rel_sd=0.5),
+        )
+        ack = await stack.client.submit(spec, "overrun-1")
+        state = await until_state(
+            stack.client, ack.job_id, lambda s: s.status in ("done", "failed"), 60, "the job to end"
+        )
+        assert state.status == "done", state.error
+        over = [int(h.subjob_id.rpartition(".s")[2]) for h in state.history if h.peak_mem_mib > 1.0]
+        assert over, [h.peak_mem_mib for h in state.history]  # the meter saw the program's memory
+
+        got = await stack.client.logs(ack.job_id)
+        assert len(got.notes) == 1
+        note = got.notes[0]
+        assert note.startswith("measured ") and "above the declared 1 MiB" in note
+        assert "declare at least" in note and str(over[0]) in note
+
+        code, out, err = await sja_async("logs", ack.job_id, "--nats", nats_url)
+        assert code == 0, err
+        assert f"memory: {note}" in out
+        code, out, err = await sja_async("status", ack.job_id, "--nats", nats_url)
+        assert code == 0, err
+        assert "memory:" in out and "above the declared 1 MiB" in out
+        code, out, err = await sja_async("status", ack.job_id, "--json", "--nats", nats_url)
+        assert code == 0, err
+        assert json.loads(out)["memory"]["subjobs"] == over
+        code, out, err = await sja_async("explain", ack.job_id, "--nats", nats_url)
+        assert code == 0, err
+        assert "above the declared 1 MiB" in out

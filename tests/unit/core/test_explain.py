@@ -6,10 +6,26 @@ from __future__ import annotations
 import msgspec
 
 from sja.core import jobs as J
-from sja.core.explain import NoBidKind, deadline_note, deadline_status, explain, queue_order, why_no_bid
+from sja.core.explain import (
+    NoBidKind,
+    deadline_note,
+    deadline_status,
+    explain,
+    memory_overrun,
+    queue_order,
+    why_no_bid,
+)
 from sja.core.planner import PlanLimits
 from sja.core.profiles import JobProfile
-from sja.protocol.messages import InFlight, JobSpec, MemoryDecl, RoundRecord, Verdict, Window
+from sja.protocol.messages import (
+    InFlight,
+    JobSpec,
+    MemoryDecl,
+    RoundRecord,
+    SubjobSummary,
+    Verdict,
+    Window,
+)
 
 LIMITS = PlanLimits(mem_reserve_mib=256.0, start_overhead_s=0.3, horizon_s=8.0)
 
@@ -104,3 +120,77 @@ def test_explain_reports_each_window_shapes_last_offer() -> None:
     assert e.windows[1].reason == "lost to k-2: x vs y" and e.policy == "fair"
     assert (e.position, e.waiting) == (1, 2)  # equal attained service: by submission, then id
     assert not any("fits none" in n for n in e.notes)  # it did bid on one shape
+
+
+def ran(seq: int, units: int, peak: float, status: str = "ok") -> SubjobSummary:
+    return SubjobSummary(
+        subjob_id=f"j-1.s{seq}", slice_id="x", profile="1g.5gb", status=status, unit_start=seq * units,
+        units=units, planned_mem_q_mib=400.0, peak_mem_mib=peak, mem_cap_mib=4608, planned_duration_q_s=1.0,
+        duration_s=0.5, time_cap_s=5.0, started_at=100.0, finished_at=101.0,
+    )  # fmt: skip
+
+
+def test_a_peak_above_the_declaration_is_said_with_the_subjobs_and_what_to_declare() -> None:
+    # the case: declared 400 MiB, measured 805-986 MiB in some subjobs
+    state = job(memory=MemoryDecl(base_mib=400, per_unit_mib=0))
+    history = [ran(0, 1, 350.0), ran(1, 1, 399.0), ran(3, 1, 805.0), ran(4, 1, 986.0), ran(7, 1, 900.0)]
+    state = msgspec.structs.replace(state, history=history)
+    over = memory_overrun(state)
+    assert over is not None
+    assert over.subjobs == (3, 4, 7)
+    assert over.text == (
+        "measured 986 MiB, above the declared 400 MiB (subjobs 3, 4, 7): declare at least 986 MiB"
+    )
+    # explain (and so the dashboard's job page) says it, whatever the job's state
+    e = explain(msgspec.structs.replace(state, status="done"), [], [], 200.0, LIMITS)
+    assert over.text in e.notes
+
+
+def test_a_per_unit_declaration_is_scaled_by_the_worst_overrun() -> None:
+    state = job(memory=MemoryDecl(base_mib=100, per_unit_mib=10))
+    # 4 units declared 140 MiB and peaked at 280 (2x); 8 units declared 180 and peaked at 200
+    state = msgspec.structs.replace(state, history=[ran(2, 4, 280.0), ran(5, 8, 200.0)])
+    over = memory_overrun(state)
+    assert over is not None and over.subjobs == (2, 5)
+    assert over.text == (
+        "measured 280 MiB, above the declared 140 MiB (100 + 10 per unit) (subjobs 2, 5): "
+        "declare at least 200 MiB + 20 MiB per unit"
+    )
+    assert all(
+        h.peak_mem_mib <= over.suggest_base_mib + over.suggest_per_unit_mib * h.units for h in state.history
+    )
+
+
+def test_no_memory_note_within_the_declaration_or_without_one() -> None:
+    within = msgspec.structs.replace(
+        job(memory=MemoryDecl(base_mib=400, per_unit_mib=0)), history=[ran(0, 1, 400.0)]
+    )
+    assert memory_overrun(within) is None
+    undeclared = msgspec.structs.replace(
+        job(memory=MemoryDecl(base_mib=0, per_unit_mib=0)), history=[ran(0, 1, 5000.0)]
+    )
+    assert memory_overrun(undeclared) is None
+    assert not any("declare" in n for n in explain(within, [], [], 200.0, LIMITS).notes)
+
+
+def test_many_overrunning_subjobs_are_counted_not_all_named() -> None:
+    state = job(memory=MemoryDecl(base_mib=10, per_unit_mib=0))
+    state = msgspec.structs.replace(state, history=[ran(i, 1, 20.0 + i) for i in range(12)])
+    over = memory_overrun(state)
+    assert over is not None
+    assert "(subjobs 0, 1, 2, 3, 4, 5, 6, 7 and 4 more)" in over.text
+
+
+def test_a_job_kept_at_its_declaration_for_want_of_evidence_is_told_so() -> None:
+    # one small peak: the job stays planned at its declaration, and the slice it cannot have says why
+    state = job(memory=MemoryDecl(base_mib=30_000, per_unit_mib=0))
+    assert state.profile is not None
+    p = JobProfile.from_state(state.profile)
+    p.observe(1, 299.0, 0.1, "7g.40gb", 1.0, 39_936.0)
+    state = msgspec.structs.replace(state, profile=p.to_state())
+    no_bid = why_no_bid(state, window(4864, "1g.5gb"), 101.0, LIMITS)
+    assert no_bid.kind is NoBidKind.TOO_LITTLE_MEMORY
+    assert (
+        "needs 30,000 MiB at eps_mem 0.05 (its declaration: 1 measured peak says too little of how its "
+        in no_bid.text
+    )

@@ -15,6 +15,7 @@ from sja.protocol.messages import (
     JobSpec,
     JobState,
     LogsView,
+    MemoryDecl,
     RoundRecord,
     SliceState,
     SubjobLog,
@@ -226,3 +227,21 @@ def test_the_page_shows_a_jobs_text_escaped_with_its_lines() -> None:
     for part in ("o.error", "o.stdout", "o.stderr"):
         assert f">${{esc({part})}}</pre>" in page.JS, part
     assert "subjobs done" not in page.JS and "${r.unit_start}+${r.units}" not in page.JS
+
+
+def test_the_jobs_list_says_a_peak_above_the_declaration() -> None:
+    def declaring(job_id: str, mib: float) -> JobState:
+        spec = JobSpec(
+            name=job_id, tenant="a", workload="montecarlo", params={"units": 10},
+            memory=MemoryDecl(base_mib=mib, per_unit_mib=0),
+        )  # fmt: skip
+        ran = [done_subjob(f"{job_id}.s0", "x", NOW - 9, NOW - 8)]  # peaked at 90 MiB
+        return msgspec.structs.replace(new_job(job_id, spec, NOW - 100), history=ran)
+
+    over, fine = declaring("m", 80), declaring("f", 100)
+    rows = {r["job_id"]: r for r in views.job_rows([over, fine], NOW)}
+    assert (
+        rows["m"]["memory"]
+        == "measured 90 MiB, above the declared 80 MiB (subjob 0): declare at least 90 MiB"
+    )
+    assert rows["f"]["memory"] == ""
