@@ -87,17 +87,6 @@ def first_unit_s(profile: JobProfile, req: PlanRequest) -> float:
     return profile.duration_quantile(1, 1.0 - req.eps_time, w.profile, w.compute_share)
 
 
-def stop_grace(time_cap_s: float, first_unit: float, wanted_s: float) -> float:
-    """How long before a subjob's deadline its stop signal comes (``SIGTERM``, ``should_stop``):
-    what the job asks (``stop_grace_s``), but never before its planned start-up and first unit
-    (``first_unit``, ``Subjob.first_unit_s``), so that a program is not stopped before it could
-    finish one unit; a subjob with no such plan is not stopped before half its window."""
-    wanted = max(0.0, wanted_s)
-    if first_unit > 0:
-        return min(wanted, max(0.0, time_cap_s - first_unit))
-    return min(wanted, time_cap_s / 2)
-
-
 def is_largest(window: Window) -> bool:
     """Whether the window's slice is as large as any of its pool (``True`` when that is not known)."""
     return window.largest_mib <= 0 or window.mem_mib >= window.largest_mib

@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from sja import job
-from sja.core.planner import stop_grace
+from sja.core.stopping import stop_grace
 from sja.execution import commands, warm
 from sja.execution import sandbox as sbx
 from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter

@@ -271,7 +271,7 @@ def test_materialize_never_exceeds_the_granted_candidate() -> None:
 
 
 def test_a_subjob_carries_its_planned_start_up_and_first_unit_and_is_not_stopped_before() -> None:
-    from sja.core.planner import stop_grace
+    from sja.core.stopping import stop_grace
 
     state = new_job("j1", spec(time=TimeDecl(warmup_s=5.0, per_unit_s=0.5, rel_sd=0.2)), T0)
     big = window(T0, mem_mib=40_192, profile="7g.40gb", share=1.0)
