@@ -6,13 +6,13 @@ from __future__ import annotations
 
 def stop_grace(time_cap_s: float, first_unit: float, wanted_s: float) -> float:
     """How long before a subjob's deadline its stop signal comes (``SIGTERM``, ``should_stop``):
-    what the job asks (``stop_grace_s``), but never before its planned start-up and first unit
-    (``first_unit``, ``Subjob.first_unit_s``), so that a program is not stopped before it could
-    finish one unit; a subjob with no such plan is not stopped before half its window."""
-    wanted = max(0.0, wanted_s)
+    what the job asks (``stop_grace_s``), but never before half its window, so that a short window
+    still leaves time to work, nor before its planned start-up and first unit (``first_unit``,
+    ``Subjob.first_unit_s``), so that a program is not stopped before it could finish one unit."""
+    wanted = min(max(0.0, wanted_s), time_cap_s / 2)
     if first_unit > 0:
         return min(wanted, max(0.0, time_cap_s - first_unit))
-    return min(wanted, time_cap_s / 2)
+    return wanted
 
 
 __all__ = ["stop_grace"]

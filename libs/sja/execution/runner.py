@@ -336,7 +336,18 @@ def run_sandboxed(sj: Subjob, started: float) -> RunResult:
                 error=f"exceeded the window of {sj.time_cap_s:.2f}s",
                 **base,
             )
-        got = check_result(sj, read_result(result, box.settings.result_max_mib), r.returncode, tail)
+        raw = read_result(result, box.settings.result_max_mib)
+        if r.signalled == "term" and isinstance(raw, str) and r.returncode == -signal.SIGTERM:
+            # SJA's stop signal at the deadline ended it (still starting, or not stopping at a unit's
+            # end) before it wrote a result: the window was too short, not a failure of the workload.
+            return RunResult(
+                status="timeout",
+                peak_mem_mib=0.0,
+                error=f"stopped at the window's end ({sj.time_cap_s:.2f}s) before it wrote a result. "
+                f"Last output:\n{tail}",
+                **base,
+            )
+        got = check_result(sj, raw, r.returncode, tail)
         if r.gpu_peak_mib > got.peak_mem_mib:
             got = msgspec.structs.replace(got, peak_mem_mib=round(r.gpu_peak_mib, 3), meter="nvml")
         return msgspec.structs.replace(

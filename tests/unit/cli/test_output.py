@@ -24,7 +24,11 @@ def state(
     spec = JobSpec(name=name, tenant=tenant, workload="montecarlo", params={"units": 2000})
     s = new_job(f"{name}-0123456789ab", spec, NOW - 100)
     return msgspec.structs.replace(
-        s, spec=msgspec.structs.replace(spec, workload=workload), status=status, units_done=1234, next_seq=99
+        s,
+        spec=msgspec.structs.replace(s.spec, workload=workload),
+        status=status,
+        units_done=1234,
+        next_seq=99,
     )
 
 

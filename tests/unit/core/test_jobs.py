@@ -285,10 +285,12 @@ def test_a_subjob_carries_its_planned_start_up_and_first_unit_and_is_not_stopped
     assert 5.5 < sj.first_unit_s <= sj.time_cap_s
     grace = stop_grace(sj.time_cap_s, sj.first_unit_s, 30.0)
     assert sj.time_cap_s - grace >= sj.first_unit_s - 1e-9
-    # What the job asks, when the window leaves room; half the window without a plan.
+    # What the job asks, when the window leaves room; never before half the window nor before the
+    # start-up and first unit.
     assert stop_grace(100.0, 10.0, 30.0) == 30.0
     assert stop_grace(8.0, 5.0, 30.0) == 3.0
     assert stop_grace(8.0, 0.0, 30.0) == 4.0
+    assert stop_grace(8.0, 0.5, 30.0) == 4.0
     assert stop_grace(8.0, 9.0, 30.0) == 0.0
 
 
