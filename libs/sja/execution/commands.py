@@ -180,7 +180,7 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
                 restore()
         now = time.time()
         deadline = ctx.deadline if math.isfinite(ctx.deadline) else now + 10 * 365 * 86400
-        # Never before the planned start-up and first unit (``planner.stop_grace``, in the context).
+        # Never before the planned start-up and first unit (``core.stopping.stop_grace``, in the context).
         grace = min(ctx.stop_grace_s, max(0.0, deadline - now))
         cuda = ctx.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")
         contract = {

@@ -485,7 +485,7 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     keeps it from the program; empty: a subjob whose completion cannot be proven (refused)."""
     first_unit_s: NonNegFloat = 0.0
     """Seconds the subjob is given before any stop signal: its planned start-up and first unit (the
-    ``1 - eps_time`` quantile of one unit on this slice, ``planner.stop_grace``); 0: not planned (a
+    ``1 - eps_time`` quantile of one unit on this slice, ``core.stopping.stop_grace``); 0: not planned (a
     stop signal no earlier than half the window)."""
 
 
