@@ -151,7 +151,7 @@ def test_a_program_stopped_by_sigterm_keeps_the_units_it_reported() -> None:
     (ctx.state_out / "done").write_text(str(done))
     ctx.report(units_done=done, loss=0.5)
     """
-    r = run_subjob(subjob({"argv": program(body), "units": 1000, "stop_grace_s": 1.0}, units=1000, cap=2.5))
+    r = run_subjob(subjob({"argv": program(body), "units": 1000, "stop_grace_s": 1.0}, units=1000, cap=4.0))
     assert r.status == "ok", r.error
     assert 0 < r.units_done < 1000
     assert state_of(r.output)["done"] == str(r.units_done)
