@@ -303,16 +303,10 @@ class Sandbox:
         return box
 
 
-class Sandboxed:
-    """A program running in its sandbox: the ``unshare`` process, its pid 1 and the status pipe."""
+class _Started:
+    """What the executor reads of a started program, sandboxed or not: its process and pipes."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], status_fd: int) -> None:
-        self.proc = proc
-        self.status_fd = status_fd
-        self._status = b""
-        self._returncode: int | None = None
-        self.init_pid = 0
-        self._lock = threading.Lock()
+    proc: subprocess.Popen[bytes]
 
     @property
     def pid(self) -> int:
@@ -327,6 +321,18 @@ class Sandboxed:
     def stderr(self) -> IO[bytes]:
         assert self.proc.stderr is not None
         return self.proc.stderr
+
+
+class Sandboxed(_Started):
+    """A program running in its sandbox: the ``unshare`` process, its pid 1 and the status pipe."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], status_fd: int) -> None:
+        self.proc = proc
+        self.status_fd = status_fd
+        self._status = b""
+        self._returncode: int | None = None
+        self.init_pid = 0
+        self._lock = threading.Lock()
 
     def wrappers(self) -> set[int]:
         """The processes that are the sandbox, not the program (``unshare`` and its pid 1)."""
@@ -406,25 +412,11 @@ class Sandboxed:
                 pipe.close()  # type: ignore[union-attr]
 
 
-class Plain:
+class Plain(_Started):
     """A program started without a sandbox (``SJA_SANDBOX=off``): a process group of its own."""
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def stdout(self) -> IO[bytes]:
-        assert self.proc.stdout is not None
-        return self.proc.stdout
-
-    @property
-    def stderr(self) -> IO[bytes]:
-        assert self.proc.stderr is not None
-        return self.proc.stderr
 
     def wrappers(self) -> set[int]:
         return set()
