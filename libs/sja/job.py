@@ -7,6 +7,8 @@ the context in its process), ``context()`` gives:
 - ``units``: the range of units to do (``range(unit_start, unit_start + count)``), ``total_units``;
 - ``deadline`` (Unix seconds) and ``should_stop()``: true from ``stop_grace_s`` before the deadline,
   or once the program got ``SIGTERM`` (which ``context()`` turns into that flag instead of death);
+  an open subjob (``continues``: it goes on past its window while no other job wants the slice) has
+  no deadline: ``should_stop()`` turns true when it is asked to yield;
 - ``slice_id``, ``cuda_visible_devices``, ``attempt`` (earlier tries of this range);
 - ``state_in`` / ``state_out``: the directory holding the state the previous subjob left (empty for
   the first) and the empty one to leave the state in (command contract);
@@ -70,6 +72,10 @@ class Context:
     """``should_stop()`` turns true this long before ``deadline``."""
     first_unit_s: float = 0.0
     """The subjob's planned start-up and first unit: no stop signal comes before (0: not planned)."""
+    continues: bool = False
+    """An open subjob: ``units`` runs to the end of the job's contiguous range, and the subjob goes on
+    past its window (``deadline`` is infinite) until it is asked to yield (``SIGTERM``, then
+    ``should_stop()``): stop after the current unit, save the state, report how far it got."""
     slice_id: str = ""
     cuda_visible_devices: str = ""
     mem_cap_mib: int = 0
@@ -256,7 +262,9 @@ def _from_env(env: Any) -> Context:
         count=_int(env, "UNITS"),
         total_units=_int(env, "TOTAL_UNITS"),
         attempt=_int(env, "ATTEMPT", 0),
-        deadline=float(env.get("SJA_DEADLINE") or math.inf),
+        # An open subjob (``SJA_CONTINUE=1``) goes on past its window until SIGTERM asks it to yield.
+        deadline=math.inf if env.get("SJA_CONTINUE") == "1" else float(env.get("SJA_DEADLINE") or math.inf),
+        continues=env.get("SJA_CONTINUE") == "1",
         stop_grace_s=float(env.get("SJA_STOP_GRACE_S") or 0.0),
         slice_id=env.get("SJA_SLICE_ID", ""),
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES", ""),

@@ -22,7 +22,7 @@ from sja.bus.service import Service
 from sja.bus.settings import BaseSettings, Pools
 from sja.bus.tracing import start_roots
 from sja.bus.watch import KvView
-from sja.core import leases
+from sja.core import defaults, leases
 from sja.core.windows import OfferPacer, WindowRequest, find_windows, largest_by_pool
 from sja.protocol import subjects
 from sja.protocol.ids import new_id
@@ -35,7 +35,7 @@ tracer = trace.get_tracer("sja.advertiser")
 class AdvertiserSettings(BaseSettings, frozen=True, kw_only=True):
     pools: Pools = ()
     """Pools this replica advertises (``SJA_POOLS``, comma-separated); empty: all."""
-    horizon_s: float = 8.0
+    horizon_s: float = defaults.HORIZON_S
     """Length of an offered window when nothing bounds it (the planning horizon)."""
     reply_window_s: float = 0.05
     """How long the clearer waits for replies to one offer."""
@@ -85,6 +85,9 @@ class AdvertiserService(Service):
         self._free_fence: dict[str, int] = {}
         self.leased: dict[str, float] = {}
         """Slices (of this replica's pools) under a lease: when it runs out."""
+        self.held_open: dict[str, SliceState] = {}
+        """Busy slices whose holder may go on past its window (``core.continuation``): offered as
+        free ones from their ``contestable_at``."""
         self.lapsed = 0
         """Leases this replica found run out and freed."""
         self.m_offers = self.metrics.counter(
@@ -125,6 +128,10 @@ class AdvertiserService(Service):
             self.leased[key] = value.lease_until
         else:
             self.leased.pop(key, None)
+        if mine and value is not None and value.status == "busy" and value.contestable_at > 0:
+            self.held_open[key] = value
+        else:
+            self.held_open.pop(key, None)
 
     def _mine(self, s: SliceState) -> bool:
         return not self.pools or s.pool in self.pools
@@ -189,11 +196,20 @@ class AdvertiserService(Service):
         one batch per pool."""
         assert self.view is not None
         # Only free slices give windows now (kept by the watch: a pass costs the free slices, not
-        # all of them).
+        # all of them), and the held ones whose holder is past its window (core.continuation).
         slices = self.free
+        order_keys: list[str] = self._free_order
+        fences: dict[str, int] = self._free_fence
+        contested = [
+            s for s in self.held_open.values() if leases.preempts(s, now) and s.slice_id not in slices
+        ]
+        if contested:
+            slices = {**slices, **{s.slice_id: s for s in contested}}
+            order_keys = sorted(slices)
+            fences = {**fences, **{s.slice_id: s.fence for s in contested}}
         # The pacer picks the slices due (in the order of their windows: all start now, so by
         # slice id); windows are built for those only, not for every free slice on every pass.
-        due_slices = self.pacer.due([slices[k] for k in self._free_order], self._free_fence, now)
+        due_slices = self.pacer.due([slices[k] for k in order_keys], fences, now)
         order = {s.slice_id: i for i, s in enumerate(due_slices)}
         largest = self._largest_by_pool(now)
         due = find_windows(

@@ -7,12 +7,13 @@ from typing import Annotated
 import msgspec
 
 from sja.bus.settings import BaseSettings
+from sja.core import defaults
 
 
 class AgentSettings(BaseSettings, frozen=True, kw_only=True):
     mem_reserve_mib: float = 256.0
-    start_overhead_s: float = 0.3
-    horizon_s: float = 8.0
+    start_overhead_s: float = defaults.START_OVERHEAD_S
+    horizon_s: float = defaults.HORIZON_S
     heartbeat_s: float = 1.0
     max_jobs: int = 10_000
     lease_s: float = 5.0

@@ -45,6 +45,7 @@ from sja.protocol.messages import (
     RoundRecord,
     SliceState,
     Verdict,
+    YieldRequest,
 )
 from sja.telemetry.metrics import LATENCY_BUCKETS_S
 
@@ -89,6 +90,8 @@ class ClearerService(Service):
         """Round key -> when it closed, for the last ``MAX_CLOSED_REMEMBERED`` rounds."""
         self.agents: dict[str, float] = {}
         self.grants = 0
+        self.yields_asked = 0
+        """Grants that took a slice from a holder past its window (``core.continuation``)."""
         self.cleared = 0
         self.m_rounds = self.metrics.counter(
             "sja_rounds",
@@ -373,8 +376,12 @@ class ClearerService(Service):
                 if taken.trace_note:
                     span.set_attribute("sja.note", taken.trace_note)
                 return taken
-            leased, revision = taken
+            leased, revision, preempted = taken
             span.set_attribute("sja.fence", leased.fence)
+            if preempted is not None:
+                # Its holder went on past its window (core.continuation): it yields to the winner.
+                span.set_attribute("sja.preempted_grant", preempted.grant_id)
+                await self._ask_yield(preempted, leased)
             grant = grants.grant(award, leased, revision)
             self.grants += 1
             granted.append((grant, inject()))
@@ -384,8 +391,24 @@ class ClearerService(Service):
             self.m_offer_to_grant.record(max(0.0, time.time() - offer.issued_at), **labels)
             return grant
 
-    async def _take(self, award: grants.Award) -> tuple[SliceState, int] | grants.NotGranted:
-        """Write the slice's lease to the award's winner: the slice leased and its new revision.
+    async def _ask_yield(self, preempted: SliceState, leased: SliceState) -> None:
+        """Ask the executor of a slice taken from a holder past its window to make it yield."""
+        self.yields_asked += 1
+        req = YieldRequest(
+            slice_id=leased.slice_id,
+            node=leased.node,
+            holder_grant_id=preempted.grant_id,
+            grant_id=leased.grant_id,
+            fence=leased.fence,
+            issued_at=time.time(),
+        )
+        await self.bus.publish(subjects.slice_yield(leased.node), encode(req))
+
+    async def _take(
+        self, award: grants.Award
+    ) -> tuple[SliceState, int, SliceState | None] | grants.NotGranted:
+        """Write the slice's lease to the award's winner: the slice leased, its new revision, and the
+        slice as it was when the grant takes it from a holder past its window (else ``None``).
         The offer carries the slice as offered: one compare-and-set against that revision, and a
         read only when the slice changed since (a stale offer, or a touched entry)."""
         slices, offer = self.slices, award.offer
@@ -395,7 +418,7 @@ class ClearerService(Service):
             leased = grants.lease(offered, award)
             revision = await slices.cas(offered.slice_id, leased, offer.slice_revision)
             if revision is not None:
-                return leased, revision
+                return leased, revision, None
         got = await slices.get(offer.window.slice_id)
         if got is None:
             return grants.NotGranted(grants.Refusal.SLICE_GONE)
@@ -407,7 +430,7 @@ class ClearerService(Service):
         revision = await slices.cas(current.slice_id, leased, rev)
         if revision is None:
             return grants.NotGranted(grants.Refusal.LOST_CAS)
-        return leased, revision
+        return leased, revision, (current if current.status != "free" else None)
 
     async def _send_grants(self, rnd: OpenRound) -> None:
         """The batch's grants, one message per agent: a ``Grant`` (under its ``sja.grant`` span) when

@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from sja.bus.settings import BaseSettings, Pools, TenantBudgets, TenantShares, Weights3
+from sja.core import defaults
 
 
 class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
@@ -13,7 +14,7 @@ class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
     """Pools this replica clears (``SJA_POOLS``, comma-separated); empty: all. Pools must not
     overlap between replicas (a slice is still never granted twice: the KV compare-and-set
     decides)."""
-    policy: str = "fair"
+    policy: str = defaults.POLICY
     tenant_shares: TenantShares = msgspec.field(default_factory=dict)
     """``tenant=weight,...`` target shares for fairness policies (each weight positive)."""
     tenant_budgets: TenantBudgets = msgspec.field(default_factory=dict)
@@ -31,4 +32,4 @@ class ClearerSettings(BaseSettings, frozen=True, kw_only=True):
     reply_grace_s: float = 0.2
     """How long past an offer's reply deadline a round may wait for a live agent that has not
     answered yet (it closes as soon as every live agent has)."""
-    horizon_s: float = 8.0
+    horizon_s: float = defaults.HORIZON_S

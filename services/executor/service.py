@@ -18,6 +18,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -31,7 +32,7 @@ from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.jetstream import delivery_count
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
-from sja.core import proofs
+from sja.core import continuation, proofs
 from sja.core.leases import Admission
 from sja.execution import sandbox as sbx
 from sja.execution import slicelease
@@ -46,13 +47,32 @@ from sja.execution.actor import (
 from sja.execution.runner import RunResult, completion_of, failure_status
 from sja.execution.sandbox import SandboxSettings
 from sja.protocol import subjects
-from sja.protocol.messages import SliceState, Subjob
+from sja.protocol.messages import SliceState, Subjob, YieldRequest
 from sja.telemetry.metrics import watch_consumers
 from sja.workloads import checkpoint as ckpt
 from sja.workloads import statestore
+from sja.workloads.command import DEFAULT_STOP_GRACE_S
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("sja.executor")
+
+
+OPEN_LEASE_S = 30.0
+"""An open subjob running past its window keeps its slice's lease this far ahead of now."""
+OPEN_KEEP_S = 5.0
+"""How often the lease of an open subjob past its window is looked at (extended when less than
+``OPEN_LEASE_S / 2`` is left)."""
+
+
+@dataclass
+class _Holder:
+    """The subjob running on one of this executor's slices."""
+
+    sj: Subjob
+    done: asyncio.Event
+    held: slicelease.Held | None
+    """The slice as this executor last wrote it (an open subjob's lease moves with it)."""
+    yielding: bool = False
 
 
 TENANT_USAGE_REFRESH_S = 10.0
@@ -105,6 +125,10 @@ class ExecutorService(Service):
         self.actors: dict[str, Any] = {}
         self.slice_info: dict[str, SliceState] = {}
         self.running: set[str] = set()
+        self.holders: dict[str, _Holder] = {}
+        """slice id -> the subjob running on it."""
+        self.yields = 0
+        """Holders asked to yield (another job won their slice)."""
         self.started_fences: dict[str, int] = {}
         """The highest fence a run was admitted at, per slice (``slicelease.start``)."""
         self.ran = 0
@@ -148,6 +172,7 @@ class ExecutorService(Service):
             # back after ack_wait and is reported lost (its units are planned again).
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1),
         )
+        await self.subscribe(subjects.slice_yield(self.cfg.node), self._yield_requested)
         self.loop(self._pull_forever())
         self.loop(watch_consumers(self.jetstream, [(subjects.STREAM_SUBJOBS.name, durable)], self.metrics))
 
@@ -300,6 +325,16 @@ class ExecutorService(Service):
             log.warning("subjob %s delivered again while it runs: kept running", sj.subjob_id)
             await msg.in_progress()
             return
+        holder = self.holders.get(sj.slice_id)
+        if holder is not None and sj.fence > holder.sj.fence:
+            # A later grant of a slice whose holder continues past its window: the holder yields at
+            # its next unit boundary, and this subjob starts once it is gone (core.continuation).
+            keepalive = self.spawn(_keep_alive(msg))
+            try:
+                await self._yield(holder, f"grant {sj.grant_id} of job {sj.job_id} came for its slice")
+                await holder.done.wait()
+            finally:
+                keepalive.cancel()
         admitted = await slicelease.start(
             self.slices,
             sj,
@@ -319,8 +354,10 @@ class ExecutorService(Service):
             return
         began = time.monotonic()
         self.running.add(sj.subjob_id)
+        holder = _Holder(sj, asyncio.Event(), admitted.held)
+        self.holders[sj.slice_id] = holder
         try:
-            result, carrier = await self._run(msg, sj)
+            result, carrier = await self._run(msg, sj, holder)
             info = self.slice_info.get(sj.slice_id)
             profile = info.profile if info else ""
             self.m_busy.add(time.monotonic() - began, slice=sj.slice_id, profile=profile, node=self.cfg.node)
@@ -333,11 +370,71 @@ class ExecutorService(Service):
                 keepalive.cancel()
         finally:
             self.running.discard(sj.subjob_id)
-        await self._free(sj, admitted.held)
+            if self.holders.get(sj.slice_id) is holder:
+                del self.holders[sj.slice_id]
+            holder.done.set()
+        await self._free(sj, holder.held)
         await msg.ack()
         self.ran += 1
 
-    async def _run(self, msg: Msg, sj: Subjob) -> tuple[RunResult, dict[str, str]]:
+    async def _yield_requested(self, msg: Msg) -> None:
+        """The clearer granted a slice of this node whose holder continues past its window."""
+        try:
+            req = decode(msg.data, YieldRequest)
+        except DecodeError as e:
+            log.error("dropping malformed yield request: %s", e)
+            return
+        holder = self.holders.get(req.slice_id)
+        if holder is not None and holder.sj.grant_id == req.holder_grant_id and req.fence > holder.sj.fence:
+            await self._yield(holder, f"grant {req.grant_id} won its slice")
+
+    async def _yield(self, holder: _Holder, why: str) -> None:
+        """Ask the holder to stop at its next unit boundary (once); it is killed if it has not
+        stopped ``continuation.yield_grace_s`` later."""
+        if holder.yielding or holder.done.is_set():
+            return
+        holder.yielding = True
+        self.yields += 1
+        sj = holder.sj
+        wanted = sj.params.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
+        if isinstance(wanted, bool) or not isinstance(wanted, int | float):
+            wanted = DEFAULT_STOP_GRACE_S
+        grace = continuation.yield_grace_s(float(wanted), sj.first_unit_s)
+        log.info("subjob %s yields slice %s: %s", sj.subjob_id, sj.slice_id, why)
+        actor = self.actors.get(sj.slice_id)
+        while actor is not None and not holder.done.is_set():
+            try:
+                asked = await asyncio.wait_for(
+                    asyncio.wrap_future(actor.yield_subjob.remote(sj.subjob_id, grace).future()), timeout=10
+                )
+            except Exception as e:
+                log.warning("could not ask subjob %s to yield: %s", sj.subjob_id, e)
+                asked = False
+            if asked:
+                return
+            # Not running in the actor yet (its state still being put in place): ask again.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(holder.done.wait(), timeout=0.2)
+
+    async def _keep_open_lease(self, holder: _Holder) -> None:
+        """An open subjob's lease, kept ahead of it while it runs; when the lease moved to another
+        grant, the subjob yields (the clearer's request may have been missed)."""
+        assert self.slices is not None
+        while not holder.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(holder.done.wait(), timeout=OPEN_KEEP_S)
+            if holder.done.is_set() or holder.yielding:
+                return
+            now = time.time()
+            if holder.held is not None and holder.held.state.lease_until - now > OPEN_LEASE_S / 2:
+                continue
+            kept = await slicelease.keep(self.slices, holder.sj, holder.held, lease_s=OPEN_LEASE_S, now=now)
+            if kept is None:
+                await self._yield(holder, "its slice's lease moved to another grant")
+                return
+            holder.held = kept
+
+    async def _run(self, msg: Msg, sj: Subjob, holder: _Holder) -> tuple[RunResult, dict[str, str]]:
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=propagate.extract(dict(msg.headers or {})))
         actor = self.actors[sj.slice_id]
@@ -362,8 +459,12 @@ class ExecutorService(Service):
         # signs its completion (sja.core.proofs).
         data = encode(proofs.without_proof_key(sj)) if sj.proof_key else msg.data
         ref = actor.run.remote(data, carrier, checkpoint)
-        limit = sj.time_cap_s + self.cfg.kill_margin_s
+        open_ = sj.max_units > sj.units
+        # An open subjob has no time cap: it runs until it is asked to yield (its actor kills it if
+        # it does not stop), its lease kept meanwhile.
+        limit = None if open_ else sj.time_cap_s + self.cfg.kill_margin_s
         keepalive = self.spawn(_keep_alive(msg))
+        keeper = self.spawn(self._keep_open_lease(holder)) if open_ else None
         try:
             raw = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=limit)
             try:
@@ -416,6 +517,8 @@ class ExecutorService(Service):
             ), carrier
         finally:
             keepalive.cancel()
+            if keeper is not None:
+                keeper.cancel()
 
     async def _checkpoints(self) -> Any:
         if self._store is None:

@@ -28,6 +28,7 @@ from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.bus.watch import KvView
+from sja.core import defaults
 from sja.core import explain as E
 from sja.core import jobs as J
 from sja.core.planner import PlanLimits
@@ -62,10 +63,10 @@ log = logging.getLogger(__name__)
 
 
 class GatewaySettings(BaseSettings, frozen=True, kw_only=True):
-    horizon_s: float = 8.0
+    horizon_s: float = defaults.HORIZON_S
     """The planning window the advertiser offers (same ``SJA_HORIZON_S``): new jobs' priors are
     scaled to what fits one window."""
-    start_overhead_s: float = 0.3
+    start_overhead_s: float = defaults.START_OVERHEAD_S
     mem_reserve_mib: float = 256.0
     """Driver/context memory of every slice (same ``SJA_MEM_RESERVE_MIB`` as the agents): a job whose
     smallest subjob declares more than the largest slice less this is refused at submission, and

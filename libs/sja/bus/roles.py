@@ -135,8 +135,9 @@ def service_roles() -> tuple[Role, ...]:
         _service(
             "clearer",
             "collects replies, takes the slice (KV sja-slices), publishes grants, outcomes and round "
-            "records, and reads the round records back at start (its fairness ledger); serves the "
-            "live policy switch.",
+            "records, asks a slice's executor to make the holder yield when another job won the "
+            "slice it continues on (sja.v1.slice.yield), and reads the round records back at start "
+            "(its fairness ledger); serves the live policy switch.",
             (
                 *slices,
                 *rounds,
@@ -144,6 +145,7 @@ def service_roles() -> tuple[Role, ...]:
                 "sja.v1.grant.issued.>",
                 "sja.v1.offer.outcome.>",
                 "sja.v1.round.cleared.>",
+                "sja.v1.slice.yield.>",
             ),
             (
                 "sja.v1.offer.opened.>",
@@ -190,7 +192,8 @@ def service_roles() -> tuple[Role, ...]:
             "executor",
             "takes subjobs from SJA_SUBJOBS, marks slices busy and free (KV sja-slices), publishes "
             "completions (signed with each subjob's secret), keeps large checkpoints in the object "
-            "store sja-checkpoints. It may not publish grants, offers or subjobs.",
+            "store sja-checkpoints, hears the clearer's yield requests for its node's slices. It may "
+            "not publish grants, offers or subjobs.",
             (
                 *slices,
                 *checkpoints,
@@ -204,6 +207,7 @@ def service_roles() -> tuple[Role, ...]:
                 "$JS.API.STREAM.PURGE.OBJ_sja-checkpoints",
                 "$O.sja-checkpoints.>",
             ),
+            ("sja.v1.slice.yield.>",),
         ),
         _service(
             "gateway",

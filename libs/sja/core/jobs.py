@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from sja.core import continuation
 from sja.core.planner import (
     PlanLimits,
     PlanRequest,
@@ -543,6 +544,19 @@ def materialize(
     window = grant.window
     time_cap = plan_length(profile, req, limits) + limits.start_overhead_s
     first_unit = min(first_unit_s(profile, req), time_cap)
+    mem_cap = window.mem_mib - limits.mem_reserve_mib
+    max_units = 0
+    if (
+        not state.bounded
+        and not state.in_flight
+        and continuation.continuable(yields(state.spec.workload), state.spec.max_parallel, state.spec.params)
+    ):
+        # An open subjob: past its window it goes on while no other job wins the slice.
+        q = 1.0 - state.spec.eps_mem
+        reach = continuation.open_units(
+            size, contiguous_from(state, start), lambda k: profile.mem_quantile(k, q), mem_cap
+        )
+        max_units = reach if reach > size else 0
     seq = state.next_seq
     subjob = Subjob(
         subjob_id=f"{state.job_id}.s{seq}",
@@ -572,6 +586,7 @@ def materialize(
         attempt=attempt_of(state, start),
         proof_key=proof_key,
         first_unit_s=round(max(first_unit, 0.0), 6),
+        max_units=max_units,
     )
     flight = InFlight(
         subjob_id=subjob.subjob_id,
@@ -586,6 +601,7 @@ def materialize(
         planned_mem_q_mib=subjob.planned_mem_q_mib,
         planned_duration_q_s=subjob.planned_duration_q_s,
         proof_key=proof_key,
+        max_units=max_units,
     )
     new_state = msgspec.structs.replace(
         state,
@@ -622,8 +638,15 @@ def apply_completion(
     merge_error = ""
     gave_up = ""
     done = c.units
+    next_unit = state.next_unit
+    bounded = state.bounded
     if c.status == "ok":
         done = c.units_done if 0 < c.units_done < c.units else c.units
+        if flight.max_units > flight.units and c.units_done > flight.units:
+            # An open subjob that went on past its window: it did units beyond its planned range.
+            done = min(c.units_done, flight.max_units)
+            planned_end = flight.unit_start + flight.units
+            retry, next_unit = claim_units(retry, next_unit, planned_end, flight.unit_start + done)
         if done < c.units:
             # Stopped early (it said how far it got): the rest of its range is planned again.
             retry.append(UnitRange(start=flight.unit_start + done, count=flight.units - done))
@@ -654,6 +677,12 @@ def apply_completion(
         retry.sort(key=lambda r: r.start)
         if c.status == "oom":
             profile.observe_oom(c.units, c.mem_cap_mib, c.peak_mem_mib)
+        elif c.status == "timeout" and c.yielded:
+            # An open subjob that ran past its window and did not stop at a unit boundary when
+            # asked to yield: its program does not honour SIGTERM; from now on it gets exactly its
+            # planned ranges (its window was not too short: no time profile lesson).
+            bounded = True
+            error = c.error or c.status
         elif c.status == "timeout":
             profile.observe_timeout(c.units, c.time_cap_s, profile_name, compute_share)
             # Timeouts count toward giving up, and each one more makes the job wait longer to bid.
@@ -697,6 +726,8 @@ def apply_completion(
         state,
         in_flight=in_flight,
         retry=retry,
+        next_unit=next_unit,
+        bounded=bounded,
         accumulator=acc,
         units_done=units_done,
         profile=calibrated,
@@ -721,6 +752,41 @@ def _fail_now(state: JobState, reason: str, now: float) -> JobState:
     if state.in_flight:
         return msgspec.structs.replace(state, cancel_requested=True)
     return msgspec.structs.replace(state, status="failed", finished_at=now)
+
+
+def yields(name: str) -> bool:
+    """Whether the workload's runs stop at a unit boundary when asked (``Workload.yields``); a
+    tenant's own workload is never imported here (it runs its range to the end)."""
+    return trusted(name) and bool(getattr(workload(name), "yields", False))
+
+
+def contiguous_from(state: JobState, start: int) -> int:
+    """How many units from ``start`` (the range the next subjob takes, ``next_range``) are waiting
+    without a gap: a range to retry, continued by the fresh work after it when it ends there."""
+    retry = sorted(state.retry, key=lambda r: r.start)
+    end = start
+    for r in retry:
+        if r.start <= end < r.start + r.count:
+            end = r.start + r.count
+    if state.next_unit <= end:
+        end = max(end, state.total_units)
+    return max(end - start, 0)
+
+
+def claim_units(retry: list[UnitRange], next_unit: int, lo: int, hi: int) -> tuple[list[UnitRange], int]:
+    """``retry`` and ``next_unit`` with the units ``[lo, hi)`` taken as done: an open subjob went on
+    past its planned range into them."""
+    out: list[UnitRange] = []
+    for r in retry:
+        a, b = r.start, r.start + r.count
+        if b <= lo or a >= hi:
+            out.append(r)
+            continue
+        if a < lo:
+            out.append(UnitRange(start=a, count=lo - a))
+        if b > hi:
+            out.append(UnitRange(start=hi, count=b - hi))
+    return sorted(out, key=lambda r: r.start), max(next_unit, hi)
 
 
 def _sequential(state: JobState) -> bool:

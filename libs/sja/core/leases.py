@@ -10,6 +10,7 @@ from enum import StrEnum
 
 import msgspec
 
+from sja.core.continuation import is_contestable
 from sja.protocol.messages import SliceState
 
 
@@ -20,7 +21,9 @@ class LeaseConflict(Exception):
 def grant(
     s: SliceState, *, offered_fence: int, job_id: str, grant_id: str, now: float, lease_s: float
 ) -> SliceState:
-    if s.status != "free":
+    """Lease a free slice to ``grant_id``; or a busy one whose holder continues past its window
+    (``preempts``): the holder is then asked to yield (``core.continuation``)."""
+    if s.status != "free" and not preempts(s, now):
         raise LeaseConflict(f"slice {s.slice_id} is {s.status}")
     if s.fence != offered_fence:
         raise LeaseConflict(f"slice {s.slice_id} fence moved {offered_fence} -> {s.fence}")
@@ -32,8 +35,14 @@ def grant(
         grant_id=grant_id,
         lease_until=now + lease_s,
         expected_end=0.0,
+        contestable_at=0.0,
         updated_at=now,
     )
+
+
+def preempts(s: SliceState, now: float) -> bool:
+    """Whether a grant of ``s`` at ``now`` takes it from a holder that continues past its window."""
+    return s.status == "busy" and is_contestable(s.contestable_at, now)
 
 
 def holds(s: SliceState, grant_id: str, fence: int) -> bool:
@@ -69,7 +78,10 @@ def start(
     time_cap_s: float,
     expected_s: float,
     grace_s: float,
+    contestable_at: float = 0.0,
 ) -> SliceState:
+    """The slice busy with the grant's subjob until its time cap and grace. ``contestable_at``: an
+    open subjob's slice is offered again from then on (``core.continuation``)."""
     if not holds(s, grant_id, fence) or s.status != "leased":
         raise LeaseConflict(f"slice {s.slice_id} not leased to grant {grant_id} (fence {fence})")
     return msgspec.structs.replace(
@@ -77,6 +89,7 @@ def start(
         status="busy",
         lease_until=now + time_cap_s + grace_s,
         expected_end=now + expected_s,
+        contestable_at=contestable_at,
         updated_at=now,
     )
 
@@ -122,6 +135,7 @@ def _freed(s: SliceState, now: float) -> SliceState:
         grant_id="",
         lease_until=0.0,
         expected_end=0.0,
+        contestable_at=0.0,
         updated_at=now,
     )
 

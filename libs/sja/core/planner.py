@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sja.core import defaults
 from sja.core.profiles import CENSORED_INFLATION, JobProfile
 from sja.protocol.messages import Candidate, Window
 
@@ -35,7 +36,7 @@ class PlanLimits:
 
     mem_reserve_mib: float = 256.0
     """Driver/context overhead on every slice, not available to the subjob."""
-    start_overhead_s: float = 0.3
+    start_overhead_s: float = defaults.START_OVERHEAD_S
     """Per-subjob start and checkpoint cost, taken off the window."""
     horizon_s: float = 30.0
     """Length assumed for an open-ended window."""

@@ -9,7 +9,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from sja.core.continuation import is_contestable
 from sja.protocol.messages import SliceState, Window
+
+
+def leases_preempt(s: SliceState, now: float) -> bool:
+    """``leases.preempts`` (kept here so that gap finding needs no lease module)."""
+    return s.status == "busy" and is_contestable(s.contestable_at, now)
 
 
 class HasSlice(Protocol):
@@ -63,7 +69,8 @@ def largest_by_pool(slices: Iterable[SliceState]) -> dict[str, int]:
 
 
 def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Window]:
-    """Free slices give windows starting now; busy ones (optionally) give future windows.
+    """Free slices (and held ones whose holder continues past its window) give windows starting
+    now; busy ones (optionally) give future windows.
 
     A window ends at the slice's next reservation, else ``horizon_s`` after it starts (or, with
     ``open_ended``, a free slice's window has no end).
@@ -74,7 +81,9 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
     slices = list(slices)
     largest = dict(req.largest_mib) if req.largest_mib is not None else largest_by_pool(slices)
     for s in slices:
-        if s.status == "free":
+        if s.status == "free" or leases_preempt(s, req.now):
+            # A held slice whose holder continues past its window is offered as a free one: a
+            # winner's grant makes the holder yield (``core.continuation``).
             start = req.now
         elif s.status == "busy" and req.include_future and s.expected_end > 0:
             start = max(s.expected_end, req.now)
@@ -86,7 +95,7 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
             if reserved_at <= start:
                 continue
             end = min(start + req.horizon_s, reserved_at)
-        elif req.open_ended and s.status == "free":
+        elif req.open_ended and (s.status == "free" or leases_preempt(s, req.now)):
             end = None
         out.append(window_of(s, start, end, largest.get(s.pool, 0)))
     out.sort(key=lambda w: (w.start_s, w.slice_id))

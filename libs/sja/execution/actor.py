@@ -11,6 +11,7 @@ import ray
 from opentelemetry import propagate, trace
 
 from sja.bus.codec import decode, encode
+from sja.execution import stopclock
 from sja.execution.runner import run_subjob
 from sja.protocol.messages import SliceState, Subjob
 
@@ -58,8 +59,11 @@ def actor_env(s: SliceState) -> dict[str, str]:
     }
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"control": 1})  # type: ignore[call-overload]
 class SliceActor:
+    """Runs one subjob at a time (``run``, the default group); ``yield_subjob`` reaches the subjob
+    running meanwhile (the ``control`` group's own thread)."""
+
     def __init__(
         self,
         slice_id: str,
@@ -102,6 +106,12 @@ class SliceActor:
             "node_id": self.node_id,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         }
+
+    @ray.method(concurrency_group="control")
+    def yield_subjob(self, subjob_id: str, grace_s: float) -> bool:
+        """Ask the open subjob ``subjob_id`` running on this slice to yield (``core.continuation``):
+        ``SIGTERM`` now, ``SIGKILL`` ``grace_s`` later. False when it does not run here (it ended)."""
+        return stopclock.request_yield(subjob_id, grace_s)
 
     def run(self, subjob: bytes, carrier: dict[str, str], checkpoint: bytes | None = None) -> bytes:
         """Run a subjob; ``checkpoint`` replaces its input checkpoint when the executor fetched a

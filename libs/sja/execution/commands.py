@@ -26,6 +26,7 @@ import msgspec
 
 from sja import job
 from sja.execution import sandbox as sbx
+from sja.execution import stopclock
 from sja.execution import warm as warm_reg
 from sja.execution.program import Running, last_lines, start_program, watch
 from sja.workloads import checkpoint as ckpt
@@ -179,7 +180,14 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
             else:
                 restore()
         now = time.time()
-        deadline = ctx.deadline if math.isfinite(ctx.deadline) else now + 10 * 365 * 86400
+        # An open subjob (``core.continuation``) has no deadline: it runs until it is asked to
+        # yield, which moves its clock (``SliceActor.yield_subjob``); ``SJA_DEADLINE`` says where its
+        # window ends, past which it may go on.
+        clock = stopclock.get(ctx.subjob_id) if ctx.continues else None
+        if clock is not None:
+            deadline = clock.window_end or now
+        else:
+            deadline = ctx.deadline if math.isfinite(ctx.deadline) else now + 10 * 365 * 86400
         # Never before the planned start-up and first unit (``core.stopping.stop_grace``, in the context).
         grace = min(ctx.stop_grace_s, max(0.0, deadline - now))
         cuda = ctx.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -195,6 +203,7 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
             "SJA_REPORT": box.inside(work, report),
             "SJA_DEADLINE": f"{deadline:.3f}",
             "SJA_STOP_GRACE_S": f"{grace:.3f}",
+            "SJA_CONTINUE": "1" if clock is not None else "0",
             "SJA_MEM_CAP_MIB": str(ctx.mem_cap_mib),
             "SJA_SLICE_ID": ctx.slice_id,
             "CUDA_VISIBLE_DEVICES": cuda,
@@ -228,7 +237,9 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
             nvml=nvml,
             device_uuid=device,
             mem_cap_bytes=mem_cap_bytes(ctx.mem_cap_mib, cuda),
+            clock=clock,
         )
+        yielded = clock is not None and clock.yielded_at > 0
         if not r.alive:
             keep = None
         handed = held is not None and running is held.running
@@ -245,6 +256,14 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
                 f"stopped: its processes' resident memory {r.over_cap_mib:.1f} MiB exceeded the slice's "
                 f"{ctx.mem_cap_mib} MiB. Last output:\n{tail}",
             )
+        if r.signalled == "kill" and yielded:
+            assert clock is not None
+            raise job.Stopped(
+                "timeout",
+                f"asked to yield (another job won the slice {clock.yielded_at - now:.1f}s after it "
+                f"started) and still running {clock.kill_at - clock.yielded_at:.1f}s later: killed; the "
+                f"units it had not reported are planned again. Last output:\n{tail}",
+            )
         if r.signalled == "kill":
             raise job.Stopped(
                 "timeout",
@@ -259,6 +278,15 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
         ):
             # SJA's own stop signal ended it before it said it had done anything: the window was too
             # short for its start-up, not a failure of the program (its time profile learns).
+            if yielded:
+                assert clock is not None
+                raise job.Stopped(
+                    "timeout",
+                    f"asked to yield (another job won the slice {clock.yielded_at - now:.1f}s after it "
+                    "started), it ended on SIGTERM without reporting a unit done: the units it did are "
+                    "planned again. A program that continues past its window must stop at a unit "
+                    "boundary on SIGTERM (docs/jobs.md). Last output:\n" + tail,
+                )
             raise job.Stopped(
                 "timeout",
                 f"stopped by SJA's SIGTERM {grace:.1f}s before the window's end, before it reported "
@@ -279,6 +307,8 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
         if isinstance(done, bool) or not isinstance(done, int) or not 0 <= done <= units:
             raise job.Stopped("failed", f"{report.name}: units_done must be 0 to {units}, got {done!r}")
         if done == 0:
+            if yielded:
+                raise job.Stopped("timeout", "asked to yield before its first unit was done")
             raise job.Stopped("timeout", "stopped before its first unit was done")
         ctx.units_done = done
         if state_out.is_symlink() or not state_out.is_dir():

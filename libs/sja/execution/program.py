@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from sja.execution.meters import ProcessTreeMeter
 from sja.execution.sandbox import Plain, Sandbox, Sandboxed, remove_workdir
+from sja.execution.stopclock import StopClock
 
 TAIL_BYTES = 16 * 1024
 """Bytes of each of stdout and stderr kept."""
@@ -192,10 +193,13 @@ def watch(
     device_uuid: str = "",
     poll_s: float = 0.05,
     mem_cap_bytes: float = 0.0,
+    clock: StopClock | None = None,
 ) -> ProgramResult:
     """Measure a started program's range until it exits, says ``done`` (warm), passes
     ``mem_cap_bytes`` of resident memory (0: no cap) or ``kill_at``. A program that did not say
-    ``done`` is gone afterwards, with all it started."""
+    ``done`` is gone afterwards, with all it started. ``clock``: a stop clock another thread may
+    move while it runs (an open subjob's yield), read on every poll instead of
+    ``term_at``/``kill_at``."""
     t0 = time.monotonic()
     proc = running.proc
     meter: ProcessTreeMeter | None = None
@@ -217,6 +221,8 @@ def watch(
     try:
         while True:
             now = time.time()
+            if clock is not None:
+                term_at, kill_at = clock.term_at, clock.kill_at
             if meter is not None and meter.over:
                 break
             if now >= kill_at:

@@ -40,7 +40,7 @@ import msgspec
 
 from sja import job
 from sja.core.stopping import stop_grace
-from sja.execution import commands, warm
+from sja.execution import commands, stopclock, warm
 from sja.execution import sandbox as sbx
 from sja.execution.meters import Meter, NvmlProcessMeter, RssMeter, TorchCudaMeter, TracemallocMeter
 from sja.execution.program import last_lines, start_program, watch
@@ -69,6 +69,8 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """The end of a command's output (``OUTPUT_TAIL_CHARS`` of each)."""
     warm: str = ""
     """A warm command job's range: ``cold``, ``handed`` or ``resumed`` (``sja.execution.warm``)."""
+    yielded: bool = False
+    """An open subjob asked to yield (``core.continuation``)."""
 
 
 _result_dec = msgspec.msgpack.Decoder(RunResult)
@@ -98,6 +100,7 @@ def completion_of(sj: Subjob, r: RunResult, executor_id: str = "") -> Completion
         executor_id=executor_id,
         stdout=r.stdout[-OUTPUT_TAIL_CHARS:],
         stderr=r.stderr[-OUTPUT_TAIL_CHARS:],
+        yielded=r.yielded,
     )
 
 
@@ -204,14 +207,16 @@ def subjob_context(sj: Subjob, params: dict[str, Any], total_units: int, started
     """What ``sja.job.context()`` gives the subjob's code (and the ``command`` contract's variables)."""
     grace = params.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
     grace = float(grace) if isinstance(grace, int | float) and not isinstance(grace, bool) else 0.0
+    open_ = sj.max_units > sj.units  # goes on past its window until asked to yield
     return job.Context(
         job_id=sj.job_id,
         subjob_id=sj.subjob_id,
         unit_start=sj.unit_start,
-        count=sj.units,
+        count=sj.max_units if open_ else sj.units,
         total_units=total_units,
         attempt=sj.attempt,
-        deadline=started + sj.time_cap_s,
+        deadline=math.inf if open_ else started + sj.time_cap_s,
+        continues=open_,
         stop_grace_s=stop_grace(sj.time_cap_s, sj.first_unit_s, grace),
         first_unit_s=sj.first_unit_s,
         slice_id=sj.slice_id,
@@ -434,12 +439,16 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
     framework = getattr(w, "framework", "numpy")
     dev = prepare_device(framework, sj.mem_cap_mib, nvml=nvml)
     ctx = subjob_context(sj, params, total, started)
+    clock = stopclock.StopClock(window_end=started + sj.time_cap_s)
+    if ctx.continues:
+        # An open subjob: no deadline until it is asked to yield (``SliceActor.yield_subjob``).
+        stopclock.register(sj.subjob_id, clock)
     meters = _start(dev.meters)
     t0 = time.perf_counter()
     status, output, error = "ok", b"", ""
     job.set_current(ctx)
     try:
-        output = w.run(params, sj.unit_start, sj.units, sj.input_checkpoint)
+        output = w.run(params, sj.unit_start, ctx.count, sj.input_checkpoint)
         if not isinstance(output, bytes):
             status, output = "failed", b""
             error = f"the workload's run returned {type(output).__name__}, not bytes"
@@ -454,6 +463,7 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
             status, error = "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
     finally:
         job.set_current(None)
+        stopclock.unregister(sj.subjob_id)
     duration = time.perf_counter() - t0
     peak_mib, meter = _peak(meters)
     if framework == "command":
@@ -470,7 +480,7 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
         error = f"{error} (peak {peak_mib:.1f} MiB of the slice's {sj.mem_cap_mib} MiB)"
     return RunResult(
         status=status,
-        units_done=(sj.units if ctx.units_done is None else ctx.units_done) if status == "ok" else 0,
+        units_done=(ctx.count if ctx.units_done is None else ctx.units_done) if status == "ok" else 0,
         peak_mem_mib=round(peak_mib, 3),
         duration_s=round(duration, 6),
         started_at=started,
@@ -480,6 +490,7 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
         device=dev.device,
         meter=meter,
         warm=ctx.warm,
+        yielded=clock.yielded_at > 0,
         stdout=ctx.stdout_tail[-OUTPUT_TAIL_CHARS:],
         stderr=ctx.stderr_tail[-OUTPUT_TAIL_CHARS:],
     )

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from sja.bus.store import KvStore
-from sja.core import leases
+from sja.core import continuation, leases
 from sja.protocol.messages import SliceState, Subjob
 
 
@@ -86,6 +86,7 @@ async def _start(
             time_cap_s=sj.time_cap_s,
             expected_s=sj.planned_duration_q_s,
             grace_s=grace_s,
+            contestable_at=continuation.contestable_at(at, sj.time_cap_s, sj.max_units, sj.units),
         )
 
     at = time.time() if now is None else now
@@ -100,6 +101,7 @@ async def _start(
     ):
         if (
             started is not None
+            and sj.max_units <= sj.units  # an open subjob's slice says when it is offered again
             and sj.fence > started.get(sj.slice_id, 0)
             and leases.covers(snap, now=at, time_cap_s=sj.time_cap_s, grace_s=grace_s)
         ):
@@ -123,6 +125,43 @@ async def _start(
         if rev is not None:
             return Admitted(leases.Admission.RUN, Held(busy, rev))
     return Admitted(leases.Admission.MOVED)
+
+
+async def keep(
+    slices: KvStore[SliceState],
+    sj: Subjob,
+    held: Held | None,
+    *,
+    lease_s: float,
+    now: float | None = None,
+    tries: int = 3,
+) -> Held | None:
+    """Extend the lease of ``sj``, an open subjob that goes on past its window, to ``now + lease_s``
+    while it still holds its slice. ``None`` when the lease moved on (another job won the slice:
+    the subjob must yield); ``held`` itself when the slice kept changing (try again later)."""
+    at = time.time() if now is None else now
+    if held is not None:
+        try:
+            new = leases.extend(held.state, grant_id=sj.grant_id, fence=sj.fence, now=at, lease_s=lease_s)
+        except leases.LeaseConflict:
+            new = None
+        if new is not None:
+            rev = await slices.cas(sj.slice_id, new, held.revision)
+            if rev is not None:
+                return Held(new, rev)
+    for _ in range(max(tries, 1)):
+        got = await slices.get(sj.slice_id)
+        if got is None:
+            return None
+        current, rev0 = got
+        try:
+            new = leases.extend(current, grant_id=sj.grant_id, fence=sj.fence, now=at, lease_s=lease_s)
+        except leases.LeaseConflict:
+            return None
+        rev = await slices.cas(sj.slice_id, new, rev0)
+        if rev is not None:
+            return Held(new, rev)
+    return held
 
 
 async def free(slices: KvStore[SliceState], sj: Subjob, held: Held | None = None, tries: int = 10) -> bool:

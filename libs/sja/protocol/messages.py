@@ -130,6 +130,10 @@ class SliceState(Message, Tokens, tag="sja.slice_state.v1", frozen=True, kw_only
     grant_id: str = ""
     lease_until: float = 0.0
     expected_end: float = 0.0
+    contestable_at: float = 0.0
+    """A busy slice whose holder may continue past its window (an open subjob,
+    ``core.continuation``): from this time on the slice is offered again while the holder runs, and a
+    winner's grant makes the holder yield. 0: not offered while held."""
     updated_at: float = 0.0
 
 
@@ -295,6 +299,24 @@ class Grant(Message, Tokens, tag="sja.grant.v1", frozen=True, kw_only=True):
     slice_state: SliceState | None = None
     """The slice as leased at ``slice_revision``: the executor starts the subjob with one
     compare-and-set against it instead of reading the slice first."""
+
+
+class YieldRequest(Message, Tokens, tag="sja.yield_request.v1", frozen=True, kw_only=True):
+    """The clearer to a slice's executor (``subjects.slice_yield``): another job won the slice its
+    holder continues on past its window (``core.continuation``); the holder stops at its next unit
+    boundary and the winner's subjob starts once it has. Ephemeral: an executor that misses it sees
+    the lease moved when it next extends its holder's lease, and the winner's subjob makes it yield
+    on arrival."""
+
+    slice_id: Id
+    node: Name
+    holder_grant_id: str
+    """The grant the holder runs under (only that holder yields)."""
+    grant_id: Id
+    """The winner's grant."""
+    fence: PosInt
+    """The winner's fence."""
+    issued_at: float
 
 
 class GrantBatch(Message, Tokens, tag="sja.grant_batch.v1", frozen=True, kw_only=True):
@@ -487,6 +509,9 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     """Seconds the subjob is given before any stop signal: its planned start-up and first unit (the
     ``1 - eps_time`` quantile of one unit on this slice, ``core.stopping.stop_grace``); 0: not planned (a
     stop signal no earlier than half the window)."""
+    max_units: NonNegInt = 0
+    """An open subjob (``core.continuation``): it may go on past its planned ``units`` through this many
+    units from ``unit_start`` until it is asked to yield; 0: exactly ``units``."""
 
 
 class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=True):
@@ -514,6 +539,9 @@ class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=
     """The last of what a user's program wrote to stdout (at most ``OUTPUT_TAIL_CHARS``): ``sja logs``."""
     stderr: str = ""
     """The same for stderr."""
+    yielded: bool = False
+    """The subjob went on past its window and was asked to yield: another job won its slice
+    (``core.continuation``)."""
     proof: Proof = ""
     """HMAC-SHA256 (hex) of the completion's identity and outcome under its subjob's ``proof_key``
     (``sja.core.proofs``); the agent drops a completion whose proof is missing or wrong."""
@@ -562,6 +590,8 @@ class InFlight(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     proof_key: bytes = b""
     """The subjob's secret, sent to its executor only (``sja.core.proofs``); never shown
     (``proofs.without_secrets``)."""
+    max_units: int = 0
+    """An open subjob: how far past ``units`` it may go (``Subjob.max_units``); 0: bounded."""
 
 
 class SubjobSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -618,6 +648,9 @@ class JobState(Message, Tokens, tag="sja.job_state.v1", frozen=True, kw_only=Tru
     bids_again_at: NonNegFloat = 0.0
     """Unix time before which the job sends no bid: its back-off after timeouts
     (``jobs.timeout_backoff_s``)."""
+    bounded: bool = False
+    """The job's program did not stop when asked to yield (``core.continuation``): its subjobs get
+    exactly their planned range from then on."""
     grants_seen: NonNegInt = 0
     declined_grants: list[str] = []
     """The grants the job declined lately (the newest ``jobs.DECLINED_KEPT``): their slices were given

@@ -37,6 +37,11 @@ def outcome_sent(agent_id: str) -> str:
     return f"{PREFIX}.offer.outcome.{_key(agent_id)}"
 
 
+def slice_yield(node: str) -> str:
+    """The clearer to a node's executor: a slice's holder yields (``messages.YieldRequest``)."""
+    return f"{PREFIX}.slice.yield.{_key(node)}"
+
+
 AGENT_HEARTBEAT = f"{PREFIX}.agent.heartbeat"
 DEMAND_CHANGED = f"{PREFIX}.agent.demand_changed"
 JOB_CANCEL_REQUESTED = f"{PREFIX}.job.cancel_requested"

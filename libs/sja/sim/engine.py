@@ -107,6 +107,8 @@ class SimWorkload:
 
     name: ClassVar[str] = "sim"
     sequential: ClassVar[bool] = False
+    yields: ClassVar[bool] = True
+    """A simulated job checkpoints per unit and stops at a unit boundary when asked."""
 
     def validate(self, params: dict[str, Any]) -> dict[str, Any]:
         check_known(params, {"units"})

@@ -45,6 +45,8 @@ class Workload(Protocol):
 
     name: ClassVar[str]
     sequential: ClassVar[bool]
+    # Optional ``yields: ClassVar[bool]``: its runs stop at a unit boundary when asked (a command's
+    # program on SIGTERM), so its subjobs may go on past their window (``core.continuation``).
 
     def validate(self, params: dict[str, Any]) -> dict[str, Any]:
         """Return normalized parameters (defaults filled in) or raise ``SpecError``."""

@@ -125,10 +125,14 @@ class Command:
     sequential: ClassVar[bool] = True
     """The default; ``is_sequential`` gives a job's own."""
     framework: ClassVar[str] = "command"
+    yields: ClassVar[bool] = True
+    """A program stops at a unit boundary on ``SIGTERM`` (the contract): its subjobs may go on past
+    their window while nobody else wants the slice (``core.continuation``)."""
 
     def validate(self, params: dict[str, Any]) -> dict[str, Any]:
         check_known(
-            params, {"argv", "units", "env", "sequential", "merge_argv", "stop_grace_s", "cwd", "warm"}
+            params,
+            {"argv", "units", "env", "sequential", "merge_argv", "stop_grace_s", "cwd", "warm", "continue"},
         )
         argv = _str_list(params, "argv", True)
         units = params.get("units")
@@ -156,6 +160,9 @@ class Command:
             raise SpecError("params.warm", f"expected true or false, got {warm!r}")
         if warm and not sequential:
             raise SpecError("params.warm", "warm continuation needs sequential: true")
+        go_on = params.get("continue", True)
+        if not isinstance(go_on, bool):
+            raise SpecError("params.continue", f"expected true or false, got {go_on!r}")
         return {
             "argv": argv,
             "units": units,
@@ -165,6 +172,7 @@ class Command:
             "stop_grace_s": float(grace),
             "cwd": cwd,
             "warm": warm,
+            "continue": go_on,
         }
 
     def is_sequential(self, params: dict[str, Any]) -> bool:

@@ -1,0 +1,85 @@
+"""Continuation and yield: a subjob goes on past its window while no other job wins its slice.
+
+Cutting a job into subjobs costs each subjob its start-up (interpreter, framework, model, state
+read) and its state written at the end. A scheduler that stops a job only at a unit boundary need not
+pay that while nobody else wants the slice. The rule, which the services and the simulator both
+apply:
+
+1. **Open subjobs.** A subjob of a job that runs one subjob at a time (``max_parallel`` 1) whose
+   program stops at a unit boundary when asked (the ``command`` contract's ``SIGTERM``, the SDK's
+   ``should_stop``) is *open*: it is planned, sized and charged for its window like any subjob
+   (``Subjob.units``), and may go on past it through the rest of its contiguous range
+   (``Subjob.max_units``), as far as the job's memory quantile still fits the slice (a job whose
+   memory grows with the units it does is held to what the slice can take).
+2. **Continuation.** Once the subjob's window has passed (``SliceState.contestable_at``), its slice
+   is offered again. The holder does not bid for it: while no other job wins the slice, the holder
+   continues in the same process, with no new start-up and no state round trip.
+3. **Yield.** When another job wins the slice, the holder is asked to yield at once (``SIGTERM``,
+   ``should_stop``): it finishes its current unit, writes its state, reports how far it got and
+   exits; the winner's subjob starts on the slice as soon as it has. A holder that does not stop is
+   killed ``yield_grace_s`` after the request; what it had not reported is planned again.
+
+A subjob is never asked to yield before its own window is over: the window it won is its to use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def continuable(yields: bool, max_parallel: int, params: dict[str, Any] | None = None) -> bool:
+    """Whether a job's subjobs are open (may continue past their window): its workload ``yields``
+    (its runs stop at a unit boundary when asked: the ``command`` contract's ``SIGTERM`` handler and
+    the SDK's ``should_stop``, a ``Workload.yields``; a Python workload's ``run`` is given its range
+    and runs it to the end), and it runs one subjob at a time. A job may opt out with
+    ``params.continue: false`` (its program then gets exactly its planned range)."""
+    if not yields or max_parallel != 1:
+        return False
+    return not (params is not None and params.get("continue") is False)
+
+
+def open_units(
+    planned: int, contiguous: int, mem_quantile: Callable[[int], float], mem_cap_mib: float
+) -> int:
+    """How many units an open subjob may do: at least its ``planned`` size, at most the
+    ``contiguous`` units from its start, and no more than the largest count whose memory quantile
+    (``mem_quantile(k)``, non-decreasing in ``k``) fits the slice's ``mem_cap_mib``."""
+    hi = max(planned, contiguous)
+    if hi <= planned or mem_quantile(hi) <= mem_cap_mib:
+        return hi
+    lo = planned  # fits (the planner sized it); find the largest k in [lo, hi) that fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if mem_quantile(mid) <= mem_cap_mib:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def contestable_at(started_at: float, time_cap_s: float, max_units: int, units: int) -> float:
+    """When the slice of a subjob started at ``started_at`` is offered again while it runs: at the end
+    of its window for an open subjob, never for a bounded one (0)."""
+    return started_at + time_cap_s if max_units > units else 0.0
+
+
+def is_contestable(contestable: float, now: float) -> bool:
+    """Whether a held slice with ``contestable`` (``SliceState.contestable_at``) is offered at ``now``."""
+    return 0.0 < contestable <= now
+
+
+def yield_grace_s(stop_grace_s: float, first_unit_s: float) -> float:
+    """How long a holder asked to yield has before it is killed: the job's stop grace (to write its
+    state) plus its planned start-up and first unit (``Subjob.first_unit_s``: at most one unit to
+    finish, or a start-up still under way)."""
+    return max(0.0, stop_grace_s) + max(0.0, first_unit_s)
+
+
+__all__ = [
+    "contestable_at",
+    "continuable",
+    "is_contestable",
+    "open_units",
+    "yield_grace_s",
+]
