@@ -23,6 +23,9 @@ difference in ms and their ratio; ``within_budget`` when the sandbox adds at mos
 warm job's two ranges in the sandbox (``warm.continued``: the second went on in the first's
 process). It needs no torch: ``--start-cost-only`` measures only that.
 
+``--live`` runs a program of the command contract on the live stack with the defaults of ``sja up``
+instead (``bench/live_program.py``): alone, past a window, and yielding its slice to a newcomer.
+
 The last line is JSON.
 """
 
@@ -216,7 +219,21 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--start-rounds", type=int, default=20, help="A/B rounds of the sandbox's start cost")
     ap.add_argument("--start-cost-only", action="store_true", help="measure only the sandbox's start cost")
+    ap.add_argument(
+        "--live",
+        action="store_true",
+        help="run examples/steps on the live stack with sja up's defaults: idle, past a window, contended",
+    )
+    ap.add_argument(
+        "--short-window-s", type=float, default=20.0, help="--live: the window of the last two cases"
+    )
     args = ap.parse_args()
+
+    if args.live:
+        from live_program import run as run_live  # bench/ is the script's directory
+
+        print(json.dumps({"bench": "user_program", "live": run_live(args.python, args.short_window_s)}))
+        return
 
     start_cost = {
         "python": sandbox_start_cost(args.start_rounds, [args.python, "-c", "pass"]),

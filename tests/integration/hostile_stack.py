@@ -97,7 +97,7 @@ class InstantExecutor(ExecutorService):
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
 
-    async def _run(self, msg: Msg, sj: m.Subjob) -> tuple[RunResult, dict[str, str]]:
+    async def _run(self, msg: Msg, sj: m.Subjob, holder: Any = None) -> tuple[RunResult, dict[str, str]]:
         started = time.time()
         if self.hold_s:
             await asyncio.sleep(self.hold_s)

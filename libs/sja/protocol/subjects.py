@@ -167,6 +167,7 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.RoundsQuery, JOB_ROUNDS, durable=False),
     Route(m.StateQuery, JOB_STATE, durable=False),
     Route(m.LeaseRelease, LEASE_RELEASE, durable=False),
+    Route(m.YieldRequest, slice_yield("*"), durable=False),
     Route(m.JobState, job_submitted("*"), durable=True),
     Route(m.Subjob, subjob_dispatched("*", "*"), durable=True),
     Route(m.Completion, subjob_completed("*"), durable=True),

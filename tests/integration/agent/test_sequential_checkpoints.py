@@ -41,6 +41,7 @@ from sja.bus.connection import connect
 from sja.bus.service import Service
 from sja.client import SjaClient
 from sja.core import jobs as J
+from sja.execution import stopclock
 from sja.execution.runner import run_subjob
 from sja.protocol import messages as m
 from sja.workloads import WORKLOADS, facts_of, run_in_one_piece
@@ -109,6 +110,12 @@ class InProcessActor:
         self.shared = shared
         self.run = _Method(self._run)
         self.info = _Method(self._info)
+        self.yield_subjob = _Method(self._yield_subjob)
+
+    def _yield_subjob(self, subjob_id: str, grace_s: float) -> _Ref:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut.set_result(stopclock.request_yield(subjob_id, grace_s))
+        return _Ref(fut)
 
     def _info(self) -> _Ref:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()

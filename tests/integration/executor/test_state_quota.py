@@ -42,8 +42,15 @@ def spec(name: str, tenant: str, mib: float, units: int) -> m.JobSpec:
         name=name,
         tenant=tenant,
         workload="command",
-        # Independent subjobs: every state is kept (the accumulator lists them all).
-        params={"argv": writer(mib), "units": units, "sequential": False, "merge_argv": ["true"]},
+        # Independent subjobs: every state is kept (the accumulator lists them all); each subjob its
+        # planned range only (not going on past its window), so that the job is cut.
+        params={
+            "argv": writer(mib),
+            "units": units,
+            "sequential": False,
+            "merge_argv": ["true"],
+            "continue": False,
+        },
         max_parallel=1,
         min_units=1,
         memory=m.MemoryDecl(base_mib=64.0, per_unit_mib=0.0, rel_sd=0.2),

@@ -40,7 +40,13 @@ async def test_logs_show_each_subjobs_output_and_why_one_failed(nats_url: str, t
             name="logs",
             tenant="t",
             workload="command",
-            params={"argv": [sys.executable, "-c", PROGRAM], "units": 6, "stop_grace_s": 0.2},
+            # Each subjob its planned range (none goes on past its window): one log per range.
+            params={
+                "argv": [sys.executable, "-c", PROGRAM],
+                "units": 6,
+                "stop_grace_s": 0.2,
+                "continue": False,
+            },
             memory=m.MemoryDecl(base_mib=64.0, per_unit_mib=0.0, rel_sd=0.2),
             time=m.TimeDecl(warmup_s=0.05, per_unit_s=0.01, rel_sd=0.5),
         )

@@ -47,7 +47,7 @@ from sja.protocol.messages import (
 )
 from sja.workloads import SpecError, run_in_one_piece, workload
 
-LIMITS = PlanLimits()
+LIMITS = PlanLimits(start_overhead_s=0.3)
 T0 = 1_000.0
 BASE_MIB = 100.0
 PER_UNIT_MIB = 200.0
