@@ -46,7 +46,7 @@ def test_up_runs_an_authenticated_bus(tmp_path: Path, monkeypatch: pytest.Monkey
         # No process of the stack holds a password in its environment.
         passwords = {read_credentials(f).password for f in (out / "credentials").rglob("*.json")}
         assert len(passwords) == 7 + 1 + 2
-        stack = [p for p in psutil.process_iter() if "sja.cli.main" in " ".join(p.cmdline())]
+        stack = [p for p in psutil.process_iter() if "sja.cli.main" in " ".join(cmdline(p))]
         assert len(stack) >= 5, stack
         for p in stack:
             try:
@@ -64,3 +64,11 @@ def test_up_runs_an_authenticated_bus(tmp_path: Path, monkeypatch: pytest.Monkey
         beta = sja("--credentials", str(out / "credentials" / "tenant-beta.json"), "status", job_id)
         assert alpha.returncode == 0 and job_id in alpha.stdout, alpha.stderr
         assert beta.returncode != 0 and "no job" in beta.stderr
+
+
+def cmdline(p: psutil.Process) -> list[str]:
+    """A process's command line; empty for one that ended (or is a zombie) while it was looked at."""
+    try:
+        return p.cmdline()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return []

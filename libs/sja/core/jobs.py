@@ -640,6 +640,10 @@ def apply_completion(
     done = c.units
     next_unit = state.next_unit
     bounded = state.bounded
+    attained = state.attained_gpu_s
+    if flight.max_units > flight.units:
+        # An open subjob held its slice past its window: that time is service it attained too.
+        attained += max(0.0, c.duration_s - flight.time_cap_s) * flight.compute_share
     if c.status == "ok":
         done = c.units_done if 0 < c.units_done < c.units else c.units
         if flight.max_units > flight.units and c.units_done > flight.units:
@@ -728,6 +732,7 @@ def apply_completion(
         retry=retry,
         next_unit=next_unit,
         bounded=bounded,
+        attained_gpu_s=attained,
         accumulator=acc,
         units_done=units_done,
         profile=calibrated,

@@ -1,0 +1,166 @@
+"""Continuation and yield (``core.continuation``): which subjobs are open, how far they may go, when
+their slice is offered again and taken, and how a completion past the planned range is folded in."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from sja.core import continuation, leases
+from sja.core.jobs import apply_completion, claim_units, contiguous_from, materialize, new_job, propose
+from sja.core.planner import PlanLimits
+from sja.core.windows import WindowRequest, find_windows
+from sja.protocol.messages import Completion, JobSpec, MemoryDecl, SliceState, Subjob, TimeDecl, UnitRange
+from tests.unit.core.test_jobs import grant_for, offer_for, window
+
+NOW = 1_000.0
+LIMITS = PlanLimits(start_overhead_s=0.3)
+
+
+def command_spec(units: int = 100, max_parallel: int = 1, **params: object) -> JobSpec:
+    return JobSpec(
+        name="prog",
+        tenant="t",
+        workload="command",
+        params={"argv": ["true"], "units": units, **params},
+        max_parallel=max_parallel,
+        memory=MemoryDecl(base_mib=64.0, per_unit_mib=0.0, rel_sd=0.1),
+        time=TimeDecl(warmup_s=0.5, per_unit_s=1.0, rel_sd=0.2),
+    )
+
+
+def first_subjob(spec: JobSpec, length_s: float = 10.0) -> tuple[object, Subjob]:
+    state = new_job("j1", spec, NOW)
+    offer = offer_for(window(NOW, mem_mib=40960, profile="7g.40gb", share=1.0, length_s=length_s), NOW)
+    proposal = propose(state, offer, NOW, LIMITS)
+    assert proposal is not None
+    mat = materialize(state, grant_for(state, offer, proposal, NOW), NOW, LIMITS, "agent-1")
+    assert mat.subjob is not None, mat.reason
+    return mat.state, mat.subjob
+
+
+def completion(
+    sj: Subjob, status: str, units_done: int, duration_s: float, yielded: bool = False
+) -> Completion:
+    return Completion(
+        subjob_id=sj.subjob_id,
+        job_id=sj.job_id,
+        grant_id=sj.grant_id,
+        fence=sj.fence,
+        slice_id=sj.slice_id,
+        status=status,  # type: ignore[arg-type]
+        unit_start=sj.unit_start,
+        units=sj.units,
+        units_done=units_done,
+        peak_mem_mib=70.0,
+        duration_s=duration_s,
+        mem_cap_mib=sj.mem_cap_mib,
+        time_cap_s=sj.time_cap_s,
+        started_at=NOW,
+        finished_at=NOW + duration_s,
+        output_checkpoint=b"" if status != "ok" else b"state",
+        yielded=yielded,
+    )
+
+
+def test_open_units_stop_where_the_memory_quantile_stops_fitting() -> None:
+    assert continuation.open_units(5, 100, lambda k: 10.0 * k, 1000.0) == 100
+    assert continuation.open_units(5, 100, lambda k: 10.0 * k, 425.0) == 42
+    assert continuation.open_units(5, 3, lambda k: 10.0 * k, 1000.0) == 5  # never below the planned size
+
+
+def test_only_jobs_that_yield_and_run_one_subjob_at_a_time_are_open() -> None:
+    assert continuation.continuable(True, 1)
+    assert not continuation.continuable(False, 1)
+    assert not continuation.continuable(True, 2)
+    assert not continuation.continuable(True, 1, {"continue": False})
+
+
+def test_a_command_subjob_may_go_on_through_the_rest_of_the_job() -> None:
+    _, sj = first_subjob(command_spec(100))
+    assert 0 < sj.units < 100 and sj.max_units == 100
+    _, bounded = first_subjob(command_spec(100, **{"continue": False}))
+    assert bounded.max_units == 0
+
+
+def test_a_completion_past_the_planned_range_takes_those_units_as_done() -> None:
+    state, sj = first_subjob(command_spec(100))
+    after, applied = apply_completion(state, completion(sj, "ok", 60, 80.0), NOW + 80)  # type: ignore[arg-type]
+    assert applied
+    assert after.units_done == 60 and after.next_unit == 60 and after.retry == []
+    assert after.history[-1].units == 60
+    # Service attained past the window counts (the fair policy's order).
+    assert after.attained_gpu_s > state.attained_gpu_s  # type: ignore[attr-defined]
+
+
+def test_a_yield_within_the_planned_range_plans_the_rest_again() -> None:
+    state, sj = first_subjob(command_spec(100), length_s=30.0)
+    assert sj.units > 2
+    after, _ = apply_completion(state, completion(sj, "ok", 2, 3.0), NOW + 3)  # type: ignore[arg-type]
+    assert after.units_done == 2
+    assert after.retry == [UnitRange(start=2, count=sj.units - 2)] and after.next_unit == sj.units
+
+
+def test_a_program_that_does_not_stop_when_asked_to_yield_gets_bounded_ranges() -> None:
+    state, sj = first_subjob(command_spec(100))
+    after, _ = apply_completion(state, completion(sj, "timeout", 0, 50.0, yielded=True), NOW + 50)  # type: ignore[arg-type]
+    assert after.bounded and after.units_done == 0
+    offer = offer_for(window(NOW + 60, mem_mib=40960, profile="7g.40gb", share=1.0), NOW + 60)
+    proposal = propose(after, offer, NOW + 60, LIMITS)
+    assert proposal is not None
+    mat = materialize(after, grant_for(after, offer, proposal, NOW + 60), NOW + 60, LIMITS, "agent-1")
+    assert mat.subjob is not None and mat.subjob.max_units == 0
+
+
+def test_contiguous_and_claimed_ranges() -> None:
+    state = msgspec.structs.replace(
+        new_job("j1", command_spec(100), NOW), retry=[UnitRange(start=10, count=5)], next_unit=15
+    )
+    assert contiguous_from(state, 10) == 90  # the retried range, then the fresh work after it
+    gap = msgspec.structs.replace(state, next_unit=20)
+    assert contiguous_from(gap, 10) == 5
+    retry, nxt = claim_units([UnitRange(start=10, count=5), UnitRange(start=40, count=5)], 20, 12, 30)
+    assert retry == [UnitRange(start=10, count=2), UnitRange(start=40, count=5)] and nxt == 30
+
+
+def busy(contestable_at: float) -> SliceState:
+    return SliceState(
+        slice_id="local-g0-7g.40gb-0",
+        node="local",
+        pool="local",
+        gpu_index=0,
+        gpu_model="A100-40GB",
+        profile="7g.40gb",
+        mem_mib=40960,
+        compute_slots=7,
+        compute_share=1.0,
+        status="busy",
+        fence=3,
+        holder_job="j1",
+        grant_id="g-1",
+        lease_until=NOW + 100,
+        contestable_at=contestable_at,
+    )
+
+
+@pytest.mark.parametrize(("contestable_at", "offered"), [(0.0, False), (NOW + 5, False), (NOW - 1, True)])
+def test_a_held_slice_is_offered_and_granted_only_past_its_holders_window(
+    contestable_at: float, offered: bool
+) -> None:
+    s = busy(contestable_at)
+    windows = find_windows([s], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
+    assert bool(windows) == offered
+    if offered:
+        assert windows[0].start_s == NOW and windows[0].end_s is None
+        taken = leases.grant(s, offered_fence=3, job_id="j2", grant_id="g-2", now=NOW, lease_s=5.0)
+        assert taken.status == "leased" and taken.fence == 4 and taken.contestable_at == 0.0
+        assert not leases.holds(taken, "g-1", 3), "the holder lost its lease"
+    else:
+        with pytest.raises(leases.LeaseConflict):
+            leases.grant(s, offered_fence=3, job_id="j2", grant_id="g-2", now=NOW, lease_s=5.0)
+
+
+def test_an_open_subjobs_start_marks_when_its_slice_is_offered_again() -> None:
+    assert continuation.contestable_at(NOW, 30.0, max_units=100, units=10) == NOW + 30.0
+    assert continuation.contestable_at(NOW, 30.0, max_units=0, units=10) == 0.0
+    assert continuation.yield_grace_s(2.0, 3.5) == 5.5
