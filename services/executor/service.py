@@ -142,6 +142,11 @@ class ExecutorService(Service):
         """Paths every sandbox hides besides the defaults (``_hidden_paths``)."""
         self.placements: deque[tuple[str, str, str]] = deque(maxlen=1000)
         """``(subjob_id, slice_id, ray_node_id)`` of recent runs: where each subjob really ran."""
+        self.m_yields = self.metrics.counter(
+            "sja_yields",
+            "Subjobs asked to yield their slice past their window: another job won it.",
+            unit="{subjob}",
+        )
         self.m_busy = self.metrics.counter(
             "sja_slice_busy_seconds",
             "Seconds a slice spent running subjobs (added when each subjob ends); "
@@ -396,6 +401,7 @@ class ExecutorService(Service):
         holder.yielding = True
         self.yields += 1
         sj = holder.sj
+        self.m_yields.add(1, slice=sj.slice_id, node=self.cfg.node)
         wanted = sj.params.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
         if isinstance(wanted, bool) or not isinstance(wanted, int | float):
             wanted = DEFAULT_STOP_GRACE_S
