@@ -48,12 +48,14 @@ class NotInSubjob(RuntimeError):
 
 class Stopped(Exception):
     """Raised by a workload's ``run`` to end its subjob with a status other than ``failed``
-    (``timeout``, ``oom``) and a reason."""
+    (``timeout``, ``oom``) and a reason. ``final``: trying again cannot help (what the job names is
+    missing on the node), so the job fails at once instead of after its eighth failure."""
 
-    def __init__(self, status: str, error: str) -> None:
+    def __init__(self, status: str, error: str, *, final: bool = False) -> None:
         super().__init__(f"{status}: {error}")
         self.status = status
         self.error = error
+        self.final = final
 
 
 @dataclass

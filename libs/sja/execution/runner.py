@@ -69,6 +69,8 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """The end of a command's output (``OUTPUT_TAIL_CHARS`` of each)."""
     warm: str = ""
     """A warm command job's range: ``cold``, ``handed`` or ``resumed`` (``sja.execution.warm``)."""
+    final: bool = False
+    """A failure no retry can mend (``job.Stopped.final``): the job fails at once."""
 
 
 _result_dec = msgspec.msgpack.Decoder(RunResult)
@@ -98,6 +100,7 @@ def completion_of(sj: Subjob, r: RunResult, executor_id: str = "") -> Completion
         executor_id=executor_id,
         stdout=r.stdout[-OUTPUT_TAIL_CHARS:],
         stderr=r.stderr[-OUTPUT_TAIL_CHARS:],
+        final=r.final and r.status == "failed",
     )
 
 
@@ -437,6 +440,7 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
     meters = _start(dev.meters)
     t0 = time.perf_counter()
     status, output, error = "ok", b"", ""
+    final = False
     job.set_current(ctx)
     try:
         output = w.run(params, sj.unit_start, sj.units, sj.input_checkpoint)
@@ -445,6 +449,7 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
             error = f"the workload's run returned {type(output).__name__}, not bytes"
     except job.Stopped as e:
         status, error = (e.status if e.status in ("oom", "timeout") else "failed"), e.error
+        final = e.final and status == "failed"
     except Exception as e:
         if isinstance(e, MemoryError):
             status, error = "oom", "MemoryError"
@@ -482,4 +487,5 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
         warm=ctx.warm,
         stdout=ctx.stdout_tail[-OUTPUT_TAIL_CHARS:],
         stderr=ctx.stderr_tail[-OUTPUT_TAIL_CHARS:],
+        final=final,
     )

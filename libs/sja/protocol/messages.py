@@ -514,6 +514,9 @@ class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=
     """The last of what a user's program wrote to stdout (at most ``OUTPUT_TAIL_CHARS``): ``sja logs``."""
     stderr: str = ""
     """The same for stderr."""
+    final: bool = False
+    """A ``failed`` subjob that no retry can mend (the job names an interpreter or code the node
+    cannot give it): the job fails at once with this error instead of after its eighth failure."""
     proof: Proof = ""
     """HMAC-SHA256 (hex) of the completion's identity and outcome under its subjob's ``proof_key``
     (``sja.core.proofs``); the agent drops a completion whose proof is missing or wrong."""
