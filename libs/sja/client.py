@@ -24,6 +24,8 @@ from sja.bus.connection import connect
 from sja.bus.permissions import PermissionViolation
 from sja.protocol import subjects
 from sja.protocol.messages import (
+    CodeAck,
+    CodeChunk,
     ErrorReply,
     Explanation,
     JobList,
@@ -46,6 +48,9 @@ from sja.protocol.messages import (
 T = TypeVar("T")
 
 NO_RESPONDER_RETRIES = 10
+
+CODE_CHUNK_HEADROOM = 16 * 1024
+"""Bytes of a request left for its envelope when code is cut to the server's ``max_payload``."""
 
 CONNECT_TIMEOUT_S = 2.0
 FIRST_CONNECT_RETRIES = 2
@@ -222,6 +227,35 @@ class SjaClient:
             short = f"state {name}: {len(data)} of {got.total} bytes"
             raise ApiError(ErrorReply(code="internal", message=short))
         return bytes(data)
+
+    async def upload_code(self, tenant: str, archive: bytes) -> str:
+        """Upload a job's code (a zip archive, ``sja.workloads.codepack.pack``) through the gateway, in
+        chunks, unless the tenant's code of the same digest is kept already; the reference a spec
+        names it by (``params.code``)."""
+        from sja.workloads import codepack
+
+        digest, total = codepack.digest(archive), len(archive)
+        ack = await self._call(
+            subjects.JOB_CODE, CodeChunk(tenant=tenant, digest=digest, total=total), CodeAck
+        )
+        if not ack.stored:
+            size = max(1, self.nc.max_payload - CODE_CHUNK_HEADROOM)
+            for offset in range(0, total, size):
+                chunk = CodeChunk(
+                    tenant=tenant,
+                    digest=digest,
+                    total=total,
+                    offset=offset,
+                    data=archive[offset : offset + size],
+                )
+                if (await self._call(subjects.JOB_CODE, chunk, CodeAck)).stored:
+                    break  # the same code arrived meanwhile (another upload)
+            else:
+                commit = CodeChunk(tenant=tenant, digest=digest, total=total, offset=total, commit=True)
+                ack = await self._call(subjects.JOB_CODE, commit, CodeAck)
+                if not ack.stored:
+                    raise ApiError(ErrorReply(code="internal", message="the gateway did not keep the code"))
+        return codepack.ref(digest)
 
     async def logs(self, job_id: str, subjob: str = "") -> LogsView:
         """What each subjob's program wrote last (or one subjob's: its id or number)."""

@@ -712,6 +712,31 @@ class StateChunk(Message, tag="sja.state_chunk.v1", frozen=True, kw_only=True):
     data: bytes
 
 
+Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+
+
+class CodeChunk(Message, Tokens, tag="sja.code_chunk.v1", frozen=True, kw_only=True):
+    """A piece of a job's code on its way to the gateway (``sja submit --code DIR``): bytes
+    ``offset`` to ``offset + len(data)`` of the zip archive of ``total`` bytes whose SHA-256 is
+    ``digest`` (``sja.workloads.codepack``). A chunk without data asks whether the archive is kept
+    already; ``commit`` (after the last chunk) has the gateway check the whole and keep it."""
+
+    tenant: Name
+    digest: Sha256Hex
+    total: NonNegInt
+    offset: NonNegInt = 0
+    data: bytes = b""
+    commit: bool = False
+
+
+class CodeAck(Message, tag="sja.code_ack.v1", frozen=True, kw_only=True):
+    """The gateway's answer to a ``CodeChunk``: ``stored`` once the archive is kept (a spec may then
+    name ``sha256:<digest>`` as its ``params.code``)."""
+
+    digest: str
+    stored: bool = False
+
+
 class WindowReason(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What became of a job at the last offer of one window shape (pool, profile, memory)."""
 
