@@ -89,6 +89,8 @@ class Context:
     resumed: bool = False
     """Warm continuation: this process already holds the state this range starts from (the one its
     previous range left): do not load ``state_in`` (it is empty)."""
+    code_dir: str = ""
+    """Where the job's uploaded code lies on this node (``params.code``; set by the slice's actor)."""
     warm: str = ""
     """How the executor ran the range: ``cold`` (a new process), ``handed`` (to the live process,
     which restores the state) or ``resumed`` (to the live process, holding the state); ``""``: not

@@ -253,13 +253,15 @@ class ChildRequest(msgspec.Struct, frozen=True, kw_only=True):
     started: float
 
 
-def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
-    """Run ``sj`` in its sandbox and supervise it (the slice's actor calls it)."""
+def run_subjob(sj: Subjob, nvml: Any = None, code_dir: str = "") -> RunResult:
+    """Run ``sj`` in its sandbox and supervise it (the slice's actor calls it); ``code_dir``: the
+    job's code, unpacked on this node (``sja.execution.code``)."""
     started = time.time()
     # A program kept warm for another job (or another slice) holds memory this subjob may need.
     warm.evict_except(sj.job_id, sj.slice_id)
     if sj.workload == "command":
-        return run_workload(sj, nvml, started=started)  # its program is started in a sandbox
+        # Its program is started in a sandbox.
+        return run_workload(sj, nvml, started=started, code_dir=code_dir)
     return run_sandboxed(sj, started)
 
 
@@ -425,7 +427,7 @@ def check_result(sj: Subjob, raw: bytes | str, returncode: int, tail: str) -> Ru
     )
 
 
-def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> RunResult:
+def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None, code_dir: str = "") -> RunResult:
     """Run ``sj`` in this process (``sja.execution.child`` calls it, in the subjob's sandbox)."""
     started = time.time() if started is None else started
     try:
@@ -437,6 +439,7 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
     framework = getattr(w, "framework", "numpy")
     dev = prepare_device(framework, sj.mem_cap_mib, nvml=nvml)
     ctx = subjob_context(sj, params, total, started)
+    ctx.code_dir = code_dir
     meters = _start(dev.meters)
     t0 = time.perf_counter()
     status, output, error = "ok", b"", ""
