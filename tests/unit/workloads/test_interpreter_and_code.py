@@ -285,3 +285,12 @@ def test_a_subjob_runs_in_its_code_read_only_with_it_on_pythonpath(tmp_path: Pat
     assert got["cwd"] == f"{CODE_AT} {CODE_AT}"
     assert got["write"] in ("OSError", "PermissionError")
     assert not (unpacked / "new-file").exists()
+
+
+def test_python_in_merge_argv_is_the_jobs_interpreter_where_it_is_installed_here() -> None:
+    from sja.results import merge_python
+
+    real = os.path.realpath(sys.executable)
+    assert merge_python({"python": real}) == real
+    assert merge_python({"python": "/opt/no-such-venv/bin/python"}) == sys.executable
+    assert merge_python({}) == sys.executable
