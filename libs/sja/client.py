@@ -24,6 +24,8 @@ from sja.bus.connection import connect
 from sja.bus.permissions import PermissionViolation
 from sja.protocol import subjects
 from sja.protocol.messages import (
+    CodeAck,
+    CodeChunk,
     ErrorReply,
     Explanation,
     JobList,
@@ -46,6 +48,9 @@ from sja.protocol.messages import (
 T = TypeVar("T")
 
 NO_RESPONDER_RETRIES = 10
+
+CODE_CHUNK_HEADROOM = 16 * 1024
+"""Bytes of a request left for its envelope when code is cut to the server's ``max_payload``."""
 
 CONNECT_TIMEOUT_S = 2.0
 FIRST_CONNECT_RETRIES = 2
@@ -223,6 +228,35 @@ class SjaClient:
             raise ApiError(ErrorReply(code="internal", message=short))
         return bytes(data)
 
+    async def upload_code(self, tenant: str, archive: bytes) -> str:
+        """Upload a job's code (a zip archive, ``sja.workloads.codepack.pack``) through the gateway, in
+        chunks, unless the tenant's code of the same digest is kept already; the reference a spec
+        names it by (``params.code``)."""
+        from sja.workloads import codepack
+
+        digest, total = codepack.digest(archive), len(archive)
+        ack = await self._call(
+            subjects.JOB_CODE, CodeChunk(tenant=tenant, digest=digest, total=total), CodeAck
+        )
+        if not ack.stored:
+            size = max(1, self.nc.max_payload - CODE_CHUNK_HEADROOM)
+            for offset in range(0, total, size):
+                chunk = CodeChunk(
+                    tenant=tenant,
+                    digest=digest,
+                    total=total,
+                    offset=offset,
+                    data=archive[offset : offset + size],
+                )
+                if (await self._call(subjects.JOB_CODE, chunk, CodeAck)).stored:
+                    break  # the same code arrived meanwhile (another upload)
+            else:
+                commit = CodeChunk(tenant=tenant, digest=digest, total=total, offset=total, commit=True)
+                ack = await self._call(subjects.JOB_CODE, commit, CodeAck)
+                if not ack.stored:
+                    raise ApiError(ErrorReply(code="internal", message="the gateway did not keep the code"))
+        return codepack.ref(digest)
+
     async def logs(self, job_id: str, subjob: str = "") -> LogsView:
         """What each subjob's program wrote last (or one subjob's: its id or number)."""
         return await self._call(subjects.JOB_LOGS, LogsQuery(job_id=job_id, subjob=subjob), LogsView)
@@ -235,6 +269,51 @@ class SpecErrors(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+def _command_locals(
+    raw: dict[str, Any],
+    source: str,
+    base: Path | None,
+    code: Path | None,
+    archives: dict[str, bytes] | None,
+) -> tuple[dict[str, Any], list[str]]:
+    """A ``command`` spec's parts that name this machine's files: its code directory, packed and
+    named by its reference, and its interpreter, which must be an executable file."""
+    import os
+
+    from sja.workloads import codepack
+    from sja.workloads.command import CODE_REF
+
+    params = dict(raw.get("params") or {})
+    problems: list[str] = []
+    named = params.get("code")
+    directory = code
+    if directory is None and isinstance(named, str) and named and not CODE_REF.match(named):
+        directory = Path(named).expanduser()
+        if not directory.is_absolute() and base is not None:
+            directory = base / directory
+    if directory is not None:
+        try:
+            archive = codepack.pack(directory, CODE_MAX_BYTES)
+        except codepack.CodeError as e:
+            field = "--code" if code is not None else "params.code"
+            problems.append(f"{source}: {field}: {e}")
+            params.pop("code", None)  # said once, here
+        else:
+            params["code"] = codepack.ref(codepack.digest(archive))
+            if archives is not None:
+                archives[params["code"]] = archive
+    python = params.get("python")
+    if isinstance(python, str) and os.path.isabs(python):
+        if not os.path.exists(python):
+            problems.append(
+                f"{source}: params.python: {python} does not exist here: name an interpreter installed "
+                "where you submit and on every executor node, or leave it out for the executor's own"
+            )
+        elif not os.path.isfile(python) or not os.access(python, os.X_OK):
+            problems.append(f"{source}: params.python: {python} is not an executable file")
+    return {**raw, "params": params}, problems
 
 
 def read_spec_file(path: Path) -> str:
@@ -258,9 +337,27 @@ def read_spec_file(path: Path) -> str:
         ) from None
 
 
-def load_spec(text: str, source: str = "spec") -> JobSpec:
+CODE_MAX_BYTES = 64 * 1024 * 1024
+"""The largest code archive ``sja submit`` packs (the gateway's own limit, ``SJA_CODE_MAX_MIB``, may
+be lower: it refuses a larger one, saying so)."""
+
+
+def load_spec(
+    text: str,
+    source: str = "spec",
+    *,
+    base: Path | None = None,
+    code: Path | None = None,
+    archives: dict[str, bytes] | None = None,
+) -> JobSpec:
     """Parse a YAML or JSON job spec. Every problem is reported at once (``SpecErrors``, a
-    ``ValueError``), each on one line naming the source and the field, in SJA's words."""
+    ``ValueError``), each on one line naming the source and the field, in SJA's words.
+
+    A ``command`` job's code (``code``, or a directory its ``params.code`` names, relative to
+    ``base``) is packed (``sja.workloads.codepack``); the spec then names it by its reference, and
+    the archive is put in ``archives`` under that reference, for the caller to upload. Its
+    interpreter (``params.python``) must be an executable file here: where the job is submitted, as
+    on every executor node."""
     import yaml
 
     from sja.core.jobs import validate_spec
@@ -278,6 +375,11 @@ def load_spec(text: str, source: str = "spec") -> JobSpec:
         raise SpecErrors([f"{source}: a job spec is a mapping (name, tenant, workload, params...)"])
     found = struct_problems(raw, JobSpec)
     problems = [f"{source}: {field}: {why}" for field, why in found]
+    if raw.get("workload") == "command" and isinstance(raw.get("params", {}), dict):
+        raw, more = _command_locals(raw, source, base, code, archives)
+        problems += more
+    elif code is not None:
+        problems.append(f"{source}: --code: only a command job takes code (this is {raw.get('workload')!r})")
     bad_fields = {field.split(".")[0] for field, _ in found}
     if "workload" not in bad_fields and "params" not in bad_fields and isinstance(raw.get("workload"), str):
         # The workload's own parameters, checked even when other fields are wrong.

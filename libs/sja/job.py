@@ -50,12 +50,14 @@ class NotInSubjob(RuntimeError):
 
 class Stopped(Exception):
     """Raised by a workload's ``run`` to end its subjob with a status other than ``failed``
-    (``timeout``, ``oom``) and a reason."""
+    (``timeout``, ``oom``) and a reason. ``final``: trying again cannot help (what the job names is
+    missing on the node), so the job fails at once instead of after its eighth failure."""
 
-    def __init__(self, status: str, error: str) -> None:
+    def __init__(self, status: str, error: str, *, final: bool = False) -> None:
         super().__init__(f"{status}: {error}")
         self.status = status
         self.error = error
+        self.final = final
 
 
 @dataclass
@@ -93,6 +95,8 @@ class Context:
     resumed: bool = False
     """Warm continuation: this process already holds the state this range starts from (the one its
     previous range left): do not load ``state_in`` (it is empty)."""
+    code_dir: str = ""
+    """Where the job's uploaded code lies on this node (``params.code``; set by the slice's actor)."""
     warm: str = ""
     """How the executor ran the range: ``cold`` (a new process), ``handed`` (to the live process,
     which restores the state) or ``resumed`` (to the live process, holding the state); ``""``: not

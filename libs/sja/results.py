@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +29,7 @@ from sja.redaction import is_redacted
 from sja.workloads import checkpoint as ckpt
 from sja.workloads import statestore
 from sja.workloads.base import is_sequential
-from sja.workloads.command import parts, unpack_state
+from sja.workloads.command import parts, resolve_argv, unpack_state
 
 
 class ResultError(RuntimeError):
@@ -139,14 +140,22 @@ async def _fetch_command(
         env.update({k: v for k, v in params.get("env", {}).items() if not is_redacted(v)})
         env.update({"SJA_PARTS_DIR": str(parts_dir), "SJA_STATE_OUT": str(out), "SJA_JOB_ID": state.job_id})
         cwd = params.get("cwd") or None
-        r = await asyncio.to_thread(
-            subprocess.run, params["merge_argv"], env=env, cwd=cwd, capture_output=True, text=True
-        )
+        argv = resolve_argv(params["merge_argv"], merge_python(params))
+        r = await asyncio.to_thread(subprocess.run, argv, env=env, cwd=cwd, capture_output=True, text=True)
         if r.returncode != 0:
             tail = "\n".join(r.stderr.strip().splitlines()[-20:])
             raise ResultError(f"merge_argv exited with {r.returncode}:\n{tail}")
         merged = True
     return {"job_id": state.job_id, "out": str(out), "parts": len(got), "merged": merged}
+
+
+def merge_python(params: dict[str, Any]) -> str:
+    """The interpreter ``python`` in ``merge_argv`` means on this machine: the job's own
+    (``params.python``) where it is installed here too, else the one running ``sja result``."""
+    named = params.get("python", "")
+    if isinstance(named, str) and named and os.path.isfile(named) and os.access(named, os.X_OK):
+        return named
+    return sys.executable
 
 
 async def _combine_here(reader: StateReader, state: JobState, out: Path) -> dict[str, Any]:

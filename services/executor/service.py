@@ -34,8 +34,8 @@ from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
 from sja.core import continuation, proofs
 from sja.core.leases import Admission
+from sja.execution import code, slicelease
 from sja.execution import sandbox as sbx
-from sja.execution import slicelease
 from sja.execution.actor import (
     NODE_SHARE,
     SliceActor,
@@ -50,7 +50,7 @@ from sja.protocol import subjects
 from sja.protocol.messages import SliceState, Subjob, YieldRequest
 from sja.telemetry.metrics import watch_consumers
 from sja.workloads import checkpoint as ckpt
-from sja.workloads import statestore
+from sja.workloads import codepack, statestore
 from sja.workloads.command import DEFAULT_STOP_GRACE_S
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,8 @@ class ExecutorService(Service):
         self._held_at = -1e9
         self.hidden: tuple[str, ...] = ()
         """Paths every sandbox hides besides the defaults (``_hidden_paths``)."""
+        self._code_seen: set[tuple[str, str]] = set()
+        """(tenant, digest) of code this executor read from the object store and handed to Ray."""
         self.placements: deque[tuple[str, str, str]] = deque(maxlen=1000)
         """``(subjob_id, slice_id, ray_node_id)`` of recent runs: where each subjob really ran."""
         self.m_yields = self.metrics.counter(
@@ -461,10 +463,28 @@ class ExecutorService(Service):
                     finished_at=now,
                     error=f"input checkpoint not readable: {e}",
                 ), carrier
+        code_uri = ""
+        digest = code.digest_of(sj.params) if sj.workload == "command" else ""
+        if digest:
+            try:
+                code_uri = await self._code_in_ray(sj.tenant, digest)
+            except Exception as e:
+                log.error("subjob %s: code %s not handed to Ray: %s", sj.subjob_id, digest[:12], e)
+                now = time.time()
+                return RunResult(
+                    status="failed",
+                    units_done=0,
+                    peak_mem_mib=0.0,
+                    duration_s=0.0,
+                    started_at=started,
+                    finished_at=now,
+                    error=f"params.code: the job's code sha256:{digest} {e}",
+                    final=isinstance(e, CodeGone),
+                ), carrier
         # The slice (and the program in it) gets the subjob without its secret: only this process
         # signs its completion (sja.core.proofs).
         data = encode(proofs.without_proof_key(sj)) if sj.proof_key else msg.data
-        ref = actor.run.remote(data, carrier, checkpoint)
+        ref = actor.run.remote(data, carrier, checkpoint, code_uri)
         open_ = sj.max_units > sj.units
         # An open subjob has no time cap: it runs until it is asked to yield (its actor kills it if
         # it does not stop), its lease kept meanwhile.
@@ -541,6 +561,26 @@ class ExecutorService(Service):
                     ),
                 )
         return self._store
+
+    async def _code_in_ray(self, tenant: str, digest: str) -> str:
+        """The Ray package of a tenant's code (``sja.execution.code``): read from the object store
+        ``sja-code`` and put in the Ray cluster the first time this executor needs it. Raises
+        ``CodeGone`` when the store does not hold it, or holds other bytes under its name."""
+        key = (tenant, digest)
+        # Checked each time (one key of the GCS): a Ray cluster that restarted has lost it.
+        if key in self._code_seen and await asyncio.to_thread(code.in_ray, digest):
+            return code.ray_uri(digest)
+        try:
+            store = await self.jetstream.object_store(codepack.BUCKET)
+            got = await store.get(codepack.object_name(tenant, digest))
+        except nats.js.errors.NotFoundError:
+            raise CodeGone(f"is not in the object store {codepack.BUCKET} for tenant {tenant!r}") from None
+        data = bytes(got.data or b"")
+        if codepack.digest(data) != digest:
+            raise CodeGone(f"in the object store {codepack.BUCKET} does not match its digest")
+        uri = await asyncio.to_thread(code.to_ray, data, digest)
+        self._code_seen.add(key)
+        return uri
 
     async def _fetch_checkpoint(self, raw: bytes) -> bytes:
         """The full checkpoint (a blob) a reference points to, checked against its digest."""
@@ -651,6 +691,10 @@ class ExecutorService(Service):
     async def _free(self, sj: Subjob, held: slicelease.Held | None = None) -> None:
         assert self.slices is not None
         await slicelease.free(self.slices, sj, held)
+
+
+class CodeGone(Exception):
+    """A job's code is not in the object store as its reference says: no retry can bring it back."""
 
 
 SECRET_MARKERS = ("PASSWORD", "TOKEN", "SECRET", "CREDS", "NKEY", "_KEY")

@@ -8,11 +8,19 @@ tenant isolation rests on both sides: the server lets a tenant's user publish on
 about that tenant's jobs: a submission for another tenant is ``forbidden``, another tenant's job is
 ``not_found`` (its existence is not revealed), and rounds show other tenants' bids anonymized.
 
+A job's code (``sja submit --code DIR``) comes in chunks (``sja.v1.job.code[.<tenant>]``): each is kept
+in the object store ``sja-code`` as a part, and the commit checks the whole archive
+(``sja.workloads.codepack.check``) and keeps it as ``<tenant>/<digest>``; a ``command`` job naming
+code (``params.code``) is refused unless its tenant's code of that digest is kept. Tenants write no
+object store and reach no Ray: the executors hand the code to Ray.
+
 A job's state leaves the gateway redacted (``sja.redaction.redacted``): the values of its
 ``params.env`` are shown to nobody, the operator included."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -20,6 +28,8 @@ import uuid
 from typing import Any
 
 import msgspec
+import nats.js.errors
+from nats.js.api import ObjectMeta, ObjectStoreConfig
 from nats.micro.request import Request
 
 from sja.bus.codec import DecodeError, decode, encode
@@ -34,6 +44,8 @@ from sja.core import jobs as J
 from sja.core.planner import PlanLimits
 from sja.protocol import subjects
 from sja.protocol.messages import (
+    CodeAck,
+    CodeChunk,
     ErrorReply,
     JobCancel,
     JobList,
@@ -55,7 +67,7 @@ from sja.protocol.messages import (
     SubmitJob,
 )
 from sja.redaction import OTHER, anonymize_round, redacted
-from sja.workloads import SpecError
+from sja.workloads import SpecError, codepack
 from sja.workloads import checkpoint as ckpt
 from sja.workloads.command import parts as command_parts
 
@@ -71,6 +83,12 @@ class GatewaySettings(BaseSettings, frozen=True, kw_only=True):
     """Driver/context memory of every slice (same ``SJA_MEM_RESERVE_MIB`` as the agents): a job whose
     smallest subjob declares more than the largest slice less this is refused at submission, and
     ``explain`` plans with it to say why a job sent no bid."""
+    code_max_mib: float = 64.0
+    """The largest code archive a job may upload (``sja submit --code DIR``, packed)."""
+    code_unpacked_max_mib: float = 512.0
+    """The most a code archive may hold once unpacked (what each node's disk gets)."""
+    code_store_max_mib: float = 8192.0
+    """The object store ``sja-code`` is created with this size limit (its ``max_bytes``); 0: none."""
 
 
 def job_id_for(spec_name: str, tenant: str, request_id: str) -> str:
@@ -93,6 +111,9 @@ class GatewayService(Service):
             start_overhead_s=settings.start_overhead_s,
             horizon_s=settings.horizon_s,
         )
+        self.cfg = settings
+        self._code: Any = None
+        """The object store ``sja-code`` (``_code_store``)."""
         self._states: dict[str, bytes] = {}
         """The stored states read last (object name -> bytes; ``STATES_KEPT``)."""
         self.slice_view: KvView[SliceState] | None = None
@@ -120,6 +141,7 @@ class GatewayService(Service):
             ("explain", subjects.JOB_EXPLAIN, self.explain),
             ("logs", subjects.JOB_LOGS, self.logs),
             ("state", subjects.JOB_STATE, self.state),
+            ("code", subjects.JOB_CODE, self.code),
         ):
             await micro.add_endpoint(name=name, subject=subject, handler=_typed(handler, self, subject))
             tenant_subject = subjects.tenant_request(subject, "*")
@@ -142,6 +164,9 @@ class GatewayService(Service):
             state = J.new_job(job_id, req.spec, time.time(), window_s=self.planning_window_s)
         except SpecError as e:
             return ErrorReply(code="bad_request", message=e.message, field=e.field)
+        missing = await self._missing_code(state.spec)
+        if missing is not None:
+            return missing
         slices = [s for s, _ in self.slice_view.entries.values()] if self.slice_view is not None else []
         why = J.never_fits(state, slices, self.limits)
         if why is not None:
@@ -157,6 +182,113 @@ class GatewayService(Service):
         self.m_submitted.add(1, tenant=req.spec.tenant)
         log.info("job %s submitted by %s (%s)", job_id, req.spec.tenant, req.spec.workload)
         return SubmitAck(job_id=job_id, notes=notes)
+
+    async def _code_store(self) -> Any:
+        """The object store ``sja-code``, created (with its size limit) on first use."""
+        if self._code is None:
+            js = self.bus.jetstream()
+            try:
+                self._code = await js.object_store(codepack.BUCKET)
+            except Exception:
+                limit = int(self.cfg.code_store_max_mib * ckpt.MIB)
+                self._code = await js.create_object_store(
+                    codepack.BUCKET,
+                    ObjectStoreConfig(
+                        description="SJA: jobs' code (sja submit --code)",
+                        replicas=self.settings.js_replicas,
+                        max_bytes=limit if limit > 0 else None,
+                    ),
+                )
+        return self._code
+
+    async def _code_kept(self, tenant: str, digest: str) -> bool:
+        store = await self._code_store()
+        try:
+            info = await store.get_info(codepack.object_name(tenant, digest))
+        except nats.js.errors.NotFoundError:
+            return False
+        return info is not None and not info.deleted
+
+    async def _missing_code(self, spec: JobSpec) -> ErrorReply | None:
+        """A refusal when the job names code its tenant has not uploaded."""
+        ref = spec.params.get("code", "") if spec.workload == "command" else ""
+        digest = codepack.digest_of_ref(ref) if isinstance(ref, str) else ""
+        if not digest or await self._code_kept(spec.tenant, digest):
+            return None
+        return ErrorReply(
+            code="bad_request",
+            message=f"no code {ref} uploaded for tenant {spec.tenant!r}: `sja submit --code DIR` uploads "
+            "the directory before it submits the job",
+            field="params.code",
+        )
+
+    async def code(self, data: bytes, tenant: str | None = None) -> msgspec.Struct:
+        """A piece of a job's code (``CodeChunk``): kept as a part until the commit, which checks the
+        whole archive and keeps it as the tenant's (``sja-code``, ``<tenant>/<digest>``)."""
+        req = decode(data, CodeChunk)
+        if tenant is not None and req.tenant != tenant:
+            return ErrorReply(
+                code="forbidden",
+                message=f"tenant {tenant!r} cannot upload code for tenant {req.tenant!r}",
+                field="tenant",
+            )
+        limit = int(self.cfg.code_max_mib * ckpt.MIB)
+        if req.total > limit or req.offset + len(req.data) > req.total:
+            why = (
+                f"the archive is {req.total / ckpt.MIB:.1f} MiB, more than the {self.cfg.code_max_mib:g} MiB "
+                "a job's code may be (SJA_CODE_MAX_MIB)"
+                if req.total > limit
+                else f"a chunk at {req.offset} of {len(req.data)} bytes passes the archive's {req.total}"
+            )
+            return ErrorReply(code="bad_request", message=why, field="code")
+        if await self._code_kept(req.tenant, req.digest):
+            return CodeAck(digest=req.digest, stored=True)
+        store = await self._code_store()
+        if req.data:
+            name = codepack.part_name(req.tenant, req.digest, req.offset)
+            await store.put(name, req.data, meta=ObjectMeta(name=name, description=ckpt.describe(req.tenant)))
+        if not req.commit:
+            return CodeAck(digest=req.digest)
+        try:
+            archive = await self._assemble(store, req.tenant, req.digest, req.total)
+            await asyncio.to_thread(codepack.check, archive, int(self.cfg.code_unpacked_max_mib * ckpt.MIB))
+        except codepack.CodeError as e:
+            await self._drop_parts(store, req.tenant, req.digest)
+            return ErrorReply(code="bad_request", message=f"the code archive is refused: {e}", field="code")
+        name = codepack.object_name(req.tenant, req.digest)
+        await store.put(name, archive, meta=ObjectMeta(name=name, description=ckpt.describe(req.tenant)))
+        await self._drop_parts(store, req.tenant, req.digest)
+        log.info("code %s kept for %s (%d bytes)", req.digest[:12], req.tenant, len(archive))
+        return CodeAck(digest=req.digest, stored=True)
+
+    async def _parts(self, store: Any, tenant: str, digest: str) -> list[Any]:
+        prefix = codepack.parts_prefix(tenant, digest)
+        try:
+            objects = await store.list()
+        except nats.js.errors.NotFoundError:  # an empty store
+            return []
+        return sorted(
+            (o for o in objects if not o.deleted and o.name.startswith(prefix)), key=lambda o: o.name
+        )
+
+    async def _assemble(self, store: Any, tenant: str, digest: str, total: int) -> bytes:
+        """The uploaded parts of an archive joined, checked against its size and digest."""
+        data = bytearray()
+        for o in await self._parts(store, tenant, digest):
+            offset = int(o.name.rpartition("/")[2])
+            if offset != len(data):
+                continue  # a part sent again, or one of an upload that went wrong: the next one fits
+            data += bytes((await store.get(o.name)).data or b"")
+        if len(data) != total:
+            raise codepack.CodeError(f"{len(data)} of its {total} bytes arrived")
+        if codepack.digest(bytes(data)) != digest:
+            raise codepack.CodeError("its bytes do not match its SHA-256")
+        return bytes(data)
+
+    async def _drop_parts(self, store: Any, tenant: str, digest: str) -> None:
+        for o in await self._parts(store, tenant, digest):
+            with contextlib.suppress(Exception):
+                await store.delete(o.name)
 
     async def _job(self, job_id: str, tenant: str | None) -> tuple[JobState, int] | ErrorReply:
         """The job and its revision, or ``not_found`` (also for another tenant's job)."""

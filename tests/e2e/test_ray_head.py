@@ -38,7 +38,7 @@ from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.inventory.declared import load_declared
 from sja.protocol.messages import JobSpec
-from sja.workloads import run_in_one_piece
+from sja.workloads import codepack, run_in_one_piece
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -191,6 +191,17 @@ async def wait_for_instance(nc: object, instance: str, proc: subprocess.Popen[by
         await asyncio.sleep(0.5)
 
 
+SUMS = """
+import os, pathlib
+from helpers import total
+e = os.environ
+i, o = pathlib.Path(e["SJA_STATE_IN"]), pathlib.Path(e["SJA_STATE_OUT"])
+start, n = int(e["SJA_UNIT_START"]), int(e["SJA_UNITS"])
+before = int((i / "sum").read_text()) if (i / "sum").exists() else 0
+(o / "sum").write_text(str(before + total(start, start + n)))
+"""
+
+
 async def test_an_executor_joins_the_compose_ray_head_as_a_ray_client_and_completes_a_job(
     ray_head: tuple[str, dict[str, str], Path], nats_url: str, tmp_path: Path, nc
 ) -> None:
@@ -230,11 +241,28 @@ async def test_an_executor_joins_the_compose_ray_head_as_a_ray_client_and_comple
                 params={"units": 30, "samples_per_unit": 20_000, "seed": 11},
             )
             job = await client.submit(spec)
+            # A job's code: the executor, a Ray Client, hands it to the head's cluster.
+            code = tmp_path / "code"
+            code.mkdir()
+            (code / "helpers.py").write_text("def total(a, b):\n    return sum(range(a, b))\n")
+            (code / "sums.py").write_text(SUMS)
+            ref = await client.upload_code("t", codepack.pack(code, 1 << 20))
+            with_code = await client.submit(
+                JobSpec(
+                    name="ray-head-code",
+                    tenant="t",
+                    workload="command",
+                    params={"argv": ["python", "sums.py"], "units": 30, "code": ref},
+                )
+            )
             deadline = time.monotonic() + 150
-            while not J.is_terminal(state := await client.status(job.job_id)):
-                assert time.monotonic() < deadline, (state.status, state.units_done)
-                assert proc.poll() is None, tail(log)
-                await asyncio.sleep(0.3)
+            for j in (job, with_code):
+                while not J.is_terminal(state := await client.status(j.job_id)):
+                    assert time.monotonic() < deadline, (state.status, state.units_done)
+                    assert proc.poll() is None, tail(log)
+                    await asyncio.sleep(0.3)
+            state = await client.status(job.job_id)
+            coded = await client.status(with_code.job_id)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -245,6 +273,8 @@ async def test_an_executor_joins_the_compose_ray_head_as_a_ray_client_and_comple
 
     assert state.status == "done", (state.status, state.error, tail(log))
     assert state.result == run_in_one_piece(spec.workload, spec.params)
+    assert coded.status == "done", (coded.status, coded.error, tail(log))
+    assert coded.result["units_done"] == 30
     local = {s.slice_id for s in load_declared(None) if s.node == "local"}
     assert {h.slice_id for h in state.history if h.status == "ok"} <= local
     # The executor started no Ray of its own: its actors are the head's (the head's log names the

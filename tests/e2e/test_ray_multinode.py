@@ -227,3 +227,71 @@ async def test_users_code_runs_on_every_node(
         assert states[3].result["units_done"] == 400
         for node, ex in executors.items():
             assert ex.placements, f"no subjob ran on {node}"
+
+
+SUMS = """
+import os, pathlib
+from helpers import total
+e = os.environ
+start, n = int(e["SJA_UNIT_START"]), int(e["SJA_UNITS"])
+pathlib.Path(e["SJA_STATE_OUT"], "sum").write_text(str(total(start, start + n)))
+"""
+
+
+async def test_a_jobs_code_reaches_every_node_through_ray(
+    nats_url: str, tmp_path: Path, nc, inventory_file: Path, ray_cluster: Cluster
+) -> None:
+    """Code uploaded through the gateway (``sja submit --code``) is handed to the Ray cluster by the
+    executors and unpacked on each node that runs the job: its subjobs run on both nodes, importing
+    the code's own module."""
+    from sja.workloads import codepack
+
+    def c(name: str) -> dict[str, object]:
+        return {"nats_url": nats_url, "out_dir": str(tmp_path / "out"), "instance": name}
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "helpers.py").write_text("def total(a, b):\n    return sum(range(a, b))\n")
+    (code / "sums.py").write_text(SUMS)
+    executors = {
+        node: ExecutorService(
+            ExecutorSettings(**c(f"executor-{node}"), node=node, ray_address=ray_cluster.address)
+        )
+        for node in NODES
+    }
+    services = [
+        InventoryService(InventorySettings(**c("inventory-t"), inventory=str(inventory_file))),
+        GatewayService(GatewaySettings(**c("gateway-t"))),
+        ClearerService(ClearerSettings(**c("clearer-t"))),
+        AgentService(AgentSettings(**c("agent-t"), horizon_s=4.0)),
+        *executors.values(),
+        AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=4.0)),
+    ]
+    async with running(*services):
+        client = SjaClient(nc)
+        ref = await client.upload_code("u", codepack.pack(code, 1 << 20))
+        job = await client.submit(
+            JobSpec(
+                name="sums",
+                tenant="u",
+                workload="command",
+                max_parallel=4,
+                params={
+                    "argv": ["python", "sums.py"],
+                    "units": 400,
+                    "sequential": False,
+                    "merge_argv": ["true"],
+                    "code": ref,
+                },
+                time=TimeDecl(warmup_s=0.05, per_unit_s=0.05, rel_sd=0.5),  # declared slow: cut small
+            )
+        )
+        deadline = time.monotonic() + 150
+        while not J.is_terminal(state := await client.status(job.job_id)):
+            assert time.monotonic() < deadline, (state.status, state.units_done)
+            await asyncio.sleep(0.2)
+        assert state.status == "done", state.error
+        assert state.result["units_done"] == 400
+        for node, ex in executors.items():
+            ran = [p for p in ex.placements if p[0].startswith(job.job_id + ".")]
+            assert ran, f"no subjob of the job ran on {node}"

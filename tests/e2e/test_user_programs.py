@@ -220,6 +220,84 @@ def test_batch_inference_and_an_entry_point_workload_equal_their_one_piece_runs(
     assert combined == msgspec.json.decode(reference)
 
 
+CODE_MAIN = """
+import os, pathlib, sys
+from helpers.sums import total
+e = os.environ
+i, o = pathlib.Path(e["SJA_STATE_IN"]), pathlib.Path(e["SJA_STATE_OUT"])
+start, n = int(e["SJA_UNIT_START"]), int(e["SJA_UNITS"])
+before = int((i / "total").read_text()) if (i / "total").exists() else 0
+(o / "total").write_text(str(before + total(start, start + n)))
+(o / "executable").write_text(sys.executable)
+(o / "where").write_text(os.getcwd() + " " + e["SJA_CODE_DIR"] + " " + e["PYTHONPATH"])
+"""
+
+
+def test_a_program_runs_in_its_uploaded_code_with_the_interpreter_the_job_names(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """``sja submit --code DIR``: the directory goes through the gateway and Ray to the slice's node,
+    where the program runs in it (importing its own module); ``python`` is the interpreter the job
+    names, or the executor's own. An interpreter missing where the job is submitted is refused."""
+    code = tmp_path / "code"
+    (code / "helpers").mkdir(parents=True)
+    (code / "helpers" / "__init__.py").write_text("")
+    (code / "helpers" / "sums.py").write_text("def total(a, b):\n    return sum(range(a, b))\n")
+    (code / "main.py").write_text(CODE_MAIN)
+    named = os.path.realpath(sys.executable)  # not the executor's (a virtual environment's) own
+    specs = []
+    for name, extra in (("own-python", ""), ("named-python", f", python: {named}")):
+        f = tmp_path / f"{name}.yaml"
+        f.write_text(
+            f"name: {name}\ntenant: t\nworkload: command\n"
+            f"params: {{argv: [python, main.py], units: 60{extra}}}\n"
+            "time: {warmup_s: 0.2, per_unit_s: 0.2}\n"
+        )
+        specs.append(f)
+    sja = str(Path(sys.executable).parent / "sja")
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(specs[1].read_text().replace(named, "/opt/no-such-venv/bin/python"))
+    refused = subprocess.run(
+        [sja, "submit", "--nats", stack.nats_url, "--code", str(code), str(missing)],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2
+    assert "params.python: /opt/no-such-venv/bin/python does not exist here" in refused.stderr
+
+    submitted = subprocess.run(
+        [sja, "submit", "--json", "--nats", stack.nats_url, "--code", str(code), *map(str, specs)],
+        capture_output=True,
+        text=True,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    ids = [a["job_id"] for a in msgspec.json.decode(submitted.stdout)]
+
+    async def wait() -> list[JobState]:
+        client = await SjaClient.connect(stack.nats_url)
+        try:
+            deadline = time.monotonic() + 240
+            while True:
+                states = [await client.status(j) for j in ids]
+                if all(s.status in ("done", "failed", "cancelled") for s in states):
+                    return states
+                assert time.monotonic() < deadline, [(s.job_id, s.status, s.error) for s in states]
+                await asyncio.sleep(0.5)
+        finally:
+            await client.close()
+
+    states = asyncio.run(wait())
+    for state, python in zip(states, (sys.executable, named), strict=True):
+        assert state.status == "done", (state.job_id, state.error)
+        assert state.spec.params["code"].startswith("sha256:")
+        assert len([h for h in state.history if h.status == "ok"]) >= 2, "the job was cut into subjobs"
+        out = tmp_path / state.job_id
+        asyncio.run(fetch(stack, state, out))
+        assert (out / "total").read_text() == str(sum(range(60)))
+        assert (out / "executable").read_text() == python
+        assert (out / "where").read_text() == "/tmp/sja-code /tmp/sja-code /tmp/sja-code"
+
+
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_a_torch_training_script_resumes_from_its_state_and_ends_as_in_one_piece(
     stack: LocalStack, tmp_path: Path, warm: bool

@@ -118,6 +118,7 @@ def service_roles() -> tuple[Role, ...]:
     jobs = _ephemeral("KV_sja-jobs")
     rounds = _ephemeral("SJA_ROUNDS")
     checkpoints = _ephemeral("OBJ_sja-checkpoints")
+    code = _ephemeral("OBJ_sja-code")
     return (
         _service(
             "inventory",
@@ -192,11 +193,13 @@ def service_roles() -> tuple[Role, ...]:
             "executor",
             "takes subjobs from SJA_SUBJOBS, marks slices busy and free (KV sja-slices), publishes "
             "completions (signed with each subjob's secret), keeps large checkpoints in the object "
-            "store sja-checkpoints, hears the clearer's yield requests for its node's slices. It may "
-            "not publish grants, offers or subjobs.",
+            "store sja-checkpoints, reads jobs' code from the object store sja-code (to hand it to "
+            "Ray), hears the clearer's yield requests for its node's slices. It may not publish "
+            "grants, offers or subjobs.",
             (
                 *slices,
                 *checkpoints,
+                *code,
                 "$JS.API.CONSUMER.INFO.SJA_SUBJOBS.*",
                 "$JS.API.CONSUMER.CREATE.SJA_SUBJOBS.*.>",
                 "$JS.API.CONSUMER.MSG.NEXT.SJA_SUBJOBS.*",
@@ -214,13 +217,18 @@ def service_roles() -> tuple[Role, ...]:
             "the request/reply API. Answers the operator subjects and every tenant's subjects (scoping "
             "each answer to the tenant of the subject), writes submissions (KV sja-jobs + SJA_JOBS) and "
             "cancellations; watches the slices (KV sja-slices) to refuse a job no slice holds; reads a "
-            "finished job's final state from the object store sja-checkpoints for its tenant.",
+            "finished job's final state from the object store sja-checkpoints for its tenant; keeps "
+            "the code a tenant uploads in the object store sja-code.",
             (
                 *jobs,
                 *slices,
                 *rounds,
                 *_ephemeral("SJA_COMPLETIONS"),
                 *checkpoints,
+                *code,
+                "$JS.API.STREAM.CREATE.OBJ_sja-code",
+                "$JS.API.STREAM.PURGE.OBJ_sja-code",
+                "$O.sja-code.>",
                 "$KV.sja-jobs.>",
                 "sja.v1.job.submitted.>",
                 "sja.v1.job.cancel_requested",

@@ -481,6 +481,16 @@ def submit(
     user: UserOpt = "",
     password: PasswordOpt = "",
     tenant: TenantOpt = "",
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            "--code",
+            metavar="DIR",
+            help="A command job's code: DIR is packed, uploaded through the gateway and unpacked "
+            "read-only on each node, where the program runs in it (its working directory and "
+            "PYTHONPATH). Same as `code: DIR` in the spec's params.",
+        ),
+    ] = None,
 ) -> None:
     """Submit jobs; prints each job id. Every problem of every file is reported (one line each,
     naming the file and the field) and nothing is submitted unless all files are good."""
@@ -488,9 +498,10 @@ def submit(
 
     specs = []
     problems: list[str] = []
+    archives: dict[str, bytes] = {}
     for f in files:
         try:
-            specs.append(load_spec(read_spec_file(f), str(f)))
+            specs.append(load_spec(read_spec_file(f), str(f), base=f.parent, code=code, archives=archives))
         except SpecErrors as e:
             problems.extend(e.problems)
     if problems:
@@ -501,8 +512,13 @@ def submit(
     async def go() -> None:
         c = await _connect_client(nats, user, password, tenant)
         acks = []
+        uploaded: set[tuple[str, str]] = set()
         try:
             for f, spec in zip(files, specs, strict=True):
+                ref = spec.params.get("code", "")
+                if ref in archives and (spec.tenant, ref) not in uploaded:
+                    await c.upload_code(spec.tenant, archives[ref])
+                    uploaded.add((spec.tenant, ref))
                 ack = await c.submit(spec, request_id=request_id)
                 acks.append({"file": str(f), "job_id": ack.job_id, "duplicate": ack.duplicate,
                              "notes": list(ack.notes)})  # fmt: skip

@@ -700,6 +700,9 @@ def apply_completion(
             # infrastructure (lease lapsed, executor died) is simply planned again.
             failures += 1
             error = c.error or c.status
+            if c.final:
+                # What the job names is missing where it runs: trying again would fail the same way.
+                gave_up = error
         # ``lost`` (the infrastructure lost the subjob: a lease lapsed, an executor died) and
         # ``cancelled`` are not the job's error: the range is planned again and the subjob's own
         # entry in the history keeps why it ended.

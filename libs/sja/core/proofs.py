@@ -37,9 +37,9 @@ class Unproven(StrEnum):
 
 def proof_message(c: Completion) -> bytes:
     """The bytes a proof covers: the completion's identity (job, subjob, grant, fence) and its
-    outcome (status, the range and units done, the SHA-256 of its output checkpoint), one field a
-    line. Fields that are free text (the error, the program's output) and measurements are not
-    covered: they change nothing a forged completion could gain."""
+    outcome (status, the range and units done, the SHA-256 of its output checkpoint, whether it
+    is final), one field a line. Fields that are free text (the error, the program's output) and
+    measurements are not covered: they change nothing a forged completion could gain."""
     out = hashlib.sha256(c.output_checkpoint).hexdigest()
     fields = (
         c.job_id,
@@ -52,7 +52,9 @@ def proof_message(c: Completion) -> bytes:
         str(c.units),
         out,
     )
-    return "\n".join(fields).encode()
+    # A final failure (the job fails at once) is outcome too; a completion without it signs as
+    # completions always have.
+    return "\n".join((*fields, "final") if c.final else fields).encode()
 
 
 def sign(key: bytes, c: Completion) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,8 +12,8 @@ import ray
 from opentelemetry import propagate, trace
 
 from sja.bus.codec import decode, encode
-from sja.execution import stopclock
-from sja.execution.runner import run_subjob
+from sja.execution import code, stopclock
+from sja.execution.runner import RunResult, run_subjob
 from sja.protocol.messages import SliceState, Subjob
 
 NODE_CAPACITY = 1000.0
@@ -113,12 +114,35 @@ class SliceActor:
         ``SIGTERM`` now, ``SIGKILL`` ``grace_s`` later. False when it does not run here (it ended)."""
         return stopclock.request_yield(subjob_id, grace_s)
 
-    def run(self, subjob: bytes, carrier: dict[str, str], checkpoint: bytes | None = None) -> bytes:
+    def run(
+        self, subjob: bytes, carrier: dict[str, str], checkpoint: bytes | None = None, code_uri: str = ""
+    ) -> bytes:
         """Run a subjob; ``checkpoint`` replaces its input checkpoint when the executor fetched a
-        large one from the object store (the subjob itself carries only the reference)."""
+        large one from the object store (the subjob itself carries only the reference); ``code_uri``:
+        the Ray package of the job's code (``sja.execution.code``), unpacked on this node first."""
         sj = decode(subjob, Subjob)
         if checkpoint is not None:
             sj = msgspec.structs.replace(sj, input_checkpoint=checkpoint)
+        code_dir = ""
+        if code_uri:
+            started = time.time()
+            try:
+                code_dir = code.on_node(code_uri, code.digest_of(sj.params))
+            except Exception as e:
+                now = time.time()
+                failed = RunResult(
+                    status="failed",
+                    units_done=0,
+                    peak_mem_mib=0.0,
+                    duration_s=round(now - started, 6),
+                    started_at=started,
+                    finished_at=now,
+                    error=f"the job's code could not be unpacked on this node: {type(e).__name__}: {e}"[
+                        :4000
+                    ],
+                    node_id=self.node_id,
+                )
+                return encode([failed, {}])
         ctx = propagate.extract(carrier)
         with self.tracer.start_as_current_span(
             "sja.execute",
@@ -131,7 +155,7 @@ class SliceActor:
                 "sja.mem_cap_mib": sj.mem_cap_mib,
             },
         ) as span:
-            result = msgspec.structs.replace(run_subjob(sj), node_id=self.node_id)
+            result = msgspec.structs.replace(run_subjob(sj, code_dir=code_dir), node_id=self.node_id)
             span.set_attribute("sja.status", result.status)
             span.set_attribute("sja.peak_mem_mib", result.peak_mem_mib)
             span.set_attribute("sja.duration_s", result.duration_s)

@@ -15,7 +15,9 @@ import math
 import os
 import shutil
 import signal
+import socket
 import stat
+import sys
 import tarfile
 import tempfile
 import time
@@ -141,6 +143,12 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
             total_units=params["units"],
         )
     box = sbx.current()
+    python = params.get("python") or sys.executable
+    if params.get("python"):
+        why = interpreter_problem(python, box)
+        if why:
+            raise job.Stopped("failed", f"params.python: {why}", final=True)
+    argv = command.resolve_argv(params["argv"], python)
     sequential = command.Command().is_sequential(params)
     warm = bool(params.get("warm")) and sequential
     held = warm_reg.take(ctx.job_id, ctx.slice_id) if warm else None
@@ -208,7 +216,16 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
             "SJA_SLICE_ID": ctx.slice_id,
             "CUDA_VISIBLE_DEVICES": cuda,
         }
+        code = ctx.code_dir or None
+        cwd = params["cwd"] or None
+        if code is not None:
+            seen = box.code_at(code)
+            contract["SJA_CODE_DIR"] = seen
+            own = params["env"].get("PYTHONPATH", "")
+            contract["PYTHONPATH"] = seen + (os.pathsep + own if own else "")
+            cwd = os.path.join(seen, cwd) if cwd else seen  # a relative cwd lies in the code
         env = sbx.environment(contract, params["env"], box.settings.env, home=box.home(work))
+        env["PATH"] = interpreter_first(python, env["PATH"])
         nvml, device = nvml_for(cuda)
         running = None
         if held is not None:
@@ -222,11 +239,9 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
                 resumed = False
         try:
             if running is None:
-                running = start_program(
-                    params["argv"], env, sandbox=box, work=work, cwd=params["cwd"] or None, warm=warm
-                )
+                running = start_program(argv, env, sandbox=box, work=work, cwd=cwd, warm=warm, code=code)
         except OSError as e:
-            raise job.Stopped("failed", f"cannot start {params['argv'][0]!r}: {e}") from None
+            raise job.Stopped("failed", f"cannot start {argv[0]!r}: {e}") from None
         except sbx.SandboxError as e:
             raise job.Stopped("failed", str(e)) from None
         keep = running
@@ -335,6 +350,35 @@ def run_command(params: dict[str, Any], unit_start: int, units: int, checkpoint:
             sbx.remove_workdir(work)
 
 
+def interpreter_problem(path: str, box: sbx.Sandbox) -> str:
+    """Why the interpreter a job names (``params.python``) cannot run its subjobs on this node, or
+    ``""``."""
+    node = socket.gethostname()
+    if not os.path.exists(path):
+        return (
+            f"{path} does not exist on node {node}: install it on every executor node, or leave "
+            f"params.python out for the executor's own ({sys.executable})"
+        )
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        return f"{path} on node {node} is not an executable file"
+    if not box.sees(path):
+        return (
+            f"{path} lies where subjobs on node {node} do not see (under /tmp, the executor's HOME, "
+            "/root or a path in SJA_SANDBOX_HIDE): install it elsewhere"
+        )
+    return ""
+
+
+def interpreter_first(python: str, path: str) -> str:
+    """``PATH`` with the interpreter's directory first (as a virtual environment's ``activate``
+    does): its ``python``, ``pip`` and scripts are the ones a program finds."""
+    where = os.path.dirname(python)
+    entries = [e for e in path.split(os.pathsep) if e]
+    if not where or entries[:1] == [where]:
+        return path
+    return os.pathsep.join([where, *(e for e in entries if e != where)])
+
+
 def read_report(path: Path) -> dict[str, Any]:
     """A program's report, read without following a link or opening anything but a regular file."""
     import json
@@ -370,4 +414,12 @@ def nvml_for(device: str) -> tuple[Any, str]:
 
 command.set_runner(run_command)
 
-__all__ = ["mem_cap_bytes", "nvml_for", "pack_dir", "read_report", "run_command"]
+__all__ = [
+    "interpreter_first",
+    "interpreter_problem",
+    "mem_cap_bytes",
+    "nvml_for",
+    "pack_dir",
+    "read_report",
+    "run_command",
+]

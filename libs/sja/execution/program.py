@@ -161,10 +161,12 @@ def start_program(
     work: Path,
     cwd: str | None,
     warm: bool = False,
+    code: str | None = None,
 ) -> Running:
     """Start ``argv`` in ``sandbox`` with ``work`` as its work directory; ``warm``: with a channel
-    (``SJA_WARM_FD``). Raises ``OSError`` when it cannot start (no such program), ``SandboxError``
-    when the sandbox cannot be made."""
+    (``SJA_WARM_FD``); ``code``: the job's code directory, shown read-only (``Sandbox.code_at``).
+    Raises ``OSError`` when it cannot start (no such program), ``SandboxError`` when the sandbox
+    cannot be made."""
     chan: socket.socket | None = None
     theirs: socket.socket | None = None
     if warm:
@@ -172,7 +174,7 @@ def start_program(
         env = {**env, "SJA_WARM_FD": str(theirs.fileno())}
     try:
         proc = sandbox.start(
-            argv, env, work=work, cwd=cwd, warm_fd=None if theirs is None else theirs.fileno()
+            argv, env, work=work, cwd=cwd, warm_fd=None if theirs is None else theirs.fileno(), code=code
         )
     except BaseException:
         if chan is not None:

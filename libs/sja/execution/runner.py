@@ -71,6 +71,8 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """A warm command job's range: ``cold``, ``handed`` or ``resumed`` (``sja.execution.warm``)."""
     yielded: bool = False
     """An open subjob asked to yield (``core.continuation``)."""
+    final: bool = False
+    """A failure no retry can mend (``job.Stopped.final``): the job fails at once."""
 
 
 _result_dec = msgspec.msgpack.Decoder(RunResult)
@@ -101,6 +103,7 @@ def completion_of(sj: Subjob, r: RunResult, executor_id: str = "") -> Completion
         stdout=r.stdout[-OUTPUT_TAIL_CHARS:],
         stderr=r.stderr[-OUTPUT_TAIL_CHARS:],
         yielded=r.yielded,
+        final=r.final and r.status == "failed",
     )
 
 
@@ -255,13 +258,15 @@ class ChildRequest(msgspec.Struct, frozen=True, kw_only=True):
     started: float
 
 
-def run_subjob(sj: Subjob, nvml: Any = None) -> RunResult:
-    """Run ``sj`` in its sandbox and supervise it (the slice's actor calls it)."""
+def run_subjob(sj: Subjob, nvml: Any = None, code_dir: str = "") -> RunResult:
+    """Run ``sj`` in its sandbox and supervise it (the slice's actor calls it); ``code_dir``: the
+    job's code, unpacked on this node (``sja.execution.code``)."""
     started = time.time()
     # A program kept warm for another job (or another slice) holds memory this subjob may need.
     warm.evict_except(sj.job_id, sj.slice_id)
     if sj.workload == "command":
-        return run_workload(sj, nvml, started=started)  # its program is started in a sandbox
+        # Its program is started in a sandbox.
+        return run_workload(sj, nvml, started=started, code_dir=code_dir)
     return run_sandboxed(sj, started)
 
 
@@ -427,7 +432,7 @@ def check_result(sj: Subjob, raw: bytes | str, returncode: int, tail: str) -> Ru
     )
 
 
-def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> RunResult:
+def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None, code_dir: str = "") -> RunResult:
     """Run ``sj`` in this process (``sja.execution.child`` calls it, in the subjob's sandbox)."""
     started = time.time() if started is None else started
     try:
@@ -443,9 +448,11 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
     if ctx.continues:
         # An open subjob: no deadline until it is asked to yield (``SliceActor.yield_subjob``).
         stopclock.register(sj.subjob_id, clock)
+    ctx.code_dir = code_dir
     meters = _start(dev.meters)
     t0 = time.perf_counter()
     status, output, error = "ok", b"", ""
+    final = False
     job.set_current(ctx)
     try:
         output = w.run(params, sj.unit_start, ctx.count, sj.input_checkpoint)
@@ -454,6 +461,7 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
             error = f"the workload's run returned {type(output).__name__}, not bytes"
     except job.Stopped as e:
         status, error = (e.status if e.status in ("oom", "timeout") else "failed"), e.error
+        final = e.final and status == "failed"
     except Exception as e:
         if isinstance(e, MemoryError):
             status, error = "oom", "MemoryError"
@@ -493,4 +501,5 @@ def run_workload(sj: Subjob, nvml: Any = None, started: float | None = None) -> 
         yielded=clock.yielded_at > 0,
         stdout=ctx.stdout_tail[-OUTPUT_TAIL_CHARS:],
         stderr=ctx.stderr_tail[-OUTPUT_TAIL_CHARS:],
+        final=final,
     )

@@ -44,7 +44,7 @@ from typing import IO, Annotated, Literal
 
 import msgspec
 
-from sja.execution.sandbox_init import PR_SET_PDEATHSIG, WORK_AT, prctl
+from sja.execution.sandbox_init import CODE_AT, PR_SET_PDEATHSIG, TMP_DIRS, WORK_AT, _under, prctl
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,21 @@ class Sandbox:
     def home(self, work: Path) -> str:
         return WORK_AT if self.enabled else str(work)
 
+    def code_at(self, code: str) -> str:
+        """Where the job's code directory ``code`` is seen from inside the sandbox."""
+        return CODE_AT if self.enabled else code
+
+    def sees(self, path: str) -> bool:
+        """Whether a program in this sandbox sees ``path`` of the node (not under a hidden path, nor
+        under ``/tmp`` and the like, unless bound back for the interpreter: ``keep_paths``)."""
+        if not self.enabled:
+            return True
+        path = _abs(path)
+        covered = [*self.hidden, *TMP_DIRS]
+        if not any(_under(path, h) for h in covered):
+            return True
+        return any(_under(path, k) for k in keep_paths())
+
     def inside(self, work: Path, path: Path) -> str:
         """Where ``path`` of the work directory is seen from inside the sandbox."""
         return str(Path(self.home(work)) / path.relative_to(work))
@@ -240,9 +255,11 @@ class Sandbox:
         work: Path,
         cwd: str | None = None,
         warm_fd: int | None = None,
+        code: str | None = None,
     ) -> Sandboxed | Plain:
-        """Start ``argv`` sandboxed (its stdout and stderr pipes to read). Raises ``OSError`` when the
-        program cannot be executed (no such file), ``SandboxError`` when the sandbox cannot be made."""
+        """Start ``argv`` sandboxed (its stdout and stderr pipes to read); ``code``: a directory
+        shown read-only at ``CODE_AT`` (``code_at``). Raises ``OSError`` when the program cannot be
+        executed (no such file), ``SandboxError`` when the sandbox cannot be made."""
         pass_fds = () if warm_fd is None else (warm_fd,)
         if not self.enabled:
             return Plain(
@@ -275,6 +292,7 @@ class Sandbox:
             "limits": {"nproc": s.nproc, "fsize": s.fsize_mib * 1024 * 1024, "nofile": s.nofile},
             "status_fd": status_w,
             "warm_fd": warm_fd,
+            "code": code,
         }
         cfg = os.memfd_create("sja-sandbox", 0)
         try:
@@ -584,6 +602,7 @@ def check(settings: SandboxSettings, box: Sandbox | None = None) -> None:
 
 
 __all__ = [
+    "CODE_AT",
     "DEFAULT_PATH",
     "PASSED",
     "WORK_AT",

@@ -7,7 +7,8 @@ it reads its configuration (JSON) from the descriptor, then:
 1. hides what tenant code must not see: a fresh tmpfs on ``/tmp``, ``/var/tmp`` and ``/dev/shm``,
    an empty one over each hidden directory (``/dev/null`` over a hidden file), the paths the
    interpreter needs bound back read-only when a hidden directory held them; the subjob's work
-   directory (opened before ``/tmp`` was covered) is bound at ``WORK_AT``;
+   directory (opened before ``/tmp`` was covered) is bound at ``WORK_AT``, and the job's code
+   directory, if any, read-only at ``CODE_AT``;
 2. brings the loopback interface up in a network namespace of its own;
 3. forks the program: limits (``RLIMIT_NPROC``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``), no capability
    left to gain, ``no_new_privs``, the sandbox uid and gid without supplementary groups (when the
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 WORK_AT = "/tmp/sja-work"
+CODE_AT = "/tmp/sja-code"
+"""Where the job's code directory (``params.code``) is bound, read-only."""
 TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 MS_RDONLY = 1
@@ -89,7 +92,7 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def hide(cfg: dict[str, Any], work_fd: int) -> None:
+def hide(cfg: dict[str, Any], work_fd: int, code_fd: int | None = None) -> None:
     keep: list[tuple[str, int]] = []
     covered = [*cfg["hide"], *TMP_DIRS]
     for path in cfg.get("keep", []):
@@ -114,6 +117,11 @@ def hide(cfg: dict[str, Any], work_fd: int) -> None:
     os.mkdir(WORK_AT, 0o700)
     mount(f"/proc/self/fd/{work_fd}", WORK_AT, None, MS_BIND)
     os.close(work_fd)
+    if code_fd is not None:
+        os.mkdir(CODE_AT, 0o755)
+        mount(f"/proc/self/fd/{code_fd}", CODE_AT, None, MS_BIND | MS_REC)
+        mount(None, CODE_AT, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(code_fd)
 
 
 def loopback_up() -> None:
@@ -176,8 +184,12 @@ def main() -> None:
     stage = "work directory"
     try:
         work_fd = os.open(cfg["work"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        code_fd = None
+        if cfg.get("code"):
+            stage = "code directory"
+            code_fd = os.open(cfg["code"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         stage = "mounts"
-        hide(cfg, work_fd)
+        hide(cfg, work_fd, code_fd)
         if cfg.get("net") == "none":
             stage = "loopback"
             loopback_up()

@@ -542,6 +542,9 @@ class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=
     yielded: bool = False
     """The subjob went on past its window and was asked to yield: another job won its slice
     (``core.continuation``)."""
+    final: bool = False
+    """A ``failed`` subjob that no retry can mend (the job names an interpreter or code the node
+    cannot give it): the job fails at once with this error instead of after its eighth failure."""
     proof: Proof = ""
     """HMAC-SHA256 (hex) of the completion's identity and outcome under its subjob's ``proof_key``
     (``sja.core.proofs``); the agent drops a completion whose proof is missing or wrong."""
@@ -740,6 +743,31 @@ class StateChunk(Message, tag="sja.state_chunk.v1", frozen=True, kw_only=True):
     offset: int
     total: int
     data: bytes
+
+
+Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+
+
+class CodeChunk(Message, Tokens, tag="sja.code_chunk.v1", frozen=True, kw_only=True):
+    """A piece of a job's code on its way to the gateway (``sja submit --code DIR``): bytes
+    ``offset`` to ``offset + len(data)`` of the zip archive of ``total`` bytes whose SHA-256 is
+    ``digest`` (``sja.workloads.codepack``). A chunk without data asks whether the archive is kept
+    already; ``commit`` (after the last chunk) has the gateway check the whole and keep it."""
+
+    tenant: Name
+    digest: Sha256Hex
+    total: NonNegInt
+    offset: NonNegInt = 0
+    data: bytes = b""
+    commit: bool = False
+
+
+class CodeAck(Message, tag="sja.code_ack.v1", frozen=True, kw_only=True):
+    """The gateway's answer to a ``CodeChunk``: ``stored`` once the archive is kept (a spec may then
+    name ``sha256:<digest>`` as its ``params.code``)."""
+
+    digest: str
+    stored: bool = False
 
 
 class WindowReason(msgspec.Struct, frozen=True, kw_only=True, gc=False):

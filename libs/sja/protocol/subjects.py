@@ -80,7 +80,19 @@ JOB_EXPLAIN = f"{PREFIX}.job.explain"
 JOB_LOGS = f"{PREFIX}.job.logs"
 JOB_STATE = f"{PREFIX}.job.state"
 """A finished job's stored states, in chunks (``sja result``): tenants read no object store."""
-JOB_REQUESTS = (JOB_SUBMIT, JOB_STATUS, JOB_LIST, JOB_CANCEL, JOB_ROUNDS, JOB_EXPLAIN, JOB_LOGS, JOB_STATE)
+JOB_CODE = f"{PREFIX}.job.code"
+"""A job's code, uploaded in chunks (``sja submit --code DIR``): tenants write no object store."""
+JOB_REQUESTS = (
+    JOB_SUBMIT,
+    JOB_STATUS,
+    JOB_LIST,
+    JOB_CANCEL,
+    JOB_ROUNDS,
+    JOB_EXPLAIN,
+    JOB_LOGS,
+    JOB_STATE,
+    JOB_CODE,
+)
 
 TENANT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A tenant name as a subject token: the ``JobSpec.tenant`` pattern, so no tenant is ever renamed."""
@@ -166,6 +178,7 @@ REGISTRY: tuple[Route, ...] = (
     Route(m.JobListQuery, JOB_LIST, durable=False),
     Route(m.RoundsQuery, JOB_ROUNDS, durable=False),
     Route(m.StateQuery, JOB_STATE, durable=False),
+    Route(m.CodeChunk, JOB_CODE, durable=False),
     Route(m.LeaseRelease, LEASE_RELEASE, durable=False),
     Route(m.YieldRequest, slice_yield("*"), durable=False),
     Route(m.JobState, job_submitted("*"), durable=True),
@@ -184,6 +197,7 @@ TENANT_ROUTES: tuple[Route, ...] = (
     Route(m.RoundsQuery, tenant_request(JOB_ROUNDS, "*"), durable=False),
     Route(m.JobQuery, tenant_request(JOB_EXPLAIN, "*"), durable=False),
     Route(m.StateQuery, tenant_request(JOB_STATE, "*"), durable=False),
+    Route(m.CodeChunk, tenant_request(JOB_CODE, "*"), durable=False),
 )
 """The tenant-scoped requests (``*``: the tenant), answered like their operator subjects in
 ``REGISTRY`` but only for the tenant's own jobs."""

@@ -16,6 +16,12 @@ with (see ``docs/jobs.md``):
 With ``warm: true`` (sequential jobs) the program may keep running between subjobs of its job on the
 same slice (``sja.execution.warm``; the SDK's ``ctx.next_range()``).
 
+``python`` or ``python3`` as ``argv[0]`` (and ``merge_argv[0]``) is the job's interpreter: ``python``
+(an absolute path) when the spec names one, else the executor's own (``resolve_argv``). ``code`` is a
+reference (``sha256:<digest>``) to a directory ``sja submit`` packed and uploaded through the gateway
+(``sja.workloads.codepack``); each subjob runs in it (``SJA_CODE_DIR``, its working directory and
+``PYTHONPATH``).
+
 The state directory travels as a tar archive in a checkpoint blob (``checkpoint.pack_blob``): the
 executor keeps it in the object store ``sja-checkpoints`` and only its reference travels on NATS.
 For ``sequential: false`` every subjob's state is kept (the accumulator lists their references in
@@ -25,6 +31,8 @@ unit order); ``merge_argv`` combines them when the result is fetched (``sja resu
 from __future__ import annotations
 
 import math
+import os
+import re
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +56,10 @@ OOM_MARKERS = (
     "Cannot allocate memory",
 )
 """Text in a failed program's stderr that means it ran out of memory."""
+PYTHON_NAMES = ("python", "python3")
+"""``argv[0]`` values that mean the job's interpreter (``resolve_argv``)."""
+CODE_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
+"""A job's code as the gateway takes it: the SHA-256 of the archive ``sja submit`` uploaded."""
 
 
 class StateSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,6 +83,44 @@ def _str_list(params: dict[str, Any], name: str, required: bool) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
         raise SpecError(f"params.{name}", f"expected a non-empty list of strings, got {value!r}")
     return list(value)
+
+
+def check_python(value: Any) -> str:
+    """``params.python`` normalized: ``""`` (the executor's own interpreter) or an absolute path.
+    Whether it exists is checked where it can be: by ``sja submit`` on the machine it runs on, and by
+    the executor on each node (a job naming one a node lacks fails at once, saying so)."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or "\0" in value:
+        raise SpecError("params.python", f"expected the absolute path of an interpreter, got {value!r}")
+    if not os.path.isabs(value) or os.path.normpath(value) != value or value.startswith("//"):
+        raise SpecError(
+            "params.python",
+            f"expected the absolute path of an interpreter (as /opt/venv/bin/python), got {value!r}",
+        )
+    return value
+
+
+def check_code(value: Any) -> str:
+    """``params.code`` normalized: ``""`` (none) or ``sha256:<64 hex digits>``, the reference
+    ``sja submit`` puts there once it uploaded the directory (``--code DIR``, or ``code: DIR``)."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not CODE_REF.match(value):
+        raise SpecError(
+            "params.code",
+            f"expected the reference of uploaded code (sha256:<64 hex digits>), got {str(value)[:100]!r}: "
+            "`sja submit --code DIR` (or `code: DIR` in the spec) packs a directory, uploads it and "
+            "puts its reference here",
+        )
+    return value
+
+
+def resolve_argv(argv: list[str], python: str) -> list[str]:
+    """``argv`` with ``python``/``python3`` as its program replaced by the interpreter ``python``."""
+    if argv and argv[0] in PYTHON_NAMES:
+        return [python, *argv[1:]]
+    return list(argv)
 
 
 def clean_metrics(metrics: Any) -> dict[str, Any]:
@@ -132,7 +182,19 @@ class Command:
     def validate(self, params: dict[str, Any]) -> dict[str, Any]:
         check_known(
             params,
-            {"argv", "units", "env", "sequential", "merge_argv", "stop_grace_s", "cwd", "warm", "continue"},
+            {
+                "argv",
+                "units",
+                "env",
+                "sequential",
+                "merge_argv",
+                "stop_grace_s",
+                "cwd",
+                "warm",
+                "python",
+                "code",
+                "continue",
+            },
         )
         argv = _str_list(params, "argv", True)
         units = params.get("units")
@@ -160,9 +222,16 @@ class Command:
             raise SpecError("params.warm", f"expected true or false, got {warm!r}")
         if warm and not sequential:
             raise SpecError("params.warm", "warm continuation needs sequential: true")
+        python = check_python(params.get("python"))
+        code = check_code(params.get("code"))
+        # The interpreter and the code are left out when not given: a job without them keeps the
+        # parameters it always had.
+        extra: dict[str, Any] = {k: v for k, v in (("python", python), ("code", code)) if v}
         go_on = params.get("continue", True)
         if not isinstance(go_on, bool):
             raise SpecError("params.continue", f"expected true or false, got {go_on!r}")
+        if not go_on:
+            extra["continue"] = False  # subjobs bounded by their windows (core.continuation)
         return {
             "argv": argv,
             "units": units,
@@ -172,7 +241,7 @@ class Command:
             "stop_grace_s": float(grace),
             "cwd": cwd,
             "warm": warm,
-            "continue": go_on,
+            **extra,
         }
 
     def is_sequential(self, params: dict[str, Any]) -> bool:
@@ -232,11 +301,16 @@ def set_runner(runner: Runner) -> None:
 
 
 __all__ = [
+    "CODE_REF",
+    "PYTHON_NAMES",
     "Command",
     "StateSummary",
+    "check_code",
+    "check_python",
     "clean_metrics",
     "pack_state",
     "parts",
+    "resolve_argv",
     "set_runner",
     "summary_of",
     "unpack_state",

@@ -122,7 +122,9 @@ class InProcessActor:
         fut.set_result({"slice_id": self.slice_id})
         return _Ref(fut)
 
-    def _run(self, subjob: bytes, carrier: dict[str, str], checkpoint: bytes | None = None) -> _Ref:
+    def _run(
+        self, subjob: bytes, carrier: dict[str, str], checkpoint: bytes | None = None, code_uri: str = ""
+    ) -> _Ref:
         sj = decode(subjob, m.Subjob)
         given = checkpoint if checkpoint is not None else sj.input_checkpoint
         summary = ckpt.summary_of(given)

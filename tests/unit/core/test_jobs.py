@@ -460,6 +460,18 @@ def test_repeated_failures_fail_the_job() -> None:
     assert propose(state, offer_for(window(now), now), now, LIMITS) is None
 
 
+def test_a_final_failure_fails_the_job_at_once_with_its_reason() -> None:
+    """A subjob whose job names what its node cannot give it (an interpreter that is not there):
+    retrying cannot help, so the first such failure ends the job, with the subjob's reason."""
+    state = new_job("j1", spec(), T0)
+    state, sj = win_window(state, T0)
+    why = "params.python: /opt/v/bin/python does not exist on node n1: install it on every executor node"
+    failed = msgspec.structs.replace(execute(sj, T0, status="failed"), error=why, final=True)
+    state, applied = apply_completion(state, failed, T0 + 1.0)
+    assert applied and state.status == "failed" and state.error == why
+    assert propose(state, offer_for(window(T0 + 2), T0 + 2), T0 + 2, LIMITS) is None
+
+
 def test_a_subjob_lost_to_the_infrastructure_is_not_the_jobs_error() -> None:
     """A lease that lapsed before the subjob started (``lost``) is the infrastructure's loss, not the
     job's: the range runs again, the job ends ``done`` with no error, and the loss stays visible in

@@ -70,6 +70,7 @@ def test_the_holders_proof_verifies() -> None:
         {"units": 3},
         {"fence": 4},
         {"output_checkpoint": b"made up"},
+        {"final": True},
     ],
 )
 def test_a_proof_does_not_carry_over_to_another_outcome(change: dict[str, object]) -> None:

@@ -301,6 +301,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.LogsQuery: m.LogsQuery(job_id="j1", subjob="3"),
     m.StateQuery: m.StateQuery(job_id="j1", name="j1/j1.s0", offset=1024),
     m.StateChunk: m.StateChunk(job_id="j1", name="j1/j1.s0", offset=1024, total=4096, data=b"\x00" * 16),
+    m.CodeChunk: m.CodeChunk(tenant="t", digest="ab" * 32, total=4096, offset=1024, data=b"PK", commit=False),
+    m.CodeAck: m.CodeAck(digest="ab" * 32, stored=True),
     m.LogsView: m.LogsView(
         job_id="j1",
         subjobs=[
