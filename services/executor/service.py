@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +26,11 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, ObjectMeta, ObjectStoreConfig
 from opentelemetry import propagate, trace
 
+from services.executor import raylife
+from services.executor.settings import ExecutorSettings
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.jetstream import delivery_count
 from sja.bus.service import Service
-from sja.bus.settings import BaseSettings
 from sja.core import continuation, proofs
 from sja.core.leases import Admission
 from sja.execution import code, slicelease
@@ -44,8 +43,7 @@ from sja.execution.actor import (
     node_resources,
     slice_resource,
 )
-from sja.execution.runner import RunResult, completion_of, failure_status
-from sja.execution.sandbox import SandboxSettings
+from sja.execution.runner import RunResult, completion_of, failure_status, nothing_done
 from sja.protocol import subjects
 from sja.protocol.messages import SliceState, Subjob, YieldRequest
 from sja.telemetry.metrics import watch_consumers
@@ -77,43 +75,6 @@ class _Holder:
 
 TENANT_USAGE_REFRESH_S = 10.0
 """How old the count of each tenant's states in the object store may be (``tenant_state_max_mib``)."""
-
-
-class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
-    node: str = "local"
-    ray_address: str = ""
-    """Empty: start a local Ray for this node. Otherwise the address of a Ray cluster."""
-    ray_num_cpus: int = 0
-    """CPUs to give a local Ray (0: Ray's default)."""
-    grace_s: float = 2.0
-    """Margin on a busy slice's lease past its time cap before the advertiser reclaims it."""
-    kill_margin_s: float = 0.5
-    """How far past its time cap a subjob may run before it is stopped and reported ``timeout``."""
-    wait_for_slices_s: float = 30.0
-    preload: str = ""
-    """Modules every slice actor imports when it starts (``torch`` on GPU nodes), so that a
-    framework's start-up does not count against the first subjob's window."""
-    state_url: str = ""
-    """Where checkpoints of ``state_url_min_mib`` or more go instead of the object store: a
-    directory every node sees, or a URL ``fsspec`` opens (``sja.workloads.statestore``). Empty: all
-    go to the object store."""
-    state_url_min_mib: float = 64.0
-    state_max_mib: float = 512.0
-    """A subjob whose output state (checkpoint blob) is larger than this fails, with the reason,
-    before anything is stored; 0: no limit."""
-    tenant_state_max_mib: float = 8192.0
-    """A tenant's states held in the object store ``sja-checkpoints`` together may not pass this: a
-    subjob whose state would fails, with the reason, before it is stored (counted from the store at
-    most ``TENANT_USAGE_REFRESH_S`` ago, plus this executor's own writes since); 0: no limit."""
-    checkpoint_store_max_mib: float = 20480.0
-    """The object store ``sja-checkpoints`` is created with this size limit (its ``max_bytes``), so
-    states cannot fill the JetStream storage the streams share; 0: none. A store that exists keeps
-    its own (``nats stream edit OBJ_sja-checkpoints --max-bytes``)."""
-    warm_grace_s: float = 10.0
-    """How long a warm ``command`` job's program is kept alive after its subjob for the job's next
-    subjob on the same slice (``sja.execution.warm``); 0: never kept."""
-    sandbox: SandboxSettings = msgspec.field(default_factory=SandboxSettings)
-    """How subjobs are isolated (``SJA_SANDBOX``, ``SJA_SANDBOX_*``; ``sja.execution.sandbox``)."""
 
 
 class ExecutorService(Service):
@@ -207,63 +168,15 @@ class ExecutorService(Service):
             await asyncio.sleep(0.2)
 
     def _join_ray(self) -> None:
-        """Join the Ray cluster at ``ray_address``, trying again a connection that failed: a head
-        still starting, or the head's Ray Client server failing to start one for this client (it
-        has a start-up deadline a loaded head can miss). The last failure is raised."""
-        delay = 1.0
-        for attempt in range(1, RAY_JOIN_ATTEMPTS + 1):
-            try:
-                ray.init(address=self.cfg.ray_address, namespace="sja", log_to_driver=False)
-                return
-            except (ConnectionError, RuntimeError) as e:
-                if attempt == RAY_JOIN_ATTEMPTS:
-                    raise
-                log.warning(
-                    "joining Ray at %s failed (attempt %d of %d): %s",
-                    self.cfg.ray_address,
-                    attempt,
-                    RAY_JOIN_ATTEMPTS,
-                    str(e).strip().splitlines()[-1][:200] if str(e).strip() else repr(e),
-                )
-                with contextlib.suppress(Exception):
-                    ray.shutdown()
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        raylife.join_ray(self.cfg.ray_address)
 
     def _init_ray(self) -> None:
-        resources = node_resources(self.cfg.node, self.slice_info)
-        if ray.is_initialized():
-            self._check_cluster(resources)
-            return
-        if self.cfg.ray_address:
-            self._join_ray()
-            self._check_cluster(resources)
-        else:
-            kwargs: dict[str, Any] = {}
-            if self.cfg.ray_num_cpus:
-                kwargs["num_cpus"] = self.cfg.ray_num_cpus
-            with without_secrets():  # the local Ray's processes (its workers too) start without them
-                ray.init(
-                    address="local",  # never join some other Ray cluster running on this machine
-                    namespace="sja",
-                    resources=resources,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    object_store_memory=128 * 1024 * 1024,
-                    **kwargs,
-                )
-
-    def _check_cluster(self, wanted: dict[str, float]) -> None:
-        """Fail at start, not at the first subjob, when the cluster lacks this node's slices."""
-        have = ray.cluster_resources()  # type: ignore[no-untyped-call]
-        missing = sorted(r for r in wanted if r.startswith("sja_slice:") and r not in have)
-        if missing:
-            raise RuntimeError(
-                f"the Ray cluster has no resource {', '.join(missing)}: start node {self.cfg.node!r} with "
-                f"ray start --address=... --resources='{json.dumps(wanted)}' "
-                f"(sja inventory --node {self.cfg.node} --ray-resources prints it)"
-            )
-        self.pin_node = node_resource(self.cfg.node) in have
+        self.pin_node = raylife.init_ray(
+            self.cfg.node,
+            self.cfg.ray_address,
+            self.cfg.ray_num_cpus,
+            node_resources(self.cfg.node, self.slice_info),
+        )
 
     def _hidden_paths(self) -> tuple[str, ...]:
         """What every sandbox hides besides the executor's HOME and ``/root``: the stack's output
@@ -453,15 +366,8 @@ class ExecutorService(Service):
                 checkpoint = await self._fetch_checkpoint(sj.input_checkpoint)
             except Exception as e:
                 log.error("subjob %s: input checkpoint not readable: %s", sj.subjob_id, e)
-                now = time.time()
-                return RunResult(
-                    status="failed",
-                    units_done=0,
-                    peak_mem_mib=0.0,
-                    duration_s=0.0,
-                    started_at=started,
-                    finished_at=now,
-                    error=f"input checkpoint not readable: {e}",
+                return nothing_done(
+                    "failed", started, f"input checkpoint not readable: {e}", timed=False
                 ), carrier
         code_uri = ""
         digest = code.digest_of(sj.params) if sj.workload == "command" else ""
@@ -470,16 +376,9 @@ class ExecutorService(Service):
                 code_uri = await self._code_in_ray(sj.tenant, digest)
             except Exception as e:
                 log.error("subjob %s: code %s not handed to Ray: %s", sj.subjob_id, digest[:12], e)
-                now = time.time()
-                return RunResult(
-                    status="failed",
-                    units_done=0,
-                    peak_mem_mib=0.0,
-                    duration_s=0.0,
-                    started_at=started,
-                    finished_at=now,
-                    error=f"params.code: the job's code sha256:{digest} {e}",
-                    final=isinstance(e, CodeGone),
+                error = f"params.code: the job's code sha256:{digest} {e}"
+                return nothing_done(
+                    "failed", started, error, timed=False, final=isinstance(e, CodeGone)
                 ), carrier
         # The slice (and the program in it) gets the subjob without its secret: only this process
         # signs its completion (sja.core.proofs).
@@ -500,15 +399,8 @@ class ExecutorService(Service):
             except DecodeError as e:
                 # Not the run's fault nor the slice's: running it again would read the same bytes.
                 log.error("subjob %s: the actor's result is unreadable: %s", sj.subjob_id, e)
-                now = time.time()
-                return RunResult(
-                    status="failed",
-                    units_done=0,
-                    peak_mem_mib=0.0,
-                    duration_s=round(now - started, 6),
-                    started_at=started,
-                    finished_at=now,
-                    error=f"the slice actor's result is unreadable: {e}",
+                return nothing_done(
+                    "failed", started, f"the slice actor's result is unreadable: {e}"
                 ), carrier
             self.placements.append((sj.subjob_id, sj.slice_id, result.node_id))
             if ckpt.is_blob(result.output):
@@ -517,30 +409,11 @@ class ExecutorService(Service):
         except TimeoutError:
             log.warning("subjob %s ran past its %.2fs window: stopped", sj.subjob_id, sj.time_cap_s)
             await self._restart_actor(sj.slice_id)
-            now = time.time()
-            return RunResult(
-                status="timeout",
-                units_done=0,
-                peak_mem_mib=0.0,
-                duration_s=round(now - started, 6),
-                started_at=started,
-                finished_at=now,
-                error=f"exceeded the window of {sj.time_cap_s:.2f}s",
-            ), carrier
+            return nothing_done("timeout", started, f"exceeded the window of {sj.time_cap_s:.2f}s"), carrier
         except ray.exceptions.RayError as e:
             log.error("actor for %s failed: %s", sj.slice_id, e)
             await self._restart_actor(sj.slice_id)
-            now = time.time()
-            status = failure_status(e)
-            return RunResult(
-                status=status,
-                units_done=0,
-                peak_mem_mib=0.0,
-                duration_s=round(now - started, 6),
-                started_at=started,
-                finished_at=now,
-                error=str(e)[:2000],
-            ), carrier
+            return nothing_done(failure_status(e), started, str(e)[:2000]), carrier
         finally:
             keepalive.cancel()
             if keeper is not None:
@@ -697,31 +570,6 @@ class CodeGone(Exception):
     """A job's code is not in the object store as its reference says: no retry can bring it back."""
 
 
-SECRET_MARKERS = ("PASSWORD", "TOKEN", "SECRET", "CREDS", "NKEY", "_KEY")
-"""Parts of a variable's name that make it a secret the local Ray's processes start without."""
-
-
-def is_secret(name: str) -> bool:
-    """Whether a variable of the executor's environment must stay out of Ray's processes: the
-    service's NATS settings and anything named like a credential, except Ray's own (its auth token
-    is how its processes reach each other; subjobs never see it: their environment is allow-listed)."""
-    upper = name.upper()
-    if upper.startswith("RAY_"):
-        return False
-    return upper.startswith("SJA_NATS_") or any(m in upper for m in SECRET_MARKERS)
-
-
-@contextlib.contextmanager
-def without_secrets() -> Iterator[None]:
-    """This process's environment without its secrets (``is_secret``) while a child inherits it
-    (the local Ray's GCS and raylet, whose workers inherit theirs); put back afterwards."""
-    taken = {k: os.environ.pop(k) for k in list(os.environ) if is_secret(k)}
-    try:
-        yield
-    finally:
-        os.environ.update(taken)
-
-
 LOST_BECAUSE: dict[Admission, str] = {
     Admission.UNKNOWN: "slice unknown to this executor",
     Admission.STALE: "lease lapsed before start (stale fence)",
@@ -740,9 +588,6 @@ COMPLETION_RETRY_S = 60.0
 a server is lost), within the stream's duplicate window; past it the subjob is handed back (nak) and
 its result lost."""
 
-RAY_JOIN_ATTEMPTS = 5
-"""Tries to join an existing Ray cluster (``SJA_RAY_ADDRESS``) before the executor gives up."""
-
 
 async def _keep_alive(msg: Msg) -> None:
     while True:
@@ -752,12 +597,4 @@ async def _keep_alive(msg: Msg) -> None:
 
 
 def _lost(now: float, why: str) -> RunResult:
-    return RunResult(
-        status="lost",
-        units_done=0,
-        peak_mem_mib=0.0,
-        duration_s=0.0,
-        started_at=now,
-        finished_at=now,
-        error=why,
-    )
+    return nothing_done("lost", now, why, now=now)

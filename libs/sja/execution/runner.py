@@ -228,17 +228,32 @@ def subjob_context(sj: Subjob, params: dict[str, Any], total_units: int, started
     )
 
 
-def _failed(started: float, error: str) -> RunResult:
-    now = time.time()
+def nothing_done(
+    status: str,
+    started: float,
+    error: str,
+    *,
+    now: float | None = None,
+    timed: bool = True,
+    final: bool = False,
+) -> RunResult:
+    """A run that did no unit (it failed, was lost or stopped before any): ``timed`` counts its
+    duration from ``started``; a run that never began has none."""
+    at = time.time() if now is None else now
     return RunResult(
-        status="failed",
+        status=status,
         units_done=0,
         peak_mem_mib=0.0,
-        duration_s=round(now - started, 6),
+        duration_s=round(at - started, 6) if timed else 0.0,
         started_at=started,
-        finished_at=now,
+        finished_at=at,
         error=error[:4000],
+        final=final,
     )
+
+
+def _failed(started: float, error: str) -> RunResult:
+    return nothing_done("failed", started, error)
 
 
 STATUSES = ("ok", "oom", "timeout", "failed")

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import services.executor.service as executor_module
-from services.executor.service import RAY_JOIN_ATTEMPTS, ExecutorService, ExecutorSettings
+import services.executor.raylife as executor_module
+from services.executor.raylife import RAY_JOIN_ATTEMPTS
+from services.executor.service import ExecutorService, ExecutorSettings
 
 
 def joining(
