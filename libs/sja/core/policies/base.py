@@ -87,6 +87,20 @@ class Decision:
         return self.verdicts + self.shared[: self.skip] + self.shared[self.skip + 1 :]
 
 
+def losing_verdict(b: Bid, reason: str) -> Verdict:
+    """A verdict that grants ``b`` nothing (lost, excluded or invalid: ``reason`` says which and
+    why), with the size of the bid's first candidate."""
+    p = b.proposal
+    return Verdict(
+        job_id=p.job_id,
+        tenant=p.tenant,
+        agent_id=b.agent_id,
+        won=False,
+        reason=reason,
+        size=p.candidates[0].size,
+    )
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     horizon_s: float = 30.0
@@ -214,19 +228,10 @@ def canonical_split(bids: Sequence[Bid]) -> tuple[list[Bid], list[Verdict]]:
             kept[p.job_id] = b
             out.append(b)
             continue
-        invalid.append(
-            Verdict(
-                job_id=p.job_id,
-                tenant=p.tenant,
-                agent_id=b.agent_id,
-                won=False,
-                reason=(
-                    f"{VerdictKind.INVALID}: a second bid for job {p.job_id} "
-                    f"(the bid from {first.agent_id} stands)"
-                ),
-                size=p.candidates[0].size,
-            )
+        reason = (
+            f"{VerdictKind.INVALID}: a second bid for job {p.job_id} (the bid from {first.agent_id} stands)"
         )
+        invalid.append(losing_verdict(b, reason))
     return out, invalid
 
 
@@ -264,16 +269,7 @@ def split_by_capacity(bids: Sequence[Bid], ledger: Ledger, now: float) -> tuple[
         p = b.proposal
         pending = ledger.unseen_grants(p.job_id, p.grants_seen, now)
         if pending >= p.capacity:
-            out.append(
-                Verdict(
-                    job_id=p.job_id,
-                    tenant=p.tenant,
-                    agent_id=b.agent_id,
-                    won=False,
-                    reason=capacity_reason(pending, p.capacity),
-                    size=p.candidates[0].size,
-                )
-            )
+            out.append(excluded_verdict(b, pending))
         else:
             eligible.append(b)
     return eligible, sorted(out, key=lambda v: v.job_id)
@@ -567,15 +563,8 @@ class MonotonePolicy(Policy):
 
 
 def excluded_verdict(b: Bid, pending: int) -> Verdict:
-    p = b.proposal
-    return Verdict(
-        job_id=p.job_id,
-        tenant=p.tenant,
-        agent_id=b.agent_id,
-        won=False,
-        reason=capacity_reason(pending, p.capacity),
-        size=p.candidates[0].size,
-    )
+    """The verdict of a bid left out because its job holds ``pending`` grants it has not started."""
+    return losing_verdict(b, capacity_reason(pending, b.proposal.capacity))
 
 
 PolicyState = object
@@ -629,14 +618,7 @@ class Group:
                 f"{VerdictKind.INVALID}: slice {self.offer.window.slice_id} is offered twice in this batch"
                 f" (cleared on {self.duplicate_of})"
             )
-            dup = [
-                Verdict(
-                    job_id=b.proposal.job_id, tenant=b.proposal.tenant, agent_id=b.agent_id, won=False,
-                    reason=reason, size=b.proposal.candidates[0].size,
-                )
-                for b in self.every
-            ]  # fmt: skip
-            return (*dup, *no_bid)
+            return (*[losing_verdict(b, reason) for b in self.every], *no_bid)
         out: list[Verdict] = []
         whys: dict[str, str] = {}
         for i, b in enumerate(self.bids):
@@ -644,13 +626,7 @@ class Group:
             took = self.won.get(p.job_id)
             if took is not None:
                 self.entry_of[p.job_id] = len(out)
-                reason = f"lost: took {', '.join(took)} in this batch"
-                out.append(
-                    Verdict(
-                        job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=False,
-                        reason=reason, size=p.candidates[0].size,
-                    )
-                )  # fmt: skip
+                out.append(losing_verdict(b, f"lost: took {', '.join(took)} in this batch"))
                 continue
             pending = self.excluded.get(i, scratch.unseen_grants(p.job_id, p.grants_seen, self.now))
             if pending >= p.capacity:
@@ -668,12 +644,7 @@ class Group:
                     if memo_key is not None:
                         whys[memo_key] = why
                 reason = pol.lost_in_batch(b, why, self, scratch) if self.won else f"no winner: {why}"
-            out.append(
-                Verdict(
-                    job_id=p.job_id, tenant=p.tenant, agent_id=b.agent_id, won=False,
-                    reason=reason, size=p.candidates[0].size,
-                )
-            )  # fmt: skip
+            out.append(losing_verdict(b, reason))
         return (*out, *self.invalid, *no_bid)
 
 
