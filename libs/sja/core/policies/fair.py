@@ -5,17 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sja.core.policies.base import (
-    Bid,
-    BidOrder,
-    Group,
-    Keyed,
-    Ledger,
-    MonotonePolicy,
-    PolicyConfig,
-    Ranked,
-    best_candidate,
-)
+from sja.core.policies.base import Bid, BidOrder, Keyed, PolicyConfig, Ranked
+from sja.core.policies.batch import Group
+from sja.core.policies.defaults import MonotonePolicy
+from sja.core.policies.ledger import Ledger
+from sja.core.policies.ranking import best_candidate
 from sja.protocol.messages import Offer, Proposal
 
 

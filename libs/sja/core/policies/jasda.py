@@ -8,20 +8,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sja.core.policies.base import (
-    Bid,
-    BidOrder,
-    Decision,
-    Group,
-    Keyed,
-    Ledger,
-    Policy,
-    PolicyConfig,
-    VerdictKind,
-    clear_full,
-    efficiency_value,
-    rank,
-)
+from sja.core.policies.base import Bid, BidOrder, Decision, Keyed, PolicyConfig, VerdictKind
+from sja.core.policies.batch import Group, clear_full
+from sja.core.policies.defaults import Policy
+from sja.core.policies.ledger import Ledger
+from sja.core.policies.ranking import efficiency_value, rank
 from sja.protocol.messages import Candidate, Offer, Proposal, Verdict
 
 ROUNDING = 2.0**-48

@@ -6,16 +6,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from sja.core.policies.base import (
-    Bid,
-    BidOrder,
-    Keyed,
-    Ledger,
-    MonotonePolicy,
-    PolicyConfig,
-    Ranked,
-    best_candidate,
-)
+from sja.core.policies.base import Bid, BidOrder, Keyed, PolicyConfig, Ranked
+from sja.core.policies.defaults import MonotonePolicy
+from sja.core.policies.ledger import Ledger
+from sja.core.policies.ranking import best_candidate
 from sja.protocol.messages import Offer, Proposal
 
 
