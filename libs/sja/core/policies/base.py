@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from sja.core.policies.ledger import Ledger
-from sja.protocol.messages import Candidate, Offer, Proposal, Verdict
+from sja.protocol.messages import Candidate, JobState, Offer, Proposal, Verdict
 
 if TYPE_CHECKING:
     from sja.core.policies.batch import Group
@@ -144,8 +144,11 @@ class ClearingPolicy(Protocol):
 
     ``clear`` is the whole policy: it ranks the eligible bids of one offer and explains every one.
     The rest has defaults in ``Policy``: a batch clears offer by offer with ``clear`` unless the
-    policy knows a faster exact way (``clear_in_batch``), and a bid that lost every offer of a batch
-    is explained by ``explain`` ("not ranked" without one)."""
+    policy knows a faster exact way (``clear_in_batch``), a bid that lost every offer of a batch
+    is explained by ``explain`` ("not ranked" without one), and waiting jobs are served by
+    submission as far as a user can foresee (``queue_key``) unless the policy says otherwise.
+    Code outside the policy modules asks the policy what it needs rather than branching on its
+    name."""
 
     @property
     def name(self) -> str: ...
@@ -158,6 +161,12 @@ class ClearingPolicy(Protocol):
     @property
     def explains_by_tenant(self) -> bool:
         """A bid's explanation depends on its tenant alone (one per tenant in a batch)."""
+        ...
+
+    @property
+    def reads_deadline(self) -> bool:
+        """A job's deadline counts in the ranking (a submitter is told when the policy in use
+        ignores it)."""
         ...
 
     def clear(self, offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
@@ -181,4 +190,15 @@ class ClearingPolicy(Protocol):
 
     def lost_in_batch(self, b: Bid, why: str, g: Group, scratch: Ledger) -> str:
         """The reason of a bid that lost every offer of its group, some of which were won."""
+        ...
+
+    def queue_key(self, job: JobState, ledger: Ledger) -> tuple[float, ...]:
+        """Where a waiting ``job`` stands in the order the policy would likely serve the waiting
+        jobs, from the job's own numbers and the service ``ledger`` holds: the smallest key first,
+        ties left to the caller. Whatever orders waiting jobs by policy asks this (``core.explain``
+        with a ledger of the jobs' own service, shares taken as equal)."""
+        ...
+
+    def queue_order(self) -> str:
+        """The order of ``queue_key`` in words, as ``sja explain`` shows it to a user."""
         ...

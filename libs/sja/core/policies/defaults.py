@@ -13,7 +13,14 @@ from sja.core.policies.base import Bid, BidOrder, Decision, Keyed, PolicyConfig,
 from sja.core.policies.batch import Group, clear_full, lazy_best
 from sja.core.policies.ledger import Ledger
 from sja.core.policies.ranking import SUBMISSION_TIME, best_candidate, rank
-from sja.protocol.messages import Candidate, Offer, Proposal, Verdict
+from sja.protocol.messages import Candidate, JobState, Offer, Proposal, Verdict
+
+BY_SUBMISSION = (
+    "by submission (this policy ranks the bids of each window by how well they fit it, so the order "
+    "changes from one window to the next)"
+)
+"""The queue order of a policy that ranks each window's bids by what the window is: no order a
+user can foresee but the jobs' submission."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -22,11 +29,16 @@ class Policy:
     A policy defined outside the compiled core (a plug-in, a test's) may subclass it too."""
 
     def __init__(
-        self, name: str, bid_order: BidOrder | None = None, explains_by_tenant: bool = False
+        self,
+        name: str,
+        bid_order: BidOrder | None = None,
+        explains_by_tenant: bool = False,
+        reads_deadline: bool = False,
     ) -> None:
         self.name = name
         self.bid_order = bid_order
         self.explains_by_tenant = explains_by_tenant
+        self.reads_deadline = reads_deadline
 
     def clear(self, offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
         raise NotImplementedError(f"policy {self.name} does not clear")
@@ -45,6 +57,12 @@ class Policy:
     def lost_in_batch(self, b: Bid, why: str, g: Group, scratch: Ledger) -> str:
         return f"lost to better-ranked bids: {why} vs {g.last_win_why}"
 
+    def queue_key(self, job: JobState, ledger: Ledger) -> tuple[float, ...]:
+        return (job.submitted_at,)
+
+    def queue_order(self) -> str:
+        return BY_SUBMISSION
+
 
 class MonotonePolicy(Policy):
     """A policy whose sort key of a bid can only grow while a batch is cleared (a grant raises the
@@ -61,8 +79,9 @@ class MonotonePolicy(Policy):
         explains_by_tenant: bool = False,
         by_tenant: bool = False,
         tie_break: str = SUBMISSION_TIME,
+        reads_deadline: bool = False,
     ) -> None:
-        super().__init__(name, bid_order, explains_by_tenant)
+        super().__init__(name, bid_order, explains_by_tenant, reads_deadline)
         self.by_tenant = by_tenant
         self.tie_break = tie_break
         """What decides between bids the policy explains alike (``ranked_verdicts``)."""

@@ -108,7 +108,9 @@ class Jasda(Policy):
     """Weighted score over every (job, candidate): utilization, fairness, responsiveness."""
 
     def __init__(self) -> None:
-        super().__init__("jasda", BidOrder(per_tenant=True, key=jasda_order, static=False))
+        super().__init__(
+            "jasda", BidOrder(per_tenant=True, key=jasda_order, static=False), reads_deadline=True
+        )
 
     def clear(self, offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
         tenants = sorted({*ledger.tenant_attained, *(b.proposal.tenant for b in bids)})
