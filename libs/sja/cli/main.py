@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sja.cli import choices
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 console = Console()
 err_console = Console(stderr=True)
@@ -92,9 +94,6 @@ def _root(
     if credentials:
         os.environ["SJA_NATS_CREDENTIALS"] = credentials  # read with the other SJA_NATS_* settings
 
-
-PolicyName = Literal["efficiency", "fair", "sla", "auction", "token", "jasda"]
-"""The clearing policies (``sja.core.policies.POLICIES``; a test keeps the two the same)."""
 
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the result as JSON (every field, full ids) instead of text.")
@@ -272,7 +271,7 @@ def up(
     inventory: Annotated[
         str, typer.Option(metavar="FILE", help="Declared inventory file (default: built-in).")
     ] = "",
-    policy: Annotated[PolicyName, typer.Option(help="Clearing policy.")] = "fair",
+    policy: Annotated[choices.PolicyName, typer.Option(help="Clearing policy.")] = "fair",
     agents: Annotated[int, typer.Option(metavar="N", help="Agent processes.")] = 1,
     port: Annotated[int, typer.Option(metavar="PORT", help="NATS port (0: 4222 if free, else any).")] = 0,
     ui_port: Annotated[
@@ -893,7 +892,7 @@ def demo(
     out: Annotated[Path, typer.Option(metavar="DIR", help="Where the summary, timeline and logs go.")] = Path(
         "out/demo"
     ),
-    policy: Annotated[PolicyName, typer.Option(help="Clearing policy.")] = "fair",
+    policy: Annotated[choices.PolicyName, typer.Option(help="Clearing policy.")] = "fair",
     quick: Annotated[bool, typer.Option(help="Smaller jobs (for tests).")] = False,
 ) -> None:
     """Start the stack, run mixed jobs from two tenants, show progress, write a summary and a timeline."""
@@ -932,8 +931,7 @@ def simulate(
             "--policy",
             metavar="POLICY[,POLICY...]",
             callback=_simulated_policies,
-            help="Comma-separated, from: fifo, easy, bestfit, sja, sja:efficiency, sja:fair, sja:sla, "
-            "sja:auction, sja:token, sja:jasda.",
+            help=choices.simulated_policies_help(),
         ),
     ] = "fifo,easy,bestfit,sja",
     json_out: Annotated[

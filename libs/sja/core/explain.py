@@ -19,29 +19,45 @@ from typing import NamedTuple
 
 from sja.core.jobs import declarations, is_terminal, next_range, plan_request
 from sja.core.planner import PlanLimits, largest_safe_size, usable_memory, usable_time
-from sja.core.policies.base import VerdictKind, verdict_kind
+from sja.core.policies import REGISTRY, ClearingPolicy, Ledger, Policy, VerdictKind, verdict_kind
 from sja.core.profiles import EVIDENCE_MIN_DOF, JobProfile
 from sja.protocol.messages import Explanation, JobSpec, JobState, RoundRecord, Window, WindowReason
 
-READS_DEADLINE = frozenset(("sla", "jasda"))
-"""The clearing policies that read a job's ``deadline_s`` (``sla`` ranks by slack, ``jasda``
-counts urgency); the others clear as if it had none."""
+_UNKNOWN = Policy("")
+"""What explain asks of a policy it does not know (no round cleared lately, or one registered only
+where the rounds are cleared): its defaults, a queue by submission."""
+
+
+def _policy(name: str) -> ClearingPolicy:
+    return REGISTRY.get(name, _UNKNOWN)
+
+
+def deadline_readers() -> list[str]:
+    """The registered clearing policies that read a job's ``deadline_s`` (``reads_deadline``); the
+    others clear as if it had none."""
+    return [name for name, pol in REGISTRY.items() if pol.reads_deadline]
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join(names) if len(names) <= 2 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def deadline_note(policy: str, spec: JobSpec) -> str | None:
     """What a submitter of ``spec`` should know when ``policy`` clears its rounds and ignores its
     deadline; ``None`` when there is nothing to say."""
-    if spec.deadline_s is None or policy in READS_DEADLINE:
+    if spec.deadline_s is None or _policy(policy).reads_deadline:
         return None
+    readers = deadline_readers()
+    if not readers:
+        who = "deadline_s is read by no clearing policy"
+    else:
+        kind = "policy" if len(readers) == 1 else "policies"
+        who = f"deadline_s is read only by the {_listed(readers)} {kind}"
+    status = "`sja status` shows whether the deadline is met"
     if not policy:
-        return (
-            "deadline_s is read only by the sla and jasda policies (no round cleared lately tells "
-            "which one runs): `sja status` shows whether the deadline is met"
-        )
-    return (
-        f"deadline_s is read only by the sla and jasda policies; rounds are cleared under {policy}, "
-        "which does not: `sja status` shows whether the deadline is met"
-    )
+        return f"{who} (no round cleared lately tells which one runs): {status}"
+    return f"{who}; rounds are cleared under {policy}, which does not: {status}"
 
 
 @dataclass(frozen=True)
@@ -325,32 +341,19 @@ def is_waiting(state: JobState) -> bool:
 
 
 def queue_order(policy: str, jobs: Sequence[JobState]) -> tuple[list[JobState], str]:
-    """The waiting ``jobs`` in the order ``policy`` would likely serve them, and that order in
-    words. ``fair`` and ``sla`` rank by what the jobs themselves hold (shares taken as equal); the
-    other policies rank each window by the fit of each bid, so submission order stands for them."""
+    """The waiting ``jobs`` in the order ``policy`` would likely serve them (its ``queue_key``
+    against the service the jobs themselves hold, shares taken as equal; then the job id), and that
+    order in words. A policy not known here orders them by submission."""
+    pol = _policy(policy)
+    ledger = Ledger()
+    for s in jobs:
+        tenant = s.spec.tenant
+        ledger.tenant_attained[tenant] = ledger.tenant_attained.get(tenant, 0.0) + s.attained_gpu_s
+        ledger.job_attained[s.job_id] = s.attained_gpu_s
     waiting = [s for s in jobs if is_waiting(s)]
-    if policy == "fair":
-        tenant_gpu_s: dict[str, float] = {}
-        for s in jobs:
-            tenant_gpu_s[s.spec.tenant] = tenant_gpu_s.get(s.spec.tenant, 0.0) + s.attained_gpu_s
-        waiting.sort(key=lambda s: (tenant_gpu_s[s.spec.tenant], s.attained_gpu_s, s.submitted_at, s.job_id))
-        return waiting, (
-            "fair: the tenant with the least GPU-seconds first (shares taken as equal), then its job "
-            "with the least, then the earliest submitted"
-        )
-    if policy == "sla":
-
-        def due(s: JobState) -> float:
-            return s.submitted_at + s.spec.deadline_s if s.spec.deadline_s is not None else math.inf
-
-        waiting.sort(key=lambda s: (due(s), s.submitted_at, s.job_id))
-        return waiting, "sla: the earliest deadline first, jobs without one after, by submission"
-    waiting.sort(key=lambda s: (s.submitted_at, s.job_id))
+    waiting.sort(key=lambda s: (*pol.queue_key(s, ledger), s.job_id))
     what = f"{policy}: " if policy else ""
-    return waiting, (
-        f"{what}by submission (this policy ranks the bids of each window by how well they fit it, "
-        "so the order changes from one window to the next)"
-    )
+    return waiting, what + pol.queue_order()
 
 
 def summary(state: JobState, now: float) -> str:

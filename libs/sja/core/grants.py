@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import msgspec
 
 from sja.core import leases
-from sja.core.policies.base import Bid, Decision, Ledger, grant_cost
+from sja.core.policies.base import Bid, Decision
+from sja.core.policies.ledger import Ledger, grant_cost
 from sja.protocol.messages import Candidate, Grant, Offer, SliceState, Verdict
 
 

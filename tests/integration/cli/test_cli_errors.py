@@ -165,13 +165,15 @@ def test_version_and_conventional_help() -> None:
     assert "[efficiency|fair|sla|auction|token|jasda]" in up_help
 
 
-def test_policy_names_match_the_core() -> None:
+def test_the_policy_choices_are_the_registered_policies() -> None:
     import typing
 
-    from sja.cli.main import PolicyName
+    from sja.cli import choices
     from sja.core.policies import POLICIES
+    from sja.sim.baselines import BASELINES
 
-    assert set(typing.get_args(PolicyName)) == set(POLICIES)
+    assert list(typing.get_args(choices.PolicyName)) == list(POLICIES)
+    assert choices.SIMULATED_BASELINES == BASELINES
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,12 @@ order of the waiting jobs."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sja.core import jobs as J
 from sja.core.explain import (
@@ -11,15 +16,18 @@ from sja.core.explain import (
     deadline_note,
     deadline_status,
     explain,
+    is_waiting,
     memory_overrun,
     queue_order,
     why_no_bid,
 )
 from sja.core.planner import PlanLimits
+from sja.core.policies import POLICIES
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import (
     InFlight,
     JobSpec,
+    JobState,
     MemoryDecl,
     RoundRecord,
     SubjobSummary,
@@ -97,6 +105,77 @@ def test_queue_order_under_fair_and_sla() -> None:
     assert [s.job_id for s in fair] == ["b", "c", "a"]  # one tenant: the least attained job first
     sla, words = queue_order("sla", [a, b, c])
     assert [s.job_id for s in sla] == ["c", "b", "a"] and "deadline" in words
+
+
+# --- the same as before the policies were asked: a frozen copy of what explain did -----------------
+
+
+def queue_order_before(policy: str, jobs: Sequence[JobState]) -> tuple[list[JobState], str]:
+    waiting = [s for s in jobs if is_waiting(s)]
+    if policy == "fair":
+        tenant_gpu_s: dict[str, float] = {}
+        for s in jobs:
+            tenant_gpu_s[s.spec.tenant] = tenant_gpu_s.get(s.spec.tenant, 0.0) + s.attained_gpu_s
+        waiting.sort(key=lambda s: (tenant_gpu_s[s.spec.tenant], s.attained_gpu_s, s.submitted_at, s.job_id))
+        return waiting, (
+            "fair: the tenant with the least GPU-seconds first (shares taken as equal), then its job "
+            "with the least, then the earliest submitted"
+        )
+    if policy == "sla":
+
+        def due(s: JobState) -> float:
+            return s.submitted_at + s.spec.deadline_s if s.spec.deadline_s is not None else math.inf
+
+        waiting.sort(key=lambda s: (due(s), s.submitted_at, s.job_id))
+        return waiting, "sla: the earliest deadline first, jobs without one after, by submission"
+    waiting.sort(key=lambda s: (s.submitted_at, s.job_id))
+    what = f"{policy}: " if policy else ""
+    return waiting, (
+        f"{what}by submission (this policy ranks the bids of each window by how well they fit it, "
+        "so the order changes from one window to the next)"
+    )
+
+
+def deadline_note_before(policy: str, spec: JobSpec) -> str | None:
+    if spec.deadline_s is None or policy in ("sla", "jasda"):
+        return None
+    if not policy:
+        return (
+            "deadline_s is read only by the sla and jasda policies (no round cleared lately tells "
+            "which one runs): `sja status` shows whether the deadline is met"
+        )
+    return (
+        f"deadline_s is read only by the sla and jasda policies; rounds are cleared under {policy}, "
+        "which does not: `sja status` shows whether the deadline is met"
+    )
+
+
+def queued(n: int, tenant: str, at: float, attained: float, deadline: float | None, done: bool) -> JobState:
+    spec = JobSpec(name="j", tenant=tenant, workload="montecarlo", params={"units": 10}, deadline_s=deadline)
+    state = J.new_job(f"j{n:02d}", spec, at, window_s=7.7)
+    return msgspec.structs.replace(state, attained_gpu_s=attained, status="done" if done else state.status)
+
+
+queued_st = st.builds(
+    queued,
+    st.integers(0, 30),
+    st.sampled_from(["a", "b", "c"]),
+    st.sampled_from([100.0, 101.0]) | st.floats(0.0, 1_000.0),
+    st.sampled_from([0.0, 5.0]) | st.floats(0.0, 100.0),
+    st.none() | st.sampled_from([10.0, 20.0]) | st.floats(0.5, 500.0),
+    st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    policy=st.sampled_from(["", "unknown", *POLICIES]),
+    jobs=st.lists(queued_st, max_size=12, unique_by=lambda s: s.job_id),
+)
+def test_the_queue_and_the_deadline_note_are_what_they_were(policy: str, jobs: list[JobState]) -> None:
+    assert queue_order(policy, jobs) == queue_order_before(policy, jobs)
+    for s in jobs:
+        assert deadline_note(policy, s.spec) == deadline_note_before(policy, s.spec)
 
 
 def test_explain_reports_each_window_shapes_last_offer() -> None:

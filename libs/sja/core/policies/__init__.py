@@ -18,43 +18,44 @@ and its explanation, registered once, below (``registry.register``); ``clear`` a
 - ``jasda`` — a weighted score of utilization (efficiency), fairness (share deficit) and
   responsiveness (waiting time, deadline urgency), with configurable weights.
 
-Pure and deterministic; the rules every policy shares (canonical order, capacity, verdicts) are in
-``base``.
+Pure and deterministic. What every policy shares: the words of a round and the ``ClearingPolicy``
+protocol (``base``), the ledger (``ledger``), the rules applied before a policy ranks (``rules``:
+canonical order, capacity, agents without a bid), ranking and its explanation (``ranking``), the
+defaults a policy inherits (``defaults``), and the batch engine behind ``clear_batch`` (``batch``).
 """
 
 from __future__ import annotations
 
 from sja.core.policies.auction import Auction
 from sja.core.policies.base import (
-    NO_BID,
     Bid,
     BidOrder,
     ClearingPolicy,
     Decision,
-    Group,
     Keyed,
-    Ledger,
-    MonotonePolicy,
-    Policy,
     PolicyConfig,
     PolicyFn,
-    best_candidate,
-    canonical,
-    canonical_split,
-    capacity_reason,
-    clear_full,
-    efficiency_value,
-    grant_cost,
-    no_bid_verdicts,
-    rank,
-    split_by_capacity,
-    window_cost,
+    VerdictKind,
+    losing_verdict,
+    verdict_kind,
 )
+from sja.core.policies.batch import Group, clear_full
 from sja.core.policies.clearing import clear, clear_batch
+from sja.core.policies.defaults import MonotonePolicy, Policy
 from sja.core.policies.efficiency import Efficiency
 from sja.core.policies.fair import Fair
 from sja.core.policies.jasda import Jasda
+from sja.core.policies.ledger import Ledger, grant_cost, window_cost
+from sja.core.policies.ranking import best_candidate, efficiency_value, rank
 from sja.core.policies.registry import BID_ORDERS, POLICIES, REGISTRY, get, policy, register, unregister
+from sja.core.policies.rules import (
+    NO_BID,
+    canonical,
+    canonical_split,
+    capacity_reason,
+    no_bid_verdicts,
+    split_by_capacity,
+)
 from sja.core.policies.shortlist import bid_for, likely_per_tenant, likely_winners, shortlist, shortlist_size
 from sja.core.policies.sla import Sla
 from sja.core.policies.token import Token
@@ -78,6 +79,7 @@ __all__ = [
     "Policy",
     "PolicyConfig",
     "PolicyFn",
+    "VerdictKind",
     "best_candidate",
     "bid_for",
     "canonical",
@@ -91,6 +93,7 @@ __all__ = [
     "grant_cost",
     "likely_per_tenant",
     "likely_winners",
+    "losing_verdict",
     "no_bid_verdicts",
     "policy",
     "rank",
@@ -99,5 +102,6 @@ __all__ = [
     "shortlist_size",
     "split_by_capacity",
     "unregister",
+    "verdict_kind",
     "window_cost",
 ]

@@ -5,19 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sja.core.policies.base import (
-    Bid,
-    Decision,
-    Group,
-    Keyed,
-    Ledger,
-    MonotonePolicy,
-    PolicyConfig,
-    Ranked,
-    VerdictKind,
-    efficiency_value,
-    settle,
-)
+from sja.core.policies.base import Bid, Decision, Keyed, PolicyConfig, Ranked, VerdictKind
+from sja.core.policies.batch import Group, settle
+from sja.core.policies.defaults import MonotonePolicy
+from sja.core.policies.ledger import Ledger
+from sja.core.policies.ranking import efficiency_value
 from sja.protocol.messages import Candidate, Offer, Proposal, Verdict
 
 

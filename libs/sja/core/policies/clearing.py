@@ -5,19 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from sja.core.policies.base import (
-    Bid,
-    Decision,
-    Group,
-    Ledger,
-    PolicyConfig,
-    canonical_split,
-    grant_cost,
-    no_bid_verdicts,
-    split_by_capacity,
-    window_len,
-)
+from sja.core.policies.base import Bid, Decision, PolicyConfig
+from sja.core.policies.batch import Group
+from sja.core.policies.ledger import Ledger, grant_cost
+from sja.core.policies.ranking import window_len
 from sja.core.policies.registry import get
+from sja.core.policies.rules import canonical_split, no_bid_verdicts, split_by_capacity
 from sja.protocol.messages import Offer
 
 

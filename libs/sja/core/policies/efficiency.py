@@ -5,18 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sja.core.policies.base import (
-    Bid,
-    BidOrder,
-    Keyed,
-    Ledger,
-    MonotonePolicy,
-    PolicyConfig,
-    Ranked,
-    best_candidate,
-    efficiency_order,
-    efficiency_value,
-)
+from sja.core.policies.base import Bid, BidOrder, Keyed, PolicyConfig, Ranked
+from sja.core.policies.defaults import MonotonePolicy
+from sja.core.policies.ledger import Ledger
+from sja.core.policies.ranking import best_candidate, efficiency_order, efficiency_value
 from sja.protocol.messages import Offer
 
 

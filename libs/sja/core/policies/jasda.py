@@ -8,20 +8,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sja.core.policies.base import (
-    Bid,
-    BidOrder,
-    Decision,
-    Group,
-    Keyed,
-    Ledger,
-    Policy,
-    PolicyConfig,
-    VerdictKind,
-    clear_full,
-    efficiency_value,
-    rank,
-)
+from sja.core.policies.base import Bid, BidOrder, Decision, Keyed, PolicyConfig, VerdictKind
+from sja.core.policies.batch import Group, clear_full
+from sja.core.policies.defaults import Policy
+from sja.core.policies.ledger import Ledger
+from sja.core.policies.ranking import efficiency_value, rank
 from sja.protocol.messages import Candidate, Offer, Proposal, Verdict
 
 ROUNDING = 2.0**-48
@@ -117,7 +108,9 @@ class Jasda(Policy):
     """Weighted score over every (job, candidate): utilization, fairness, responsiveness."""
 
     def __init__(self) -> None:
-        super().__init__("jasda", BidOrder(per_tenant=True, key=jasda_order, static=False))
+        super().__init__(
+            "jasda", BidOrder(per_tenant=True, key=jasda_order, static=False), reads_deadline=True
+        )
 
     def clear(self, offer: Offer, bids: Sequence[Bid], ledger: Ledger, cfg: PolicyConfig) -> Decision:
         tenants = sorted({*ledger.tenant_attained, *(b.proposal.tenant for b in bids)})

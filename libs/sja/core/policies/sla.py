@@ -6,17 +6,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from sja.core.policies.base import (
-    Bid,
-    BidOrder,
-    Keyed,
-    Ledger,
-    MonotonePolicy,
-    PolicyConfig,
-    Ranked,
-    best_candidate,
-)
-from sja.protocol.messages import Offer, Proposal
+from sja.core.policies.base import Bid, BidOrder, Keyed, PolicyConfig, Ranked
+from sja.core.policies.defaults import MonotonePolicy
+from sja.core.policies.ledger import Ledger
+from sja.core.policies.ranking import best_candidate
+from sja.protocol.messages import JobState, Offer, Proposal
 
 
 def sla_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
@@ -28,7 +22,7 @@ def sla_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...
 
 class Sla(MonotonePolicy):
     def __init__(self) -> None:
-        super().__init__("sla", BidOrder(per_tenant=False, key=sla_order, static=True))
+        super().__init__("sla", BidOrder(per_tenant=False, key=sla_order, static=True), reads_deadline=True)
 
     def key(self, offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
         now = offer.issued_at
@@ -52,3 +46,10 @@ class Sla(MonotonePolicy):
         if p.deadline_at is None:
             return (math.inf, p.submitted_at), cand
         return (p.deadline_at - offer.issued_at - p.expected_remaining_s, p.submitted_at), cand
+
+    def queue_key(self, job: JobState, ledger: Ledger) -> tuple[float, ...]:
+        due = job.submitted_at + job.spec.deadline_s if job.spec.deadline_s is not None else math.inf
+        return (due, job.submitted_at)
+
+    def queue_order(self) -> str:
+        return "the earliest deadline first, jobs without one after, by submission"

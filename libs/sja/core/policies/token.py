@@ -6,21 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sja.core.policies.base import (
-    Bid,
-    BidOrder,
-    Decision,
-    Keyed,
-    Ledger,
-    MonotonePolicy,
-    PolicyConfig,
-    Ranked,
-    best_candidate,
-    efficiency_order,
-    efficiency_value,
-    rank,
-)
+from sja.core.policies.base import Bid, BidOrder, Decision, Keyed, PolicyConfig, Ranked
+from sja.core.policies.defaults import MonotonePolicy
 from sja.core.policies.efficiency import efficiency_rank
+from sja.core.policies.ledger import Ledger
+from sja.core.policies.ranking import best_candidate, efficiency_order, efficiency_value, rank
 from sja.protocol.messages import Offer
 
 
