@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sja.core import defaults
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 console = Console()
 err_console = Console(stderr=True)
@@ -939,13 +941,23 @@ def simulate(
         float | None,
         typer.Option(metavar="SECONDS", help="Per-subjob start+checkpoint seconds (default 10+5)."),
     ] = None,
-    eps_mem: Annotated[float, typer.Option(metavar="P", help="Jobs' memory violation target.")] = 0.05,
+    eps_mem: Annotated[
+        float | None,
+        typer.Option(
+            metavar="P", help=f"Jobs' memory violation target (default {defaults.EPS_MEM:g}, the stack's)."
+        ),
+    ] = None,
     horizon_s: Annotated[
-        float, typer.Option(metavar="SECONDS", help="Length of an offered window (virtual s).")
-    ] = 14_400.0,
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            help=f"Length of an offered window, virtual s (default {defaults.HORIZON_S:g}, the stack's).",
+        ),
+    ] = None,
     unit_s: Annotated[
-        float, typer.Option(metavar="SECONDS", help="Seconds of a job's runtime per work unit.")
-    ] = 600.0,
+        float | None,
+        typer.Option(metavar="SECONDS", help="Seconds of a job's runtime per work unit (default 60)."),
+    ] = None,
     speed_table: Annotated[
         Path | None,
         typer.Option(metavar="FILE", help="MISO mig_iter_time_summary.csv: measured slice speeds."),

@@ -158,30 +158,35 @@ workloads.WORKLOADS.setdefault(SimWorkload.name, SimWorkload())
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything a simulated run depends on besides the trace and the cluster."""
+    """Everything a simulated run depends on besides the trace and the cluster.
+
+    The settings the live stack also has (window length, the planner's start overhead, the clearing
+    policy, the jobs' default ``eps``) default to ``sja.core.defaults``, what ``sja up`` and the
+    services run; the rest models the trace's jobs."""
 
     seed: int = 0
-    policy: str = "efficiency"
+    policy: str = defaults.POLICY
     """SJA clearing policy (``core.policies.POLICIES``)."""
     mode: str = "sja"
     """Reply mode of the simulated jobs: ``sja`` (one candidate) or ``jasda`` (several)."""
-    unit_s: float = 600.0
-    """Seconds of a job's own runtime (on the resources it asked for) in one unit of work."""
+    unit_s: float = 60.0
+    """Seconds of a job's own runtime (on the resources it asked for) in one unit of work: a tenth
+    of the window, so that a window holds several units after a subjob's start-up and a holder
+    asked to yield stops within a minute of its own work."""
     start_s: float = 10.0
     """Per-subjob start cost of a trace job's program (container, process, loading a checkpoint)."""
     checkpoint_s: float = 5.0
     """Per-subjob checkpoint cost at its end. The job declares both as its start-up
     (``TimeDecl.warmup_s``), as a user declares a program's."""
-    horizon_s: float = 14_400.0
-    """Length of an offered window: 4 hours, as the trace jobs run for hours (the 15 s a subjob
-    costs is then 0.1 % of a window); a free slice's window stretches for a longer smallest subjob,
-    and an open subjob goes on past it while no other job wins the slice."""
+    horizon_s: float = defaults.HORIZON_S
+    """Length of an offered window (``defaults.HORIZON_S``); a free slice's window stretches for a
+    longer smallest subjob, and an open subjob goes on past it while no other job wins the slice."""
     start_overhead_s: float = defaults.START_OVERHEAD_S
     """What the planner takes off every window for the stack's own part of a subjob
     (``PlanLimits.start_overhead_s``); the simulator charges no time for it (``start_s`` and
     ``checkpoint_s`` are all a modeled subjob costs)."""
-    eps_mem: float = 0.05
-    eps_time: float = 0.05
+    eps_mem: float = defaults.EPS_MEM
+    eps_time: float = defaults.EPS_TIME
     mem_reserve_mib: float = 256.0
     """Driver/context memory of every slice, unavailable to work (all policies)."""
     mem_noise_sd: float = 0.05
