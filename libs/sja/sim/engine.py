@@ -717,10 +717,10 @@ class SjaEngine:
             reply_to="sim",
         )
 
-    def _batch(self, batch: list[_Slice]) -> int:
+    def _batch(self, batch: list[_Slice], asked: Mapping[WindowKind, list[Bid]] | None = None) -> int:
         """One batch of offers: bids from the bidder per kind of window (the shortlist for as many
-        windows of that kind as the batch has), cleared by ``core.policies.clear_batch``; returns how
-        many subjobs started."""
+        windows of that kind as the batch has, or ``asked``: the bids already given for at least as
+        many), cleared by ``core.policies.clear_batch``; returns how many subjobs started."""
         self.counters["batches"] += 1
         offers: list[tuple[Offer, _Slice]] = []
         for s in batch:
@@ -732,7 +732,7 @@ class SjaEngine:
         like: dict[WindowKind, int] = {}
         for _, s in offers:
             like[s.kind] = like.get(s.kind, 0) + 1
-        bids: dict[WindowKind, list[Bid]] = {}
+        bids: dict[WindowKind, list[Bid]] = dict(asked or {})
         for o, s in offers:
             if s.kind not in bids:
                 props = self.bidder.proposals_for(o, self.now, like[s.kind], self.cfg.policy)
@@ -1156,46 +1156,67 @@ class SjaEngine:
         layout, and again after the batches for what still waits."""
         if self.cuts and self.waiting > 0:
             self._repartition()
-        batch = [self.slices[i] for i in sorted(self.fresh) if self.slices[i].state.status == "free"]
+        fresh = [self.slices[i] for i in sorted(self.fresh) if self.slices[i].state.status == "free"]
         self.fresh.clear()
         if self.waiting == 0:
-            for s in batch:  # nobody to bid: offered again once a job arrives
+            for s in fresh:  # nobody to bid: offered again once a job arrives
                 self._set_idle(s, True)
-            batch = []
+            fresh = []
         while True:
             kinds, self.changed_since = self.changed_since, set()
-            if self.waiting > 0:
-                batch += self._wanted_idle(kinds)
-            if not batch:
-                break
-            started = self._batch(batch)
-            batch = []
-            if not started:
+            batch, bids = self._wanted(fresh, kinds if self.waiting > 0 else set())
+            fresh = []
+            if not batch or not self._batch(batch, bids):
                 break
         if self.cuts and self.waiting > 0:
             self._repartition()
 
-    def _wanted_idle(self, kinds: set[WindowKind]) -> list[_Slice]:
-        """The idle slices of ``kinds`` that the jobs bidding now could take: per kind, one probe
-        asks the bidder, and as many idle slices are offered as the bidders have room for subjobs
-        (an advertiser re-offers idle windows to demand the same way: ``OfferPacer``)."""
+    def _wanted(
+        self, fresh: list[_Slice], kinds: set[WindowKind]
+    ) -> tuple[list[_Slice], dict[WindowKind, list[Bid]]]:
+        """The slices to offer in one batch, and the bids for them per kind: per kind of the freshly
+        freed slices and of ``kinds`` (the kinds some job that changed may now take), the bidder is
+        asked once for all of them (fresh ones, then idle free ones, then held ones past their
+        holder's window), and as many are offered as the bidders have room for subjobs (an
+        advertiser re-offers idle windows to demand the same way: ``OfferPacer``). A fresh slice
+        left over is idle, as if it had been offered without a taker. Free slices come first: a held
+        one is taken only for what they leave (its holder yields)."""
+        by_kind: dict[WindowKind, list[_Slice]] = {}
+        for s in fresh:
+            by_kind.setdefault(s.kind, []).append(s)
+        for kind in kinds:
+            if self.idle_by_kind[kind] or self.contested[kind]:
+                by_kind.setdefault(kind, [])
         out: list[_Slice] = []
-        for kind in sorted(kinds):
-            idle, held = self.idle_by_kind[kind], self.contested[kind]
-            if not idle and not held:
+        bids: dict[WindowKind, list[Bid]] = {}
+        for kind in sorted(by_kind):
+            new = by_kind[kind]
+            idle, held = (self.idle_by_kind[kind], self.contested[kind]) if kind in kinds else (set(), set())
+            first = new[0] if new else self.slices[min(idle) if idle else min(held)]
+            probe = self._probe(first)
+            n = len(new) + len(idle) + len(held)
+            props = [] if probe is None else self.bidder.proposals_for(probe, self.now, n, self.cfg.policy)
+            room = sum(p.capacity for p in props)
+            for s in new[room:]:
+                self._set_idle(s, True)
+            if not room:
                 continue
-            first = min(idle) if idle else min(held)
-            probe = self._probe(self.slices[first])
-            if probe is None:
-                continue
-            bids = self.bidder.proposals_for(probe, self.now, len(idle) + len(held), self.cfg.policy)
-            room = sum(p.capacity for p in bids)
-            if room:
-                # Free slices first: a held one is taken only for what they leave (its holder yields).
-                out.extend(self.slices[i] for i in sorted(idle)[:room])
-                if room > len(idle):
-                    out.extend(self.slices[i] for i in sorted(held)[: room - len(idle)])
-        return out
+            # the lowest-numbered ones, as many as there is room for (not the whole idle set sorted)
+            take = new[:room]
+            for pool in (idle, held):
+                if len(take) < room and pool:
+                    take += [self.slices[i] for i in heapq.nsmallest(room - len(take), pool)]
+            out.extend(take)
+            bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+        return out, bids
+
+    def _probe(self, s: _Slice) -> Offer | None:
+        """An offer of ``s`` that is not a round (to ask whether anyone bids)."""
+        req = WindowRequest(
+            now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
+        )
+        windows = find_windows([s.state], req)
+        return _offer_of(windows[0], self.now) if windows else None
 
     def _contest(self) -> None:
         """The held slices whose holder's window has passed join the idle ones (``core.continuation``):
@@ -1208,14 +1229,6 @@ class SjaEngine:
                 self.contested[s.kind].add(idx)
                 self.changed_since.add(s.kind)
 
-    def _probe(self, s: _Slice) -> Offer | None:
-        """An offer of ``s`` that is not a round (to ask whether anyone bids)."""
-        req = WindowRequest(
-            now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
-        )
-        windows = find_windows([s.state], req)
-        return _offer_of(windows[0], self.now) if windows else None
-
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay every arrival and completion. The loop does not end while a job that can still run
         waits: with nothing left to happen, every waiting job is asked again for every free slice
@@ -1226,6 +1239,7 @@ class SjaEngine:
         events = 0
         jobs_done = 0
         stranded = 0.0
+        contended = 0.0
         next_progress = PROGRESS_EVERY
         last_t = arrivals[0].trace.submit_s if arrivals else 0.0
         while True:
@@ -1236,6 +1250,8 @@ class SjaEngine:
                 t_con = self.contests[0][0] if self.contests and self.waiting > 0 else math.inf
                 t = min(t_arr, t_evt, t_con)
                 self.recorder.add_stranded(stranded, t - last_t)
+                if self.waiting > 0:
+                    contended += t - last_t
                 self.now = last_t = t
                 # Completions first (they free slices), then arrivals, all at time t; then one dispatch.
                 while self.events and self.events[0][0] <= t:
@@ -1268,6 +1284,9 @@ class SjaEngine:
         self._record_stuck()
         self.counters["events"] = events
         self.counters["jobs_done"] = jobs_done
+        # Virtual seconds some job waited for a slice: every open subjob's window end in that time
+        # is an instant of the replay.
+        self.counters["contended_s"] = round(contended, 3)
         self.recorder.end_s = last_t
         if progress is not None:
             progress(events, jobs_done)
