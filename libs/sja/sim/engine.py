@@ -830,10 +830,13 @@ class SjaEngine:
         cfg = self.cfg
         m = job.model
         rate = min(s.speed, m.fraction)
-        unit_s = m.unit_run_s * m.fraction / rate * lognormal(self.rng, cfg.time_noise_sd)
-        noise = lognormal(self.rng, cfg.mem_noise_sd)
         units, cap_mib = sj.units, sj.mem_cap_mib
         reach = sj.max_units if sj.max_units > units else units
+        # The noise is a window-long piece's: an open range of n windows' worth of units varies as
+        # the mean of n such pieces (sd / sqrt(n)), so one draw does not set a days-long run's speed.
+        sd = cfg.time_noise_sd / math.sqrt(max(reach / max(units, 1), 1.0))
+        unit_s = m.unit_run_s * m.fraction / rate * lognormal(self.rng, sd)
+        noise = lognormal(self.rng, cfg.mem_noise_sd)
         peak = self._peak(m, units, noise)
         # The program's time: the time cap less what the planner kept for the stack itself.
         cap = max(sj.time_cap_s - self.limits.start_overhead_s, 0.0)
@@ -1218,6 +1221,25 @@ class SjaEngine:
         windows = find_windows([s.state], req)
         return _offer_of(windows[0], self.now) if windows else None
 
+    def _live_events(self) -> bool:
+        """Whether an event is pending; completions a yield replaced are dropped from the top on
+        the way (they are no instants)."""
+        events = self.events
+        while events and isinstance(events[0][2], _Running) and events[0][2].stale:
+            heapq.heappop(events)
+        return bool(events)
+
+    def _next_contest(self) -> float:
+        """When the next held slice's holder reaches its window's end (``inf``: none); entries whose
+        holder is gone (its fence moved on) are dropped on the way."""
+        while self.contests:
+            at, _, idx, fence = self.contests[0]
+            s = self.slices[idx]
+            if s.state.fence == fence and s.state.status == "busy" and s.state.contestable_at == at:
+                return at
+            heapq.heappop(self.contests)
+        return math.inf
+
     def _contest(self) -> None:
         """The held slices whose holder's window has passed join the idle ones (``core.continuation``):
         offered at once (their kind counts as changed), then again when a job changes. Called only
@@ -1243,11 +1265,11 @@ class SjaEngine:
         next_progress = PROGRESS_EVERY
         last_t = arrivals[0].trace.submit_s if arrivals else 0.0
         while True:
-            while next_arrival < len(arrivals) or self.events:
+            while next_arrival < len(arrivals) or self._live_events():
                 t_arr = arrivals[next_arrival].trace.submit_s if next_arrival < len(arrivals) else math.inf
                 t_evt = self.events[0][0] if self.events else math.inf
                 # A held slice becoming contestable is an instant only while jobs wait.
-                t_con = self.contests[0][0] if self.contests and self.waiting > 0 else math.inf
+                t_con = self._next_contest() if self.waiting > 0 else math.inf
                 t = min(t_arr, t_evt, t_con)
                 self.recorder.add_stranded(stranded, t - last_t)
                 if self.waiting > 0:
@@ -1257,7 +1279,7 @@ class SjaEngine:
                 while self.events and self.events[0][0] <= t:
                     _, _, item = heapq.heappop(self.events)
                     if isinstance(item, _Running) and item.stale:
-                        continue  # replaced by its yield
+                        continue  # replaced by its yield (after t: dropped before t was chosen)
                     events += 1
                     if isinstance(item, _Recut):
                         self._finish_recut(item)
@@ -1313,7 +1335,7 @@ class SjaEngine:
                 self._set_idle(s, False)
                 self.fresh.add(s.idx)
         self._dispatch()
-        return bool(self.events)
+        return self._live_events()
 
     def _record_stuck(self) -> None:
         """Fail every job still waiting when nothing is left to happen, with its reason: what the

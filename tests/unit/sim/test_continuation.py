@@ -72,6 +72,15 @@ def test_an_uncontested_long_job_runs_as_one_subjob_with_one_start() -> None:
     assert st.history[0].finished_at - st.history[0].started_at > 10 * CFG.horizon_s
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_long_open_subjob_varies_as_many_window_long_pieces_do(seed: int) -> None:
+    # The time noise is a window-long piece's: a 4-hour run is not 10 % off on one draw.
+    engine = run([job("long", 0.0, 4 * 3600.0)], cfg=dataclasses.replace(CFG, seed=seed))
+    h = engine.jobs["j0"].state.history[0]
+    work_s = h.duration_s - CFG.start_s - CFG.checkpoint_s
+    assert work_s == pytest.approx(4 * 3600.0, rel=0.06)
+
+
 def test_a_waiting_job_gets_the_slice_at_the_holders_next_unit_boundary() -> None:
     engine = run([job("holder", 0.0, 4 * 3600.0), job("waiter", 100.0, 1800.0)])
     holder, waiter = engine.jobs["j0"].state, engine.jobs["j1"].state
@@ -89,6 +98,17 @@ def test_a_waiting_job_gets_the_slice_at_the_holders_next_unit_boundary() -> Non
     assert waiter.history[0].started_at == pytest.approx(first.finished_at)
     assert engine.recorder.jobs["waiter"].first_start_s == pytest.approx(first.finished_at)
     units_exactly_once(engine)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_completion_a_yield_replaced_is_no_instant(seed: int) -> None:
+    # After a short waiter, the holder runs the rest at another draw of its speed, and may end
+    # before its first subjob would have: the run ends with the last job all the same.
+    cfg = dataclasses.replace(CFG, seed=seed, time_noise_sd=0.5)
+    engine = run([job("holder", 0.0, 4 * 3600.0), job("waiter", 100.0, 60.0)], cfg=cfg)
+    assert engine.yields
+    last = max(r.finish_s for r in engine.recorder.jobs.values() if r.finish_s is not None)
+    assert engine.recorder.end_s == last
 
 
 def test_a_holder_is_never_preempted_before_its_window_ends() -> None:
