@@ -4,7 +4,8 @@ Cells: each trace (Microsoft ITP cluster04 and cluster07; Alibaba openb replayed
 cluster) x GPU model (A100-40GB, A100-80GB, H100-80GB) x layout (the model's MIG layout, or whole
 GPUs) x cluster size (80 % and 130 % of the sample's average GPU demand). In each cell every policy
 (fifo, easy, bestfit, sja:efficiency, sja:fair) replays the same jobs under ``--seeds`` seeds, with
-the simulator's defaults (``SimConfig``: what ``sja simulate`` uses).
+the simulator's defaults (``SimConfig``: what ``sja simulate`` uses; the window, start overhead,
+policy and ``eps`` are the live stack's, ``sja.core.defaults``).
 
 The jobs of a cell are the ``--jobs`` jobs submitted from the middle of the trace on (submission
 times kept); the sample's average GPU demand is its GPU-seconds of work over its submission span.
@@ -325,7 +326,7 @@ def main() -> None:
         "settings": "the simulator's defaults (SimConfig): "
         + ", ".join(
             f"{k}={getattr(SimConfig(), k)}"
-            for k in ("horizon_s", "unit_s", "start_s", "checkpoint_s", "eps_mem")
+            for k in ("horizon_s", "start_overhead_s", "unit_s", "start_s", "checkpoint_s", "eps_mem")
         ),
         "synthetic": "ms-itp GPU fractions, declared and true memory, tenants; openb true memory (seeded)",
     }

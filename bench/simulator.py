@@ -4,9 +4,9 @@ Prints progress to stderr and, as its last stdout line, a JSON object with ``eve
 ``wall_s``, ``events`` and ``jobs``. Run ``python bench/simulator.py --json``.
 
 Defaults: 512 A100-80GB GPUs, each one whole slice (cluster04 kept about 491 GPUs busy on average),
-and the simulator's own defaults (``SimConfig``: 4-hour windows and 10-minute work units, so the
-705,683 GPU-hours of the trace become a few hundred thousand subjobs; ``eps_mem`` 0.05), the settings
-``sja simulate`` and ``bench/evaluation.py`` use.
+and the simulator's defaults (``SimConfig``: the live stack's ``sja.core.defaults``, 10-minute windows
+under the ``fair`` policy and ``eps_mem`` 0.05, and one-minute work units), the settings ``sja
+simulate`` and ``bench/evaluation.py`` use.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--horizon-s", type=float, default=SimConfig.horizon_s)
     ap.add_argument("--unit-s", type=float, default=SimConfig.unit_s)
     ap.add_argument("--eps-mem", type=float, default=SimConfig.eps_mem)
-    ap.add_argument("--policy", default="efficiency")
+    ap.add_argument("--policy", default=SimConfig.policy)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -87,6 +87,13 @@ def main() -> None:
         "jobs_finished": m["jobs_finished"],
         "subjobs": m["subjobs"],
         "rounds": int(result.counters["rounds"]),
+        "open_subjobs": int(result.counters.get("open_subjobs", 0)),
+        "yields": int(result.counters.get("yields", 0)),
+        "contended_s": result.counters.get("contended_s", 0.0),
+        "span_s": m["makespan_s"],
+        "mean_jct_s": m["mean_jct_s"],
+        "utilization": m["utilization"],
+        "policy": args.policy,
         "cluster": args.cluster,
         "horizon_s": args.horizon_s,
         "eps_mem": args.eps_mem,

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sja.cli import choices
+from sja.core import defaults
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 console = Console()
@@ -271,7 +272,7 @@ def up(
     inventory: Annotated[
         str, typer.Option(metavar="FILE", help="Declared inventory file (default: built-in).")
     ] = "",
-    policy: Annotated[choices.PolicyName, typer.Option(help="Clearing policy.")] = "fair",
+    policy: Annotated[choices.PolicyName, typer.Option(help="Clearing policy.")] = defaults.POLICY,
     agents: Annotated[int, typer.Option(metavar="N", help="Agent processes.")] = 1,
     port: Annotated[int, typer.Option(metavar="PORT", help="NATS port (0: 4222 if free, else any).")] = 0,
     ui_port: Annotated[
@@ -892,7 +893,7 @@ def demo(
     out: Annotated[Path, typer.Option(metavar="DIR", help="Where the summary, timeline and logs go.")] = Path(
         "out/demo"
     ),
-    policy: Annotated[choices.PolicyName, typer.Option(help="Clearing policy.")] = "fair",
+    policy: Annotated[choices.PolicyName, typer.Option(help="Clearing policy.")] = defaults.POLICY,
     quick: Annotated[bool, typer.Option(help="Smaller jobs (for tests).")] = False,
 ) -> None:
     """Start the stack, run mixed jobs from two tenants, show progress, write a summary and a timeline."""
@@ -953,13 +954,23 @@ def simulate(
         float | None,
         typer.Option(metavar="SECONDS", help="Per-subjob start+checkpoint seconds (default 10+5)."),
     ] = None,
-    eps_mem: Annotated[float, typer.Option(metavar="P", help="Jobs' memory violation target.")] = 0.05,
+    eps_mem: Annotated[
+        float | None,
+        typer.Option(
+            metavar="P", help=f"Jobs' memory violation target (default {defaults.EPS_MEM:g}, the stack's)."
+        ),
+    ] = None,
     horizon_s: Annotated[
-        float, typer.Option(metavar="SECONDS", help="Length of an offered window (virtual s).")
-    ] = 14_400.0,
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            help=f"Length of an offered window, virtual s (default {defaults.HORIZON_S:g}, the stack's).",
+        ),
+    ] = None,
     unit_s: Annotated[
-        float, typer.Option(metavar="SECONDS", help="Seconds of a job's runtime per work unit.")
-    ] = 600.0,
+        float | None,
+        typer.Option(metavar="SECONDS", help="Seconds of a job's runtime per work unit (default 60)."),
+    ] = None,
     speed_table: Annotated[
         Path | None,
         typer.Option(metavar="FILE", help="MISO mig_iter_time_summary.csv: measured slice speeds."),

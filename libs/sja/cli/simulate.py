@@ -41,9 +41,9 @@ def simulate_command(
     start_s: float | None = None,
     seed: int = 0,
     overhead_s: float | None = None,
-    eps_mem: float = 0.05,
-    horizon_s: float = 14_400.0,
-    unit_s: float = 600.0,
+    eps_mem: float | None = None,
+    horizon_s: float | None = None,
+    unit_s: float | None = None,
     speed_table: Path | None = None,
     packing_demand: float | None = None,
     nodes: Path | None = None,
@@ -85,11 +85,17 @@ def simulate_command(
 def _config(
     seed: int,
     overhead_s: float | None,
-    eps_mem: float,
-    horizon_s: float,
-    unit_s: float,
+    eps_mem: float | None,
+    horizon_s: float | None,
+    unit_s: float | None,
     speed_table: Path | None,
 ) -> SimConfig:
+    """The run's settings: ``SimConfig``'s defaults (``sja.core.defaults`` for what the live stack
+    also has), but for what the command line gives."""
+    base = SimConfig()
+    eps_mem = base.eps_mem if eps_mem is None else eps_mem
+    horizon_s = base.horizon_s if horizon_s is None else horizon_s
+    unit_s = base.unit_s if unit_s is None else unit_s
     if not 0.0 < eps_mem < 0.5:
         raise SimulateError(f"--eps-mem must be in (0, 0.5), got {eps_mem}")
     if not (horizon_s > 0 and math.isfinite(horizon_s)):

@@ -38,7 +38,7 @@ class PlanLimits:
     """Driver/context overhead on every slice, not available to the subjob."""
     start_overhead_s: float = defaults.START_OVERHEAD_S
     """Per-subjob start and checkpoint cost, taken off the window."""
-    horizon_s: float = 30.0
+    horizon_s: float = defaults.HORIZON_S
     """Length assumed for an open-ended window."""
     candidate_fractions: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
 

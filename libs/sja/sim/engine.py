@@ -19,21 +19,37 @@ What the simulator models, and the live stack measures:
   A piece progresses at rate ``min(speed of the slice, f)``: a slice larger than the job's fraction
   does not speed it up.
 - **cost of atomization**: every subjob pays ``start_s`` before and ``checkpoint_s`` after its work,
-  on the slice, counted as overhead (the planner takes both off the window).
+  on the slice, counted as overhead. The job declares both as its program's start-up
+  (``TimeDecl.warmup_s``), as a user declares a program's, and a subjob's measured duration includes
+  them; the planner takes only the stack's own ``start_overhead_s`` off the window, as it does live.
 - **speed**: a slice runs at its compute share of the full GPU (or the measured MISO speed of its
   profile, ``load_speed_table``), times seeded log-normal noise.
 - **time caps**: a subjob that reaches its time cap stops after its last whole unit and keeps the
   units it finished (what the SDK's ``should_stop``/``report`` and the command contract's SIGTERM
   grace give a program that checkpoints per unit); the rest of its range is planned again. One that
   finished no unit is a timeout.
+- **open subjobs** (``core.continuation``): a job that runs one subjob at a time gets open subjobs
+  from ``core.jobs.materialize`` (``Subjob.max_units``). Such a subjob pays its start once, then does
+  units at the slice's speed with no time cap; its completion is scheduled at the end of its whole
+  open range. From the end of its window (``SliceState.contestable_at``) its slice is offered with
+  the free ones whenever the slices are offered while jobs wait; nothing happens at that instant
+  while nobody waits. A grant of it (``leases.grant``, ``leases.preempts``) makes the holder yield:
+  its progress at that instant gives the unit it is doing, it stops after that unit and
+  checkpoints, its pending completion is replaced by one with the units it did (``yielded``, folded
+  in by ``apply_completion``, which takes units past its planned range as done), and the winner's
+  subjob starts on the slice then. Free slices are offered before held ones. A holder is never
+  asked to yield before its window is over.
 - **declared vs real memory**: the job declares ``peak(k) = base + per_unit * k`` from the trace's
   declared memory; its real peak follows the trace's true memory the same way, times seeded noise. A
   real peak above the slice's memory cap is an OOM: the work is lost, the completion says ``oom`` and
-  the core re-plans the range.
+  the core re-plans the range. An open subjob whose memory grows with its units runs out of memory
+  on the first unit past what the slice holds, unless it yields before (``open_units`` keeps its
+  range within the ``1 - eps_mem`` quantile).
 
 A batch's outcome comes at once in virtual time, so the bidder's likely winners never sit out a later
 batch; everything else about bidding is the agent's. A slice offered and not taken is offered again
-only once some job changed since (a completion, an arrival, a grant).
+only once some job changed since (a completion, an arrival, a grant); a held slice whose holder's
+window has just ended counts as changed if jobs wait.
 
 **Repartitioning.** A GPU marked repartitionable in the cluster spec may be re-cut into another MIG
 layout, only while every one of its slices is free and was offered without a taker (nothing runs on
@@ -61,7 +77,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from sja import workloads
-from sja.core import grants, leases
+from sja.core import continuation, defaults, grants, leases
 from sja.core.bidder import Bidder
 from sja.core.jobs import (
     ProfileCache,
@@ -74,7 +90,7 @@ from sja.core.jobs import (
 )
 from sja.core.mig import CATALOGUE, GpuModel, gpu_model
 from sja.core.planner import PlanLimits
-from sja.core.policies import POLICIES, Bid, Ledger, PolicyConfig, clear_batch
+from sja.core.policies import POLICIES, REGISTRY, Bid, Ledger, PolicyConfig, clear_batch
 from sja.core.repartition import SliceDemand, layout_value, plan_repartitions
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import (
@@ -86,6 +102,7 @@ from sja.protocol.messages import (
     Offer,
     Proposal,
     SliceState,
+    Subjob,
     SubjobStatus,
     TimeDecl,
     Window,
@@ -141,24 +158,35 @@ workloads.WORKLOADS.setdefault(SimWorkload.name, SimWorkload())
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything a simulated run depends on besides the trace and the cluster."""
+    """Everything a simulated run depends on besides the trace and the cluster.
+
+    The settings the live stack also has (window length, the planner's start overhead, the clearing
+    policy, the jobs' default ``eps``) default to ``sja.core.defaults``, what ``sja up`` and the
+    services run; the rest models the trace's jobs."""
 
     seed: int = 0
-    policy: str = "efficiency"
+    policy: str = defaults.POLICY
     """SJA clearing policy (``core.policies.POLICIES``)."""
     mode: str = "sja"
     """Reply mode of the simulated jobs: ``sja`` (one candidate) or ``jasda`` (several)."""
-    unit_s: float = 600.0
-    """Seconds of a job's own runtime (on the resources it asked for) in one unit of work."""
+    unit_s: float = 60.0
+    """Seconds of a job's own runtime (on the resources it asked for) in one unit of work: a tenth
+    of the window, so that a window holds several units after a subjob's start-up and a holder
+    asked to yield stops within a minute of its own work."""
     start_s: float = 10.0
-    """Per-subjob start cost (container, process, loading a checkpoint)."""
+    """Per-subjob start cost of a trace job's program (container, process, loading a checkpoint)."""
     checkpoint_s: float = 5.0
-    """Per-subjob checkpoint cost at its end."""
-    horizon_s: float = 14_400.0
-    """Length of an offered window: 4 hours, as the trace jobs run for hours (the 15 s a subjob
-    costs is then 0.1 % of a window); a free slice's window stretches for a longer smallest subjob."""
-    eps_mem: float = 0.05
-    eps_time: float = 0.05
+    """Per-subjob checkpoint cost at its end. The job declares both as its start-up
+    (``TimeDecl.warmup_s``), as a user declares a program's."""
+    horizon_s: float = defaults.HORIZON_S
+    """Length of an offered window (``defaults.HORIZON_S``); a free slice's window stretches for a
+    longer smallest subjob, and an open subjob goes on past it while no other job wins the slice."""
+    start_overhead_s: float = defaults.START_OVERHEAD_S
+    """What the planner takes off every window for the stack's own part of a subjob
+    (``PlanLimits.start_overhead_s``); the simulator charges no time for it (``start_s`` and
+    ``checkpoint_s`` are all a modeled subjob costs)."""
+    eps_mem: float = defaults.EPS_MEM
+    eps_time: float = defaults.EPS_TIME
     mem_reserve_mib: float = 256.0
     """Driver/context memory of every slice, unavailable to work (all policies)."""
     mem_noise_sd: float = 0.05
@@ -191,7 +219,7 @@ class SimConfig:
     def limits(self) -> PlanLimits:
         return PlanLimits(
             mem_reserve_mib=self.mem_reserve_mib,
-            start_overhead_s=self.start_s + self.checkpoint_s,
+            start_overhead_s=self.start_overhead_s,
             horizon_s=self.horizon_s,
         )
 
@@ -296,14 +324,19 @@ def job_spec(m: JobModel, cfg: SimConfig) -> JobSpec:
         memory=m.decl_memory(cfg),
         # The job declares its own speed (a unit takes unit_s on what it asked for) as its full-GPU
         # speed: conservative on every slice; calibration learns each slice profile's real speed.
-        time=TimeDecl(warmup_s=0.0, per_unit_s=cfg.unit_s, rel_sd=cfg.decl_time_rel_sd),
+        # What a subjob of its program costs besides its units (start-up, checkpoint) is its
+        # start-up, as a user declares a program's; the planner takes only the stack's own
+        # ``start_overhead_s`` off the window.
+        time=TimeDecl(
+            warmup_s=cfg.start_s + cfg.checkpoint_s, per_unit_s=cfg.unit_s, rel_sd=cfg.decl_time_rel_sd
+        ),
     )
 
 
 def sim_job(job_id: str, spec: JobSpec, now: float, cfg: SimConfig) -> JobState:
     """A submitted job's state, as ``core.jobs.new_job`` makes it in the gateway (its prior scaled
-    by what fits one planning window)."""
-    return new_job(job_id, spec, now, window_s=cfg.horizon_s - cfg.start_s - cfg.checkpoint_s)
+    by what fits one planning window: the window less the stack's start overhead)."""
+    return new_job(job_id, spec, now, window_s=cfg.horizon_s - cfg.start_overhead_s)
 
 
 _BAD = re.compile(r"[^A-Za-z0-9_-]")
@@ -445,6 +478,11 @@ class _Slice:
     """Offered and not taken: re-offered only when a job that might want it changes."""
     retired: bool = False
     """Destroyed by a re-cut of its GPU: never offered again."""
+    run: _Running | None = None
+    """The subjob holding the slice (its lease's), if any."""
+    free_at: float = 0.0
+    """When the last subjob to run on the slice stops: a grant taking the slice from a holder
+    past its window starts its subjob once the holder has yielded."""
 
 
 @dataclass
@@ -478,6 +516,9 @@ class _Rest:
 
 @dataclass
 class _Running:
+    """A subjob on its slice, as modeled when it started: its completion (at its end, unless it is
+    asked to yield) and what its progress at another instant is computed from."""
+
     job: _Job
     slice: _Slice
     grant: Grant
@@ -486,6 +527,16 @@ class _Running:
     overhead_s: float
     useful_gpu_s: float
     real_peak_mib: float
+    unit_s: float = 0.0
+    """Seconds of one unit on this slice (noise drawn once for the subjob)."""
+    reach: int = 0
+    """Units it does if nothing stops it: an open subjob's ``max_units``, else its ``units``."""
+    mem_noise: float = 1.0
+    """The subjob's factor on the job's true peak memory."""
+    oom_at: int = 0
+    """An open subjob runs out of memory on reaching this many units (0: it does not)."""
+    stale: bool = False
+    """Replaced by its yield (another job won its slice): its pending event is void."""
 
 
 class SjaEngine:
@@ -574,6 +625,14 @@ class SjaEngine:
         last batch offered it)."""
         self.by_idx: dict[int, _Job] = {}
         self.events: list[tuple[float, int, _Running | _Recut | _Rest]] = []
+        self.contests: list[tuple[float, int, int, int]] = []
+        """``(contestable_at, seq, slice idx, fence)`` of every open subjob's slice: from then on
+        its slice is offered while its holder runs (``core.continuation``). Looked at only while
+        jobs wait (a slice nobody waits for needs no event); an entry whose slice moved on since
+        (its fence) is dropped."""
+        self.contested: dict[WindowKind, set[int]] = {}
+        """Held slices past their holder's window (``leases.preempts``), by kind: offered, as idle
+        free slices are, when a job that may want them changes."""
         self.seq = 0
         self.round_no = 0
         self.now = 0.0
@@ -586,8 +645,11 @@ class SjaEngine:
             "batches": 0,
             "declined_grants": 0,
             "repartitions": 0,
+            "open_subjobs": 0,
+            "yields": 0,
         }
         self.idle_by_kind: dict[WindowKind, set[int]] = {k: set() for k in self.kinds}
+        self.contested = {k: set() for k in self.kinds}
         self.idle_mem = 0.0
         """Memory of free slices that were offered and drew no taker."""
         self.waiting = 0
@@ -599,13 +661,7 @@ class SjaEngine:
 
     def _rank(self, job: _Job) -> tuple[float, ...]:
         """The policy's natural order of waiting jobs (the demand a re-cut serves first)."""
-        st = job.state
-        if self.cfg.policy == "fair":
-            return (self.ledger.job_attained.get(st.job_id, 0.0), st.submitted_at)
-        if self.cfg.policy == "sla":
-            deadline = st.submitted_at + st.spec.deadline_s if st.spec.deadline_s else math.inf
-            return (deadline, st.submitted_at)
-        return (st.submitted_at,)
+        return REGISTRY[self.cfg.policy].queue_key(job.state, Ledger(job_attained=self.ledger.job_attained))
 
     def _set_state(self, job: _Job, state: JobState) -> None:
         """The job moved to ``state``: the bidder plans and ranks it again, and idle slices of every
@@ -655,10 +711,10 @@ class SjaEngine:
             reply_to="sim",
         )
 
-    def _batch(self, batch: list[_Slice]) -> int:
+    def _batch(self, batch: list[_Slice], asked: Mapping[WindowKind, list[Bid]] | None = None) -> int:
         """One batch of offers: bids from the bidder per kind of window (the shortlist for as many
-        windows of that kind as the batch has), cleared by ``core.policies.clear_batch``; returns how
-        many subjobs started."""
+        windows of that kind as the batch has, or ``asked``: the bids already given for at least as
+        many), cleared by ``core.policies.clear_batch``; returns how many subjobs started."""
         self.counters["batches"] += 1
         offers: list[tuple[Offer, _Slice]] = []
         for s in batch:
@@ -670,7 +726,7 @@ class SjaEngine:
         like: dict[WindowKind, int] = {}
         for _, s in offers:
             like[s.kind] = like.get(s.kind, 0) + 1
-        bids: dict[WindowKind, list[Bid]] = {}
+        bids: dict[WindowKind, list[Bid]] = dict(asked or {})
         for o, s in offers:
             if s.kind not in bids:
                 props = self.bidder.proposals_for(o, self.now, like[s.kind], self.cfg.policy)
@@ -688,7 +744,9 @@ class SjaEngine:
             s = slice_of[offer.offer_id]
             won = grants.award(self.ledger, offer, decision, _grant_id, self.now, self.cfg.lease_s)
             if won is None:
-                self._set_idle(s, True)
+                # Offered again once a job changes (a held slice stays among the contested ones).
+                if s.state.status == "free":
+                    self._set_idle(s, True)
                 self.counters["rounds_without_winner"] += 1
                 continue
             started += self._grant(s, won)
@@ -696,12 +754,17 @@ class SjaEngine:
 
     def _grant(self, s: _Slice, won: grants.Award) -> int:
         """Lease the slice to the winner (charged already) and materialize its subjob (1 if one
-        started). The slice is the simulator's own: the lease is written without a conflict."""
+        started). The slice is the simulator's own: the lease is written without a conflict. A
+        slice held by an open subjob past its window (``leases.preempts``) is taken from it: the
+        holder yields at its next unit boundary and the winner's subjob starts then."""
         now = self.now
         job = self.jobs[won.job_id]
         grant_id = won.grant_id
+        holder = s.run if leases.preempts(s.state, now) else None
         leased = grants.lease(s.state, won)
         grant = grants.grant(won, leased)
+        if holder is not None:
+            self._yield(s, holder)
         was_waiting = self._is_waiting(job)
         made = materialize(job.state, grant, now, self.limits, "sim", profiles=self.profiles)
         self._set_state(job, made.state)
@@ -712,16 +775,16 @@ class SjaEngine:
             self._update_waiting(was_waiting, job)
             return 0
         sj = made.subjob
-        start = now + self.cfg.negotiation_latency_s
-        run = self._model_subjob(
-            job, s, grant, sj.subjob_id, sj.unit_start, sj.units, sj.mem_cap_mib, sj.time_cap_s, start
-        )
+        held_from = max(now, s.free_at)
+        start = max(now + self.cfg.negotiation_latency_s, s.free_at)
+        run = self._model_subjob(job, s, grant, sj, start, held_from)
         self.recorder.add_plan_check(
             mem_violated=run.real_peak_mib > sj.planned_mem_q_mib,
             time_violated=run.completion.status == "ok"
-            and run.completion.duration_s > sj.planned_duration_q_s,
+            and self._program_s(run.unit_s, sj.units) > sj.planned_duration_q_s,
         )
         self._slice_busy(s, +1)
+        contestable = continuation.contestable_at(start, sj.time_cap_s, sj.max_units, sj.units)
         s.state = leases.start(
             leased,
             grant_id=grant_id,
@@ -730,81 +793,98 @@ class SjaEngine:
             time_cap_s=sj.time_cap_s,
             expected_s=sj.planned_duration_q_s,
             grace_s=self.cfg.lease_s,
+            contestable_at=contestable,
         )
+        s.run = run
+        s.free_at = run.completion.finished_at
         self._set_idle(s, False)
         self.recorder.start_job(job.model.trace.job_id, start)
         self.seq += 1
         heapq.heappush(self.events, (run.completion.finished_at, self.seq, run))
+        if contestable > 0:
+            self.counters["open_subjobs"] += 1
+            heapq.heappush(self.contests, (contestable, self.seq, s.idx, s.state.fence))
         self._update_waiting(was_waiting, job)
         return 1
 
-    def _model_subjob(
-        self,
-        job: _Job,
-        s: _Slice,
-        grant: Grant,
-        subjob_id: str,
-        unit_start: int,
-        units: int,
-        mem_cap_mib: int,
-        time_cap_s: float,
-        start: float,
-    ) -> _Running:
-        """Draw what really happens to a subjob: its peak memory, duration and outcome."""
-        cfg = self.cfg
-        m = job.model
-        rate = min(s.speed, m.fraction)
-        compute = units * m.unit_run_s * m.fraction / rate * lognormal(self.rng, cfg.time_noise_sd)
-        peak = m.true_peak(units) * lognormal(self.rng, cfg.mem_noise_sd)
+    def _peak(self, m: JobModel, units: int, noise: float) -> float:
+        """A subjob's real peak memory after ``units`` units."""
+        peak = m.true_peak(units) * noise
         if m.true_mem_mib <= m.decl_mem_mib:
             # An honest declaration is a bound (a memory limit the job keeps): noise stays under it.
             peak = min(peak, m.decl_peak(units))
-        compute_cap = max(time_cap_s - self.limits.start_overhead_s, 0.0)
+        return peak
+
+    def _model_subjob(
+        self, job: _Job, s: _Slice, grant: Grant, sj: Subjob, start: float, held_from: float
+    ) -> _Running:
+        """Draw what really happens to a subjob: its peak memory, duration and outcome. An open
+        subjob (``Subjob.max_units``) runs through its whole open range unless it is asked to
+        yield (``_yield``); it has no time cap (its program stops when asked)."""
+        cfg = self.cfg
+        m = job.model
+        rate = min(s.speed, m.fraction)
+        units, cap_mib = sj.units, sj.mem_cap_mib
+        reach = sj.max_units if sj.max_units > units else units
+        # The noise is a window-long piece's: an open range of n windows' worth of units varies as
+        # the mean of n such pieces (sd / sqrt(n)), so one draw does not set a days-long run's speed.
+        sd = cfg.time_noise_sd / math.sqrt(max(reach / max(units, 1), 1.0))
+        unit_s = m.unit_run_s * m.fraction / rate * lognormal(self.rng, sd)
+        noise = lognormal(self.rng, cfg.mem_noise_sd)
+        peak = self._peak(m, units, noise)
+        # The program's time: the time cap less what the planner kept for the stack itself.
+        cap = max(sj.time_cap_s - self.limits.start_overhead_s, 0.0)
+        fixed = cfg.start_s + cfg.checkpoint_s
         useful = 0.0
+        oom_at = 0
         status: SubjobStatus
-        if peak > mem_cap_mib:
+        if peak <= cap_mib and reach > units and self._peak(m, reach, noise) > cap_mib:
+            # Memory that grows with the units done: the open subjob runs out of memory on the
+            # first unit past what the slice holds (unless it yields before).
+            oom_at = next(n for n in range(units + 1, reach + 1) if self._peak(m, n, noise) > cap_mib)
+        if peak > cap_mib or oom_at:
             status = "oom"
-            ran = min(compute, cfg.oom_detect_s)
+            before = (oom_at - 1) * unit_s if oom_at else 0.0
+            ran = before + min(unit_s if oom_at else units * unit_s, cfg.oom_detect_s)
             held = cfg.start_s + ran
             overhead = cfg.start_s
             units_done = 0
-        elif compute > compute_cap and int(units * compute_cap / compute) >= 1:
-            # Stopped at its time cap after its last whole unit, which it keeps (the SDK's
-            # ``should_stop``/``report``, the command contract's SIGTERM grace): the rest of the range
-            # is planned again.
+            peak = max(peak, self._peak(m, oom_at, noise)) if oom_at else peak
+        elif reach > units or fixed + units * unit_s <= cap:
             status = "ok"
-            units_done = int(units * compute_cap / compute)
-            ran = compute_cap
-            held = time_cap_s
-            overhead = cfg.start_s + cfg.checkpoint_s
+            units_done = reach
+            held = self._program_s(unit_s, reach)
+            overhead = fixed
+            useful = reach * m.unit_run_s * m.fraction
+            peak = self._peak(m, reach, noise)
+        elif int((cap - fixed) / unit_s) >= 1:
+            # Stopped at its time cap after its last whole unit, which it keeps (the SDK's
+            # ``should_stop``/``report``, the command contract's SIGTERM grace): the rest of its
+            # range is planned again.
+            status = "ok"
+            units_done = min(int((cap - fixed) / unit_s), units - 1)
+            held = cap
+            overhead = fixed
             useful = units_done * m.unit_run_s * m.fraction
-        elif compute > compute_cap:
+        else:
             status = "timeout"
-            ran = compute_cap
-            held = time_cap_s
+            held = cap
             overhead = cfg.start_s
             units_done = 0
-        else:
-            status = "ok"
-            ran = compute
-            held = cfg.start_s + compute + cfg.checkpoint_s
-            overhead = cfg.start_s + cfg.checkpoint_s
-            units_done = units
-            useful = units * m.unit_run_s * m.fraction
         completion = Completion(
-            subjob_id=subjob_id,
+            subjob_id=sj.subjob_id,
             job_id=job.state.job_id,
             grant_id=grant.grant_id,
             fence=grant.fence,
             slice_id=s.state.slice_id,
             status=status,
-            unit_start=unit_start,
+            unit_start=sj.unit_start,
             units=units,
             units_done=units_done,
-            peak_mem_mib=round(peak if status != "oom" else mem_cap_mib, 3),
-            duration_s=round(ran, 6),
-            mem_cap_mib=mem_cap_mib,
-            time_cap_s=round(compute_cap, 6),
+            peak_mem_mib=round(peak if status != "oom" else cap_mib, 3),
+            duration_s=round(held, 6),
+            mem_cap_mib=cap_mib,
+            time_cap_s=round(cap, 6),
             started_at=start,
             finished_at=start + held,
         )
@@ -813,11 +893,64 @@ class SjaEngine:
             slice=s,
             grant=grant,
             completion=completion,
-            held_from=self.now,
+            held_from=held_from,
             overhead_s=overhead,
             useful_gpu_s=useful,
-            real_peak_mib=min(peak, float(mem_cap_mib)),
+            real_peak_mib=min(peak, float(cap_mib)),
+            unit_s=unit_s,
+            reach=reach,
+            mem_noise=noise,
+            oom_at=oom_at,
         )
+
+    def _program_s(self, unit_s: float, units: int) -> float:
+        """Seconds a subjob's program runs to do ``units`` units of ``unit_s`` (start-up and
+        checkpoint included: what the executor measures as its duration)."""
+        return self.cfg.start_s + units * unit_s + self.cfg.checkpoint_s
+
+    def _yield(self, s: _Slice, run: _Running) -> None:
+        """Another job won the slice of ``run``, an open subjob past its window: it stops after the
+        unit it is doing, checkpoints and completes with the units it did (``yielded``); its
+        pending completion is replaced by that one. A holder that runs out of memory before that
+        boundary ends so, as drawn."""
+        cfg = self.cfg
+        c = run.completion
+        begun = c.started_at + cfg.start_s
+        done = max(1, math.ceil((self.now - begun) / run.unit_s - 1e-9))
+        done = min(done, run.reach)
+        self.counters["yields"] += 1
+        if run.oom_at and done >= run.oom_at:
+            return  # out of memory during the unit it was finishing: the drawn OOM stands
+        held = self._program_s(run.unit_s, done)
+        peak = self._peak(run.job.model, done, run.mem_noise)
+        m = run.job.model
+        yielded = _Running(
+            job=run.job,
+            slice=s,
+            grant=run.grant,
+            completion=msgspec.structs.replace(
+                c,
+                status="ok",
+                units_done=done,
+                peak_mem_mib=round(peak, 3),
+                duration_s=round(held, 6),
+                finished_at=c.started_at + held,
+                yielded=True,
+            ),
+            held_from=run.held_from,
+            overhead_s=cfg.start_s + cfg.checkpoint_s,
+            useful_gpu_s=done * m.unit_run_s * m.fraction,
+            real_peak_mib=min(peak, float(c.mem_cap_mib)),
+            unit_s=run.unit_s,
+            reach=done,
+            mem_noise=run.mem_noise,
+        )
+        run.stale = True
+        s.run = None
+        s.free_at = yielded.completion.finished_at
+        self.contested[s.kind].discard(s.idx)
+        self.seq += 1
+        heapq.heappush(self.events, (yielded.completion.finished_at, self.seq, yielded))
 
     def _complete(self, run: _Running) -> None:
         job, s, c = run.job, run.slice, run.completion
@@ -830,10 +963,16 @@ class SjaEngine:
             overhead_s=run.overhead_s,
             status=c.status,
         )
-        s.state = leases.release(s.state, grant_id=run.grant.grant_id, fence=run.grant.fence, now=self.now)
         self._slice_busy(s, -1)
-        self._set_idle(s, False)
-        self.fresh.add(s.idx)
+        if s.run is run:
+            # The slice's holder ended: the slice is free. (A holder that yielded has left the slice
+            # to the job that won it, whose subjob starts as this one ends.)
+            g = run.grant
+            s.state = leases.release(s.state, grant_id=g.grant_id, fence=g.fence, now=self.now)
+            s.run = None
+            self.contested[s.kind].discard(s.idx)
+            self._set_idle(s, False)
+            self.fresh.add(s.idx)
         was_waiting = self._is_waiting(job)
         state, applied = apply_completion(job.state, c, self.now, profiles=self.profiles)
         assert applied, f"completion {c.subjob_id} not applied"
@@ -1014,43 +1153,59 @@ class SjaEngine:
         layout, and again after the batches for what still waits."""
         if self.cuts and self.waiting > 0:
             self._repartition()
-        batch = [self.slices[i] for i in sorted(self.fresh) if self.slices[i].state.status == "free"]
+        fresh = [self.slices[i] for i in sorted(self.fresh) if self.slices[i].state.status == "free"]
         self.fresh.clear()
         if self.waiting == 0:
-            for s in batch:  # nobody to bid: offered again once a job arrives
+            for s in fresh:  # nobody to bid: offered again once a job arrives
                 self._set_idle(s, True)
-            batch = []
+            fresh = []
         while True:
             kinds, self.changed_since = self.changed_since, set()
-            if self.waiting > 0:
-                batch += self._wanted_idle(kinds)
-            if not batch:
-                break
-            started = self._batch(batch)
-            batch = []
-            if not started:
+            batch, bids = self._wanted(fresh, kinds if self.waiting > 0 else set())
+            fresh = []
+            if not batch or not self._batch(batch, bids):
                 break
         if self.cuts and self.waiting > 0:
             self._repartition()
 
-    def _wanted_idle(self, kinds: set[WindowKind]) -> list[_Slice]:
-        """The idle slices of ``kinds`` that the jobs bidding now could take: per kind, one probe
-        asks the bidder, and as many idle slices are offered as the bidders have room for subjobs
-        (an advertiser re-offers idle windows to demand the same way: ``OfferPacer``)."""
+    def _wanted(
+        self, fresh: list[_Slice], kinds: set[WindowKind]
+    ) -> tuple[list[_Slice], dict[WindowKind, list[Bid]]]:
+        """The slices to offer in one batch, and the bids for them per kind: per kind of the freshly
+        freed slices and of ``kinds`` (the kinds some job that changed may now take), the bidder is
+        asked once for all of them (fresh ones, then idle free ones, then held ones past their
+        holder's window), and as many are offered as the bidders have room for subjobs (an
+        advertiser re-offers idle windows to demand the same way: ``OfferPacer``). A fresh slice
+        left over is idle, as if it had been offered without a taker. Free slices come first: a held
+        one is taken only for what they leave (its holder yields)."""
+        by_kind: dict[WindowKind, list[_Slice]] = {}
+        for s in fresh:
+            by_kind.setdefault(s.kind, []).append(s)
+        for kind in kinds:
+            if self.idle_by_kind[kind] or self.contested[kind]:
+                by_kind.setdefault(kind, [])
         out: list[_Slice] = []
-        for kind in sorted(kinds):
-            idle = self.idle_by_kind[kind]
-            if not idle:
+        bids: dict[WindowKind, list[Bid]] = {}
+        for kind in sorted(by_kind):
+            new = by_kind[kind]
+            idle, held = (self.idle_by_kind[kind], self.contested[kind]) if kind in kinds else (set(), set())
+            first = new[0] if new else self.slices[min(idle) if idle else min(held)]
+            probe = self._probe(first)
+            n = len(new) + len(idle) + len(held)
+            props = [] if probe is None else self.bidder.proposals_for(probe, self.now, n, self.cfg.policy)
+            room = sum(p.capacity for p in props)
+            for s in new[room:]:
+                self._set_idle(s, True)
+            if not room:
                 continue
-            first = min(idle)
-            probe = self._probe(self.slices[first])
-            if probe is None:
-                continue
-            bids = self.bidder.proposals_for(probe, self.now, len(idle), self.cfg.policy)
-            room = sum(p.capacity for p in bids)
-            if room:
-                out.extend(self.slices[i] for i in sorted(idle)[:room])
-        return out
+            # the lowest-numbered ones, as many as there is room for (not the whole idle set sorted)
+            take = new[:room]
+            for pool in (idle, held):
+                if len(take) < room and pool:
+                    take += [self.slices[i] for i in heapq.nsmallest(room - len(take), pool)]
+            out.extend(take)
+            bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+        return out, bids
 
     def _probe(self, s: _Slice) -> Offer | None:
         """An offer of ``s`` that is not a round (to ask whether anyone bids)."""
@@ -1059,6 +1214,36 @@ class SjaEngine:
         )
         windows = find_windows([s.state], req)
         return _offer_of(windows[0], self.now) if windows else None
+
+    def _live_events(self) -> bool:
+        """Whether an event is pending; completions a yield replaced are dropped from the top on
+        the way (they are no instants)."""
+        events = self.events
+        while events and isinstance(events[0][2], _Running) and events[0][2].stale:
+            heapq.heappop(events)
+        return bool(events)
+
+    def _next_contest(self) -> float:
+        """When the next held slice's holder reaches its window's end (``inf``: none); entries whose
+        holder is gone (its fence moved on) are dropped on the way."""
+        while self.contests:
+            at, _, idx, fence = self.contests[0]
+            s = self.slices[idx]
+            if s.state.fence == fence and s.state.status == "busy" and s.state.contestable_at == at:
+                return at
+            heapq.heappop(self.contests)
+        return math.inf
+
+    def _contest(self) -> None:
+        """The held slices whose holder's window has passed join the idle ones (``core.continuation``):
+        offered at once (their kind counts as changed), then again when a job changes. Called only
+        while jobs wait: until then an open subjob just goes on."""
+        while self.contests and self.contests[0][0] <= self.now:
+            _, _, idx, fence = heapq.heappop(self.contests)
+            s = self.slices[idx]
+            if s.state.fence == fence and leases.preempts(s.state, self.now):
+                self.contested[s.kind].add(idx)
+                self.changed_since.add(s.kind)
 
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay every arrival and completion. The loop does not end while a job that can still run
@@ -1070,18 +1255,25 @@ class SjaEngine:
         events = 0
         jobs_done = 0
         stranded = 0.0
+        contended = 0.0
         next_progress = PROGRESS_EVERY
         last_t = arrivals[0].trace.submit_s if arrivals else 0.0
         while True:
-            while next_arrival < len(arrivals) or self.events:
+            while next_arrival < len(arrivals) or self._live_events():
                 t_arr = arrivals[next_arrival].trace.submit_s if next_arrival < len(arrivals) else math.inf
                 t_evt = self.events[0][0] if self.events else math.inf
-                t = min(t_arr, t_evt)
+                # A held slice becoming contestable is an instant only while jobs wait.
+                t_con = self._next_contest() if self.waiting > 0 else math.inf
+                t = min(t_arr, t_evt, t_con)
                 self.recorder.add_stranded(stranded, t - last_t)
+                if self.waiting > 0:
+                    contended += t - last_t
                 self.now = last_t = t
                 # Completions first (they free slices), then arrivals, all at time t; then one dispatch.
                 while self.events and self.events[0][0] <= t:
                     _, _, item = heapq.heappop(self.events)
+                    if isinstance(item, _Running) and item.stale:
+                        continue  # replaced by its yield (after t: dropped before t was chosen)
                     events += 1
                     if isinstance(item, _Recut):
                         self._finish_recut(item)
@@ -1096,6 +1288,8 @@ class SjaEngine:
                     self._arrive(arrivals[next_arrival], next_arrival)
                     next_arrival += 1
                     events += 1
+                if self.waiting > 0:
+                    self._contest()
                 self._dispatch()
                 stranded = self.idle_mem if self.waiting > 0 else 0.0
                 if progress is not None and events >= next_progress:
@@ -1106,6 +1300,9 @@ class SjaEngine:
         self._record_stuck()
         self.counters["events"] = events
         self.counters["jobs_done"] = jobs_done
+        # Virtual seconds some job waited for a slice: every open subjob's window end in that time
+        # is an instant of the replay.
+        self.counters["contended_s"] = round(contended, 3)
         self.recorder.end_s = last_t
         if progress is not None:
             progress(events, jobs_done)
@@ -1132,7 +1329,7 @@ class SjaEngine:
                 self._set_idle(s, False)
                 self.fresh.add(s.idx)
         self._dispatch()
-        return bool(self.events)
+        return self._live_events()
 
     def _record_stuck(self) -> None:
         """Fail every job still waiting when nothing is left to happen, with its reason: what the

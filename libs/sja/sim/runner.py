@@ -1,8 +1,8 @@
 """Glue: run named policies on one trace and one cluster, and collect their metrics.
 
 Policy names: ``fifo``, ``easy``, ``bestfit`` (rigid baselines) and ``sja`` or ``sja:<clearing
-policy>`` (SJA through the decision core; plain ``sja`` clears by ``efficiency``, the policy that
-targets utilization, which is what the baselines are compared on).
+policy>`` (SJA through the decision core; plain ``sja`` clears by the policy the live stack runs by
+default, ``sja.core.defaults.POLICY``).
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sja.core import defaults
 from sja.core.policies import POLICIES
 from sja.sim.baselines import BASELINES, run_baseline
 from sja.sim.engine import Progress, SimConfig, SimResult, run_sja
 from sja.sim.metrics import common_jct, finished_ids, reasons, summarize
 from sja.sim.model import SimCluster, TraceJob
 
-DEFAULT_SJA_POLICY = "efficiency"
+DEFAULT_SJA_POLICY = defaults.POLICY
 
 
 def parse_policies(text: str) -> list[str]:
-    """Comma-separated policy names, normalized (``sja`` -> ``sja:efficiency``), in the given order.
+    """Comma-separated policy names, normalized (``sja`` -> ``sja:<defaults.POLICY>``), in the given order.
 
     Raises:
         ValueError: an unknown name.

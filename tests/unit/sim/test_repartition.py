@@ -24,7 +24,7 @@ from sja.sim.baselines import BestFitMigScheduler, _Finish
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SimConfig, SjaEngine, _Running
 from sja.sim.model import TraceJob
-from sja.sim.runner import metrics_of, run_policy
+from sja.sim.runner import metrics_of, parse_policies, run_policy
 
 SMALL = SliceDemand(9000.0, 1 / 7)
 """Fits a 1g.10gb slice of an A100-80GB and uses no more than its compute."""
@@ -257,7 +257,7 @@ def test_cli_selects_repartitioning_through_the_cluster_spec(tmp_path: Path) -> 
         assert code == 0
         results[spec] = json.loads(out.read_text())
     static, repart, slow = results.values()
-    for policy in ("bestfit", "sja:efficiency"):
+    for policy in parse_policies("bestfit,sja"):
         assert static[policy]["repartitions"] == 0
         assert repart[policy]["repartitions"] > 0
         assert repart[policy]["makespan_s"] < static[policy]["makespan_s"]
