@@ -250,7 +250,9 @@ def test_a_program_runs_in_its_uploaded_code_with_the_interpreter_the_job_names(
         f = tmp_path / f"{name}.yaml"
         f.write_text(
             f"name: {name}\ntenant: t\nworkload: command\n"
-            f"params: {{argv: [python, main.py], units: 60{extra}}}\n"
+            # Each subjob its planned range (none goes on past its window): the job is cut, and
+            # every subjob runs in the code afresh.
+            f"params: {{argv: [python, main.py], units: 60, continue: false{extra}}}\n"
             "time: {warmup_s: 0.2, per_unit_s: 0.2}\n"
         )
         specs.append(f)
@@ -315,6 +317,9 @@ def test_a_torch_training_script_resumes_from_its_state_and_ends_as_in_one_piece
             **spec.params,
             "argv": absolute(spec.params["argv"], python),
             "warm": warm,
+            # Each subjob its planned range (none goes on past its window): the script resumes
+            # from its state, or warm, from its own memory.
+            "continue": False,
             "env": {"PYTHONPATH": str(ROOT / "libs")} if warm else {},
         },
         time=msgspec.structs.replace(spec.time, per_unit_s=0.03) if spec.time else None,
