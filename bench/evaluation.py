@@ -16,7 +16,8 @@ its utilization is at least the best baseline's. Writes ``grid.csv`` (one row pe
 seed) and ``grid.md`` (one row per cell, seeds averaged, with the checks) into ``--out``, and prints
 a JSON summary as its last stdout line.
 
-    python bench/evaluation.py --json                # the whole grid (about an hour on 2 cores)
+    python bench/evaluation.py --json --seeds 1      # the whole grid, one seed (half an hour on a core)
+    python bench/evaluation.py --json                # three seeds: three times as long
     python bench/evaluation.py --json --quick        # one seed, two traces, one model: minutes
 """
 

@@ -763,6 +763,7 @@ class SjaEngine:
         holder = s.run if leases.preempts(s.state, now) else None
         leased = grants.lease(s.state, won)
         grant = grants.grant(won, leased)
+        self.contested[s.kind].discard(s.idx)
         if holder is not None:
             self._yield(s, holder)
         was_waiting = self._is_waiting(job)
@@ -948,7 +949,6 @@ class SjaEngine:
         run.stale = True
         s.run = None
         s.free_at = yielded.completion.finished_at
-        self.contested[s.kind].discard(s.idx)
         self.seq += 1
         heapq.heappush(self.events, (yielded.completion.finished_at, self.seq, yielded))
 
