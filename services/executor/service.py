@@ -317,10 +317,7 @@ class ExecutorService(Service):
         self.yields += 1
         sj = holder.sj
         self.m_yields.add(1, slice=sj.slice_id, node=self.cfg.node)
-        wanted = sj.params.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
-        if isinstance(wanted, bool) or not isinstance(wanted, int | float):
-            wanted = DEFAULT_STOP_GRACE_S
-        grace = continuation.yield_grace_s(float(wanted), sj.first_unit_s)
+        grace = continuation.yield_grace_for(sj.params, sj.first_unit_s, DEFAULT_STOP_GRACE_S)
         log.info("subjob %s yields slice %s: %s", sj.subjob_id, sj.slice_id, why)
         actor = self.actors.get(sj.slice_id)
         while actor is not None and not holder.done.is_set():

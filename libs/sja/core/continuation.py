@@ -69,6 +69,14 @@ def is_contestable(contestable: float, now: float) -> bool:
     return 0.0 < contestable <= now
 
 
+def yield_grace_for(params: dict[str, Any], first_unit_s: float, default_stop_grace_s: float) -> float:
+    """``yield_grace_s`` for a subjob with ``params`` (its ``stop_grace_s``, when a number)."""
+    wanted = params.get("stop_grace_s", default_stop_grace_s)
+    if isinstance(wanted, bool) or not isinstance(wanted, int | float):
+        wanted = default_stop_grace_s
+    return yield_grace_s(float(wanted), first_unit_s)
+
+
 def yield_grace_s(stop_grace_s: float, first_unit_s: float) -> float:
     """How long a holder asked to yield has before it is killed: the job's stop grace (to write its
     state) plus its planned start-up and first unit (``Subjob.first_unit_s``: at most one unit to
@@ -81,5 +89,6 @@ __all__ = [
     "continuable",
     "is_contestable",
     "open_units",
+    "yield_grace_for",
     "yield_grace_s",
 ]

@@ -164,3 +164,6 @@ def test_an_open_subjobs_start_marks_when_its_slice_is_offered_again() -> None:
     assert continuation.contestable_at(NOW, 30.0, max_units=100, units=10) == NOW + 30.0
     assert continuation.contestable_at(NOW, 30.0, max_units=0, units=10) == 0.0
     assert continuation.yield_grace_s(2.0, 3.5) == 5.5
+    assert continuation.yield_grace_for({"stop_grace_s": 2}, 3.5, 30.0) == 5.5
+    assert continuation.yield_grace_for({"stop_grace_s": True}, 3.5, 30.0) == 33.5
+    assert continuation.yield_grace_for({}, 0.0, 30.0) == 30.0
