@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from services.agent.settings import AgentSettings
 from services.agent.spans import JobSpans
 from sja.bus.jetstream import JetStream
+from sja.bus.persist import DeferredWriter
 from sja.bus.store import KvStore
 from sja.core import jobs as J
 from sja.core import proofs
@@ -32,6 +33,7 @@ class Agent(Protocol):
     spans: JobSpans
     slices: KvStore[SliceState] | None
     jobs: KvStore[JobState] | None
+    writer: DeferredWriter[JobState, Completion]
 
     @property
     def bus(self) -> Client: ...

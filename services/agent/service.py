@@ -244,6 +244,8 @@ class AgentService(Service):
             # Taken over while this agent was silent: it is the new owner's now. Completions
             # folded in here reach the new owner too (or their subjobs are given up there).
             log.warning("job %s is owned by %s now: disowned", job_id, state.owner_agent)
+        else:
+            log.warning("job %s not found in the store: disowned", job_id)
         self._disown(job_id)
 
     def remember(self, state: JobState, rev: int) -> None:

@@ -93,12 +93,18 @@ class Takeover:
         live = [a for a, t in self.last_seen.items() if now - t <= liveness_s]
         live.append(agent.agent_id)
         still_owning: set[str] = set()
+        mine: list[tuple[str, bytes, int]] = []
         taken = 0
         # Only the jobs of silent owners are decoded whole: a scan of a store of thousands of jobs
         # owned by live agents reads three fields of each.
         for head, raw, rev in await jobs.heads(JobHead):
             owner = head.owner_agent
-            if not owner or owner == agent.agent_id or head.status in J.TERMINAL:
+            if not owner or head.status in J.TERMINAL:
+                continue
+            if owner == agent.agent_id:
+                held = agent.owned.get(head.job_id)
+                if held is None or held[1] < rev:
+                    mine.append((head.job_id, raw, rev))
                 continue
             if len(agent.owned) >= agent.cfg.max_jobs:
                 still_owning.add(owner)
@@ -143,7 +149,42 @@ class Takeover:
         for other, t in list(self.last_seen.items()):
             if now - t > liveness_s and other not in still_owning:
                 del self.last_seen[other]
+        for job_id, raw, rev in mine:
+            await self.reconcile(job_id, raw, rev)
         return taken
+
+    async def reconcile(self, job_id: str, raw: bytes, rev: int) -> bool:
+        """A job the store says is this agent's, which this agent does not hold, or holds at an
+        older revision than the store's: held again as stored (with the completions folded in here
+        and not yet written folded in again), as after a conflicting write. A write whose answer was
+        lost (a server killed between applying and answering it) or a read that found nothing during
+        a leader election leave the two apart; a job whose proposals come from a stale copy, or that
+        nobody holds, would otherwise wait forever. Returns whether the job was taken back."""
+        agent = self.agent
+        async with agent.lock(job_id):
+            held = agent.owned.get(job_id)
+            if held is not None and held[1] >= rev:
+                return False  # written here since the scan read it
+            try:
+                state = agent.jobs.load(raw) if agent.jobs is not None else None
+            except DecodeError as e:
+                log.warning("job %s unreadable, not taken back: %s", job_id, e)
+                return False
+            if state is None or not J.is_owned_by(state, agent.agent_id) or J.is_terminal(state):
+                return False
+            state = agent.writer.refolded(job_id, state)
+            log.warning(
+                "job %s: the store holds revision %d, this agent %s: taken back as stored",
+                job_id,
+                rev,
+                "nothing" if held is None else f"revision {held[1]}",
+            )
+            agent.remember(state, rev)
+        if held is None:
+            agent.spans.taken(job_id, recovered=True)
+        if J.can_take_more(state):
+            agent.ready(state.spec.max_parallel - len(state.in_flight))
+        return True
 
     async def replay_completions(self, job_id: str) -> int:
         """Fold in the completions of a job just taken over that reached this agent before the job

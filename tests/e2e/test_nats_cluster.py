@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,11 +208,16 @@ async def replication(
         await nc.close()
 
 
-def service_errors(stack: LocalStack, per_log: int = 8) -> dict[str, list[str]]:
-    """The last ERROR lines of every service's log (what failed around the kill)."""
+def service_errors(stack: LocalStack, per_log: int = 8, about: Sequence[str] = ()) -> dict[str, list[str]]:
+    """The last ERROR lines of every service's log (what failed around the kill), and its last
+    WARNING lines naming any of ``about`` (the stuck jobs: what the services decided about them)."""
     out = {}
     for log in sorted((stack.out_dir / "logs").glob("*.log")):
-        lines = [ln[:200] for ln in log.read_text(errors="replace").splitlines() if " ERROR " in ln]
+        lines = [
+            ln[:200]
+            for ln in log.read_text(errors="replace").splitlines()
+            if " ERROR " in ln or (" WARNING " in ln and any(a in ln for a in about))
+        ]
         if lines:
             out[log.stem] = lines[-per_log:]
     return out
@@ -267,7 +272,7 @@ def test_jobs_complete_when_a_nats_server_dies(cluster: NatsCluster, tmp_path: P
                 nodes = asyncio.run(per_node(cluster, behind))
                 pytest.fail(
                     f"stalled after the kill: gateway says not done: {stuck}; {bus}; per node: {nodes}; "
-                    f"service errors: {service_errors(stack)}"
+                    f"service errors: {service_errors(stack, about=behind)}"
                 )
             time.sleep(1.0)
         recovered_s = time.monotonic() - killed_at

@@ -140,10 +140,14 @@ class DeferredWriter(Generic[M, D]):
                 self._on_lost(key, fresh)
                 self.forget(key)
                 return None
-            for _msg, change in self.deferred.get(key, []):
-                fresh = self._refold(fresh, change)
-            self._on_reloaded(fresh, fresh_rev)
+            self._on_reloaded(self.refolded(key, fresh), fresh_rev)
         raise RuntimeError(f"could not update {key}: too much contention")
+
+    def refolded(self, key: str, value: M) -> M:
+        """``value`` (as read from the store) with the key's deferred changes folded in again."""
+        for _msg, change in self.deferred.get(key, []):
+            value = self._refold(value, change)
+        return value
 
     async def _written(self, key: str) -> None:
         """The key's deferred changes are in the store now: acknowledge them."""

@@ -242,3 +242,31 @@ async def test_a_scan_reads_whole_only_the_jobs_of_silent_owners(
         assert set(taker.owned) == {s.job_id for s in dead}
         assert await owner_of(taker, "job-over") == "agent-dead"
         assert await owner_of(taker, "job-live-7") == "agent-live"
+
+
+async def test_an_agent_takes_back_its_own_job_when_its_copy_and_the_store_disagree(
+    nats_url: str, tmp_path: Path, nc: Client
+) -> None:
+    # What a write whose answer was lost in a leader election, or a read that found nothing during
+    # one, leaves behind: the store says the job is this agent's, and this agent holds an older copy,
+    # or none. The agent's scan of the store takes the stored one back (and bids from it again).
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    _, jobs = await stores(js)
+    await jobs.create("job-dropped", owned_job("job-dropped", "agent-a"))
+    await jobs.create("job-stale", owned_job("job-stale", "agent-a"))
+    async with AgentService(settings(nats_url, tmp_path, "agent-a", takeover_scan_s=0.5)) as agent:
+        assert {"job-dropped", "job-stale"} <= agent.owned.keys()
+        agent._disown("job-dropped")
+        stale, rev = agent.owned["job-stale"]
+        newer = msgspec.structs.replace(stale, next_unit=3)
+        new_rev = await jobs.cas("job-stale", newer, rev)
+        assert new_rev is not None
+        await wait_until(
+            lambda: "job-dropped" in agent.owned and agent.owned["job-stale"][1] == new_rev,
+            what="the agent holding its jobs as stored",
+            timeout_s=30,
+        )
+        assert agent.owned["job-stale"][0].next_unit == 3
+        assert agent.bidder.states["job-stale"].next_unit == 3  # bid from the stored copy
+        assert "job-dropped" in agent.bidder.states
