@@ -2,12 +2,15 @@
 
 ``bench/user_program.py --live`` runs it. The program is ``examples/steps/steps.py`` (the command
 contract, no SDK: a start-up, then units of busy arithmetic, its state a JSON file, SIGTERM honoured
-at a unit boundary), and ``examples/torch-train/train.py`` when ``--python`` has torch. Each is run
-in one piece first, then on the stack:
+at a unit boundary), and ``examples/torch-train/train.py`` (a PyTorch MLP, one optimizer step a unit,
+its state ``state.pt``) when the interpreter has torch. Each is run in one piece first, then on the
+stack:
 
 - ``idle``: alone on a stack with every default (``sja.core.defaults``): the time from submission to
   the job done, against the one-piece run (``ratio``), the subjobs it took, and whether its result
-  equals the one-piece run's. With a start-up of 0 and of 5 s.
+  equals the one-piece run's. With a start-up of 0 and of 5 s; for PyTorch (``torch``), its own
+  start-up (importing torch, building the model), and a result equal when the last step's loss is
+  the one-piece run's, bit for bit.
 - ``idle_past_window``: the same with windows shorter than the job (``--short-window-s``), so that
   the job runs past its first window: it continues in the same process while nobody waits.
 - ``contended``: a stack of one slice with ``--short-window-s`` windows; job A runs past its
@@ -41,6 +44,7 @@ from sja.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "examples" / "steps" / "steps.py"
+TRAIN = ROOT / "examples" / "torch-train" / "train.py"
 ONE_SLICE = "nodes:\n  - name: local\n    gpus:\n      - model: A100-40GB\n        layout: [7g.40gb]\n"
 
 
@@ -215,6 +219,64 @@ def contended(python: str, tmp: Path, window_s: float) -> dict[str, Any]:
     }
 
 
+def has_torch(python: str) -> bool:
+    return subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
+
+
+def torch_spec(python: str, steps: int) -> JobSpec:
+    return JobSpec(
+        name="torch-train",
+        tenant="bench",
+        workload="command",
+        params={"argv": [python, str(TRAIN)], "units": steps, "sequential": True, "stop_grace_s": 2.0},
+        memory=MemoryDecl(base_mib=400.0, per_unit_mib=0.0, rel_sd=0.5),
+        time=TimeDecl(warmup_s=3.0, per_unit_s=0.002, rel_sd=0.5),
+    )
+
+
+def torch_runs(python: str, tmp: Path, steps: int, window_s: float) -> list[dict[str, Any]]:
+    """``examples/torch-train`` alone on a stack with every default, and with ``window_s`` windows
+    (shorter than the job: it runs past its first one), each against its one-piece run."""
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [python, str(TRAIN), "--steps", str(steps), "--out", str(tmp / "torch-one-piece")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=plain_env(),
+    )
+    one_piece_s = time.perf_counter() - t0
+    ref = json.loads(out.stdout)["metrics"]
+    rows = []
+    for name, env in (("defaults", {}), ("past_window", {"SJA_HORIZON_S": str(window_s)})):
+        s = stack(tmp / f"torch-{name}", env)
+        try:
+            state, wall = asyncio.run(run_alone(s.nats_url, torch_spec(python, steps), 900))
+        finally:
+            s.stop()
+        metrics = (state.result or {}).get("metrics", {})
+        first = state.history[0] if state.history else None
+        rows.append(
+            {
+                "case": name,
+                "window_s": float(env.get("SJA_HORIZON_S", defaults.HORIZON_S)),
+                "steps": steps,
+                "status": state.status,
+                "wall_s": round(wall, 3),
+                "one_piece_s": round(one_piece_s, 3),
+                "ratio": round(wall / one_piece_s, 3),
+                "subjobs": len(state.history),
+                # Where the time went: submission to the first subjob's start, and the steps'
+                # own pace against the one-piece run's (the start-up is the rest).
+                "to_first_start_s": round(first.started_at - state.submitted_at, 3) if first else None,
+                "steps_per_s": round(float(metrics.get("steps_per_s", 0.0)), 1),
+                "one_piece_steps_per_s": round(float(ref["steps_per_s"]), 1),
+                "equal_to_one_piece": metrics.get("loss") == ref["loss"],
+            }
+        )
+    return rows
+
+
 def run(python: str, short_window_s: float = 20.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sja-live-") as d:
         tmp = Path(d)
@@ -231,6 +293,9 @@ def run(python: str, short_window_s: float = 20.0) -> dict[str, Any]:
                 python, tmp, units=400, unit_s=0.1, startup=5.0, window_s=short_window_s
             ),
             "contended": contended(python, tmp, short_window_s),
+            "torch": (
+                torch_runs(python, tmp, steps=6000, window_s=short_window_s) if has_torch(python) else None
+            ),
         }
 
 

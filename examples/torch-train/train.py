@@ -113,7 +113,7 @@ def main() -> None:
         report: dict = {
             "units_done": step - start,
             "metrics": {
-                "loss": float(loss),
+                "loss": float(loss.detach()),
                 "steps_per_s": (step - start) / max(time.perf_counter() - t0, 1e-9),
             },
         }

@@ -5,15 +5,20 @@ read) and its state written at the end. A scheduler that stops a job only at a u
 pay that while nobody else wants the slice. The rule, which the services and the simulator both
 apply:
 
-1. **Open subjobs.** A subjob of a job that runs one subjob at a time (``max_parallel`` 1) whose
-   program stops at a unit boundary when asked (the ``command`` contract's ``SIGTERM``, the SDK's
-   ``should_stop``) is *open*: it is planned, sized and charged for its window like any subjob
-   (``Subjob.units``), and may go on past it through the rest of its contiguous range
-   (``Subjob.max_units``), as far as the job's memory quantile still fits the slice (a job whose
-   memory grows with the units it does is held to what the slice can take).
+1. **Open subjobs.** A subjob whose program stops at a unit boundary when asked (the ``command``
+   contract's ``SIGTERM``, the SDK's ``should_stop``) is *open*: it is planned, sized and charged
+   for its window like any subjob (``Subjob.units``), and may go on past it through its *open
+   range* (``Subjob.max_units``): the rest of its contiguous range for a job that runs one subjob at
+   a time; for a job that may run ``p`` at once, its even share of the work not yet handed out (the
+   work left over the subjobs it may still start), so that its subjobs continue side by side. The
+   range is held from the moment the subjob is cut (the job's other subjobs are cut from what lies
+   beyond), and what the subjob does not report done is planned again. It ends as far as the job's
+   memory quantile still fits the slice (a job whose memory grows with the units it does is held to
+   what the slice can take).
 2. **Continuation.** Once the subjob's window has passed (``SliceState.contestable_at``), its slice
-   is offered again. The holder does not bid for it: while no other job wins the slice, the holder
-   continues in the same process, with no new start-up and no state round trip.
+   is offered again, naming its holder (``Window.held_by``). The holder's job does not bid for it:
+   while no other job wins the slice, the holder continues in the same process, with no new
+   start-up and no state round trip.
 3. **Yield.** When another job wins the slice, the holder is asked to yield at once (``SIGTERM``,
    ``should_stop``): it finishes its current unit, writes its state, reports how far it got and
    exits; the winner's subjob starts on the slice as soon as it has. A holder that does not stop is
@@ -28,13 +33,13 @@ from collections.abc import Callable
 from typing import Any
 
 
-def continuable(yields: bool, max_parallel: int, params: dict[str, Any] | None = None) -> bool:
+def continuable(yields: bool, params: dict[str, Any] | None = None) -> bool:
     """Whether a job's subjobs are open (may continue past their window): its workload ``yields``
     (its runs stop at a unit boundary when asked: the ``command`` contract's ``SIGTERM`` handler and
     the SDK's ``should_stop``, a ``Workload.yields``; a Python workload's ``run`` is given its range
-    and runs it to the end), and it runs one subjob at a time. A job may opt out with
-    ``params.continue: false`` (its program then gets exactly its planned range)."""
-    if not yields or max_parallel != 1:
+    and runs it to the end). A job may opt out with ``params.continue: false`` (its program then
+    gets exactly its planned range)."""
+    if not yields:
         return False
     return not (params is not None and params.get("continue") is False)
 

@@ -431,8 +431,9 @@ def expected_remaining_s(state: JobState, profile: JobProfile) -> float:
 def propose(
     state: JobState, offer: Offer, now: float, limits: PlanLimits, *, profiles: ProfileCache | None = None
 ) -> Proposal | None:
-    """The job's reply to an offer, or ``None`` when it cannot fit anything there."""
-    if not can_take_more(state):
+    """The job's reply to an offer, or ``None`` when it cannot fit anything there (or the window is
+    the slice its own open subjob holds: it goes on there without a bid)."""
+    if not can_take_more(state) or offer.window.held_by == state.job_id:
         return None
     rng = next_range(state)
     assert rng is not None
@@ -533,30 +534,29 @@ def materialize(
     size = materialize_size(profile, req, limits, grant.candidate.size)
     if size is None:
         return Materialized(seen, None, Declined.NO_SAFE_SIZE)
-    retry = list(state.retry)
-    next_unit = state.next_unit
-    if retry:
-        head = retry.pop(0)
-        if head.count > size:
-            retry.insert(0, UnitRange(start=head.start + size, count=head.count - size))
-    else:
-        next_unit = start + size
     window = grant.window
     time_cap = plan_length(profile, req, limits) + limits.start_overhead_s
     first_unit = min(first_unit_s(profile, req), time_cap)
     mem_cap = window.mem_mib - limits.mem_reserve_mib
     max_units = 0
-    if (
-        not state.bounded
-        and not state.in_flight
-        and continuation.continuable(yields(state.spec.workload), state.spec.max_parallel, state.spec.params)
-    ):
-        # An open subjob: past its window it goes on while no other job wins the slice.
+    if not state.bounded and continuation.continuable(yields(state.spec.workload), state.spec.params):
+        # An open subjob: past its window it goes on while no other job wins the slice, through
+        # its share of the work not handed out (the whole of it for a job of one subjob at a time).
         q = 1.0 - state.spec.eps_mem
-        reach = continuation.open_units(
-            size, contiguous_from(state, start), lambda k: profile.mem_quantile(k, q), mem_cap
-        )
+        share = balanced_units(state, contiguous_from(state, start))
+        reach = continuation.open_units(size, share, lambda k: profile.mem_quantile(k, q), mem_cap)
         max_units = reach if reach > size else 0
+    retry = list(state.retry)
+    next_unit = state.next_unit
+    if max_units:
+        # Its open range is its own: the job's other subjobs are cut from what lies beyond.
+        retry, next_unit = claim_units(retry, next_unit, start, start + max_units)
+    elif retry:
+        head = retry.pop(0)
+        if head.count > size:
+            retry.insert(0, UnitRange(start=head.start + size, count=head.count - size))
+    else:
+        next_unit = start + size
     seq = state.next_seq
     subjob = Subjob(
         subjob_id=f"{state.job_id}.s{seq}",
@@ -644,16 +644,16 @@ def apply_completion(
     if flight.max_units > flight.units:
         # An open subjob held its slice past its window: that time is service it attained too.
         attained += max(0.0, c.duration_s - flight.time_cap_s) * flight.compute_share
+    held = held_units(flight)
     if c.status == "ok":
         done = c.units_done if 0 < c.units_done < c.units else c.units
         if flight.max_units > flight.units and c.units_done > flight.units:
             # An open subjob that went on past its window: it did units beyond its planned range.
             done = min(c.units_done, flight.max_units)
-            planned_end = flight.unit_start + flight.units
-            retry, next_unit = claim_units(retry, next_unit, planned_end, flight.unit_start + done)
-        if done < c.units:
-            # Stopped early (it said how far it got): the rest of its range is planned again.
-            retry.append(UnitRange(start=flight.unit_start + done, count=flight.units - done))
+        if done < held:
+            # Stopped early (it said how far it got), or an open subjob asked to yield: the rest
+            # of its range is planned again.
+            retry.append(UnitRange(start=flight.unit_start + done, count=held - done))
             retry.sort(key=lambda r: r.start)
         if spec_sequential(state.spec):
             acc = c.output_checkpoint
@@ -677,7 +677,7 @@ def apply_completion(
             failures = 0  # else the job has failed (``_fail_now``): it ends so once in flight is done
             timeouts, bids_again_at = 0, 0.0
     else:
-        retry.append(UnitRange(start=flight.unit_start, count=flight.units))
+        retry.append(UnitRange(start=flight.unit_start, count=held))
         retry.sort(key=lambda r: r.start)
         if c.status == "oom":
             profile.observe_oom(c.units, c.mem_cap_mib, c.peak_mem_mib)
@@ -781,9 +781,15 @@ def contiguous_from(state: JobState, start: int) -> int:
     return max(end - start, 0)
 
 
+def held_units(flight: InFlight) -> int:
+    """How many units from its start a subjob in flight holds: its open range (``max_units``), else
+    its planned range. What it does not report done goes back to be planned again."""
+    return flight.max_units if flight.max_units > flight.units else flight.units
+
+
 def claim_units(retry: list[UnitRange], next_unit: int, lo: int, hi: int) -> tuple[list[UnitRange], int]:
-    """``retry`` and ``next_unit`` with the units ``[lo, hi)`` taken as done: an open subjob went on
-    past its planned range into them."""
+    """``retry`` and ``next_unit`` with the units ``[lo, hi)`` taken out: an open subjob holds them
+    (``materialize``)."""
     out: list[UnitRange] = []
     for r in retry:
         a, b = r.start, r.start + r.count

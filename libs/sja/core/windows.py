@@ -44,7 +44,9 @@ class WindowRequest:
     while its offer, the clearing and the grant are on their way."""
 
 
-def window_of(s: SliceState, start: float, end: float | None, largest_mib: int = 0) -> Window:
+def window_of(
+    s: SliceState, start: float, end: float | None, largest_mib: int = 0, held_by: str = ""
+) -> Window:
     return Window(
         slice_id=s.slice_id,
         node=s.node,
@@ -56,6 +58,7 @@ def window_of(s: SliceState, start: float, end: float | None, largest_mib: int =
         start_s=start,
         end_s=end,
         largest_mib=largest_mib,
+        held_by=held_by,
     )
 
 
@@ -81,10 +84,12 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
     slices = list(slices)
     largest = dict(req.largest_mib) if req.largest_mib is not None else largest_by_pool(slices)
     for s in slices:
+        held_by = ""
         if s.status == "free" or leases_preempt(s, req.now):
             # A held slice whose holder continues past its window is offered as a free one: a
             # winner's grant makes the holder yield (``core.continuation``).
             start = req.now
+            held_by = s.holder_job if s.status == "busy" else ""
         elif s.status == "busy" and req.include_future and s.expected_end > 0:
             start = max(s.expected_end, req.now)
         else:
@@ -97,7 +102,7 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
             end = min(start + req.horizon_s, reserved_at)
         elif req.open_ended and (s.status == "free" or leases_preempt(s, req.now)):
             end = None
-        out.append(window_of(s, start, end, largest.get(s.pool, 0)))
+        out.append(window_of(s, start, end, largest.get(s.pool, 0), held_by))
     out.sort(key=lambda w: (w.start_s, w.slice_id))
     return out
 

@@ -153,6 +153,9 @@ class Window(Tokens, frozen=True, kw_only=True, gc=False):
     largest_mib: NonNegInt = 0
     """Memory of the largest slice of the window's pool (0: not known): where a job whose memory is
     unknown runs its measuring subjob."""
+    held_by: str = ""
+    """The job whose open subjob holds the slice past its window (``core.continuation``): a grant
+    makes it yield. That job does not bid for it. Empty for a free slice."""
 
     @property
     def length_s(self) -> float | None:

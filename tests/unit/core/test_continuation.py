@@ -69,11 +69,11 @@ def test_open_units_stop_where_the_memory_quantile_stops_fitting() -> None:
     assert continuation.open_units(5, 3, lambda k: 10.0 * k, 1000.0) == 5  # never below the planned size
 
 
-def test_only_jobs_that_yield_and_run_one_subjob_at_a_time_are_open() -> None:
-    assert continuation.continuable(True, 1)
-    assert not continuation.continuable(False, 1)
-    assert not continuation.continuable(True, 2)
-    assert not continuation.continuable(True, 1, {"continue": False})
+def test_only_jobs_that_yield_are_open() -> None:
+    assert continuation.continuable(True)
+    assert not continuation.continuable(False)
+
+    assert not continuation.continuable(True, {"continue": False})
 
 
 def test_a_command_subjob_may_go_on_through_the_rest_of_the_job() -> None:
@@ -87,7 +87,9 @@ def test_a_completion_past_the_planned_range_takes_those_units_as_done() -> None
     state, sj = first_subjob(command_spec(100))
     after, applied = apply_completion(state, completion(sj, "ok", 60, 80.0), NOW + 80)  # type: ignore[arg-type]
     assert applied
-    assert after.units_done == 60 and after.next_unit == 60 and after.retry == []
+    # The subjob held the whole job from its start: what it did not do is planned again.
+    assert after.units_done == 60 and after.next_unit == 100
+    assert after.retry == [UnitRange(start=60, count=40)]
     assert after.history[-1].units == 60
     # Service attained past the window counts (the fair policy's order).
     assert after.attained_gpu_s > state.attained_gpu_s  # type: ignore[attr-defined]
@@ -98,7 +100,7 @@ def test_a_yield_within_the_planned_range_plans_the_rest_again() -> None:
     assert sj.units > 2
     after, _ = apply_completion(state, completion(sj, "ok", 2, 3.0), NOW + 3)  # type: ignore[arg-type]
     assert after.units_done == 2
-    assert after.retry == [UnitRange(start=2, count=sj.units - 2)] and after.next_unit == sj.units
+    assert after.retry == [UnitRange(start=2, count=98)] and after.next_unit == 100
 
 
 def test_a_program_that_does_not_stop_when_asked_to_yield_gets_bounded_ranges() -> None:
@@ -167,3 +169,43 @@ def test_an_open_subjobs_start_marks_when_its_slice_is_offered_again() -> None:
     assert continuation.yield_grace_for({"stop_grace_s": 2}, 3.5, 30.0) == 5.5
     assert continuation.yield_grace_for({"stop_grace_s": True}, 3.5, 30.0) == 33.5
     assert continuation.yield_grace_for({}, 0.0, 30.0) == 30.0
+
+
+def test_a_job_of_several_subjobs_at_once_cuts_each_an_open_share_of_its_own() -> None:
+    # max_parallel 3, 90 units: each subjob holds its even share of what is not handed out, so the
+    # three go on side by side over disjoint ranges; a yield gives the rest of its share back.
+    state = new_job("j1", command_spec(90, max_parallel=3, sequential=False, merge_argv=["true"]), NOW)
+    subjobs = []
+    for i in range(3):
+        w = msgspec.structs.replace(
+            window(NOW, mem_mib=40960, profile="7g.40gb", share=1.0, length_s=10.0), slice_id=f"s{i}"
+        )
+        offer = offer_for(w, NOW)
+        proposal = propose(state, offer, NOW, LIMITS)
+        assert proposal is not None
+        mat = materialize(state, grant_for(state, offer, proposal, NOW), NOW, LIMITS, "agent-1")
+        assert mat.subjob is not None, mat.reason
+        state, sj = mat.state, mat.subjob
+        subjobs.append(sj)
+    assert [(sj.unit_start, sj.max_units) for sj in subjobs] == [(0, 30), (30, 30), (60, 30)]
+    assert all(sj.units < sj.max_units for sj in subjobs)
+    assert state.next_unit == 90 and state.retry == []  # type: ignore[attr-defined]
+    # The middle one yields after 12 units: the other 18 of its share are planned again.
+    after, applied = apply_completion(state, completion(subjobs[1], "ok", 12, 40.0), NOW + 40)  # type: ignore[arg-type]
+    assert applied and after.units_done == 12 and after.retry == [UnitRange(start=42, count=18)]
+    # A lost one gives back its whole share.
+    lost, _ = apply_completion(after, completion(subjobs[2], "lost", 0, 40.0), NOW + 40)
+    assert lost.retry == [UnitRange(start=42, count=18), UnitRange(start=60, count=30)]
+
+
+def test_a_job_does_not_bid_for_the_slice_its_own_open_subjob_holds() -> None:
+    state = new_job("j1", command_spec(90, max_parallel=3, sequential=False, merge_argv=["true"]), NOW)
+    s = busy(NOW - 1)  # held by j1 past its window
+    [w] = find_windows([s], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
+    assert w.held_by == "j1"
+    assert propose(state, offer_for(w, NOW), NOW, LIMITS) is None
+    other = new_job("j2", command_spec(90), NOW)
+    assert propose(other, offer_for(w, NOW), NOW, LIMITS) is not None
+    free = msgspec.structs.replace(s, status="free", holder_job="", contestable_at=0.0)
+    [fw] = find_windows([free], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
+    assert fw.held_by == ""
