@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -14,12 +13,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sja.cli import choices
+from sja.cli import choices, jobs
+from sja.cli.output import JsonOpt, console, err_console, fail, output_closed, print_json
 from sja.core import defaults
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-console = Console()
-err_console = Console(stderr=True)
 
 _TYPE_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH", "bool": "BOOLEAN"}
 
@@ -96,30 +94,6 @@ def _root(
         os.environ["SJA_NATS_CREDENTIALS"] = credentials  # read with the other SJA_NATS_* settings
 
 
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print the result as JSON (every field, full ids) instead of text.")
-]
-
-
-def print_json(data: Any) -> None:
-    """A command's result under ``--json``: one JSON document on stdout, every field, full ids (the
-    one way every command prints JSON; errors stay one line on stderr)."""
-    print(json.dumps(msgspec.to_builtins(data), indent=2))
-
-
-def output_closed(fd: int = 1) -> bool:
-    """Whether nobody reads ``fd`` any more (stdout piped into ``head`` that has exited): the pipe's
-    write end reports an error or a hang-up."""
-    import select
-
-    try:
-        poller = select.poll()
-        poller.register(fd, 0)  # errors and hang-ups only: always reported
-        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
-    except (OSError, ValueError):
-        return False
-
-
 CLOSED_OUTPUT_EXIT = 141
 """The exit status of a command whose reader went away (128 + SIGPIPE, as ``cat`` or ``ls`` in a
 pipeline): ``sja jobs --json | head`` ends quietly."""
@@ -134,80 +108,6 @@ def _quiet_exit_on_closed_output() -> None:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     sys.exit(CLOSED_OUTPUT_EXIT)
-
-
-JobArg = Annotated[str, typer.Argument(metavar="JOB", help="A job id (`sja jobs` lists them).")]
-
-NatsOpt = Annotated[
-    str,
-    typer.Option("--nats", envvar="SJA_NATS_URL", metavar="URL", help="NATS server URL of the stack."),
-]
-DEFAULT_NATS = "nats://127.0.0.1:4222"
-UserOpt = Annotated[
-    str,
-    typer.Option(
-        "--user", envvar="SJA_NATS_USER", metavar="USER", help="NATS user (a tenant's or the operator's)."
-    ),
-]
-PasswordOpt = Annotated[
-    str,
-    typer.Option(
-        "--password",
-        envvar="SJA_NATS_PASSWORD",
-        metavar="PASSWORD",
-        help="NATS password (prefer the env var or SJA_NATS_PASSWORD_FILE to the command line).",
-    ),
-]
-TenantOpt = Annotated[
-    str,
-    typer.Option(
-        "--tenant",
-        envvar="SJA_TENANT",
-        metavar="TENANT",
-        help="Act as this tenant: use its own API subjects (required with a tenant's credentials).",
-    ),
-]
-
-
-def client_auth(env: Mapping[str, str], user: str = "", password: str = "") -> Any:
-    """The CLI's credentials, found as ``kubectl`` finds its kubeconfig: ``--user``/``--password``
-    (or ``SJA_NATS_USER``/``SJA_NATS_PASSWORD``), else the credentials file of ``--credentials`` or
-    ``SJA_NATS_CREDENTIALS``, else the one ``sja up`` writes (``~/.config/sja/credentials.json``)
-    if it exists; with none of them, no credentials."""
-    from sja.bus.auth import default_credentials_path
-    from sja.bus.settings import BaseSettings
-
-    auth = BaseSettings.from_env(env).nats.with_overrides(user=user, password=password)
-    if not auth.configured:
-        default = default_credentials_path()
-        if default.is_file():
-            auth = auth.with_overrides(credentials=str(default))
-    return auth
-
-
-async def _connect_client(nats: str, user: str, password: str, tenant: str) -> Any:
-    """A gateway client with the credentials of the options and the SJA_NATS_* environment (a
-    credentials file, password file, creds file, TLS), scoped to ``tenant`` when one is given or the
-    credentials file names one. Without ``--nats``/``SJA_NATS_URL`` the file's URL is used."""
-    import os
-
-    from sja.client import SjaClient
-
-    auth = client_auth(os.environ, user, password)
-    creds = auth.credentials_file()
-    if creds is not None:
-        tenant = tenant or creds.tenant
-        if creds.url and nats == DEFAULT_NATS and "SJA_NATS_URL" not in os.environ:
-            nats = creds.url
-    return await SjaClient.connect(nats, tenant=tenant, auth=auth)
-
-
-def fail(message: str, code: int = 2) -> None:
-    """One line on stderr (never wrapped, brackets shown as written), then exit with ``code``."""
-    from rich.markup import escape
-
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def run_async(coro: Any) -> Any:
@@ -472,342 +372,14 @@ def up_banner(
     ]
 
 
-@app.command()
-def submit(
-    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Job spec files (YAML or JSON).")],
-    nats: NatsOpt = DEFAULT_NATS,
-    request_id: Annotated[str, typer.Option(metavar="KEY", help="Idempotency key (one file only).")] = "",
-    as_json: JsonOpt = False,
-    user: UserOpt = "",
-    password: PasswordOpt = "",
-    tenant: TenantOpt = "",
-    code: Annotated[
-        Path | None,
-        typer.Option(
-            "--code",
-            metavar="DIR",
-            help="A command job's code: DIR is packed, uploaded through the gateway and unpacked "
-            "read-only on each node, where the program runs in it (its working directory and "
-            "PYTHONPATH). Same as `code: DIR` in the spec's params.",
-        ),
-    ] = None,
-) -> None:
-    """Submit jobs; prints each job id. Every problem of every file is reported (one line each,
-    naming the file and the field) and nothing is submitted unless all files are good."""
-    from sja.client import ApiError, SpecErrors, load_spec, read_spec_file
-
-    specs = []
-    problems: list[str] = []
-    archives: dict[str, bytes] = {}
-    for f in files:
-        try:
-            specs.append(load_spec(read_spec_file(f), str(f), base=f.parent, code=code, archives=archives))
-        except SpecErrors as e:
-            problems.extend(e.problems)
-    if problems:
-        fail_all(problems)
-    if request_id and len(specs) > 1:
-        fail("--request-id: one file only (each job needs its own key)")
-
-    async def go() -> None:
-        c = await _connect_client(nats, user, password, tenant)
-        acks = []
-        uploaded: set[tuple[str, str]] = set()
-        try:
-            for f, spec in zip(files, specs, strict=True):
-                ref = spec.params.get("code", "")
-                if ref in archives and (spec.tenant, ref) not in uploaded:
-                    await c.upload_code(spec.tenant, archives[ref])
-                    uploaded.add((spec.tenant, ref))
-                ack = await c.submit(spec, request_id=request_id)
-                acks.append({"file": str(f), "job_id": ack.job_id, "duplicate": ack.duplicate,
-                             "notes": list(ack.notes)})  # fmt: skip
-                if as_json:
-                    continue
-                console.print(ack.job_id + (" (already submitted)" if ack.duplicate else ""), highlight=False)
-                for note in ack.notes:
-                    err_console.print(
-                        f"[yellow]note:[/] {ack.job_id}: {note}", soft_wrap=True, highlight=False
-                    )
-        except ApiError as e:
-            if as_json and acks:
-                print_json(acks)  # what was submitted before the refusal
-            fail(str(e))
-        finally:
-            await c.close()
-        if as_json:
-            print_json(acks)
-
-    _with_connection_errors(go, nats)
-
-
-def fail_all(lines: list[str], code: int = 2) -> None:
-    """Each problem on a line of its own on stderr, then exit with ``code``."""
-    from rich.markup import escape
-
-    for line in lines:
-        err_console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True, highlight=False)
-    raise typer.Exit(code)
-
-
-def _with_connection_errors(fn: Any, url: str) -> None:
-    """Run a client command; an unreachable server or gateway is one line on stderr and exit 2."""
-    import nats.errors
-
-    from sja.bus.auth import NatsAuthError, NatsConfigError
-    from sja.bus.connection import NatsUnreachableError
-    from sja.bus.settings import SettingsError
-    from sja.client import ApiError
-
-    try:
-        run_async(fn())
-    except BrokenPipeError as e:
-        if output_closed():
-            raise  # stdout's reader has gone (`| head`): not the gateway's fault; main() ends quietly
-        fail(f"cannot reach the SJA gateway at {url} ({type(e).__name__}): is the stack up? ({e})")
-    except ApiError as e:
-        fail(str(e))
-    except NatsAuthError as e:
-        fail(
-            f"{e}: check --credentials (SJA_NATS_CREDENTIALS, ~/.config/sja/credentials.json), "
-            "--user/--password (SJA_NATS_USER, SJA_NATS_PASSWORD) or SJA_NATS_CREDS"
-        )
-    except (NatsConfigError, SettingsError, ValueError) as e:
-        fail(str(e))
-    except (NatsUnreachableError, nats.errors.NoServersError) as e:
-        fail(f"{e} — is the stack running? `sja up` (or give --nats / SJA_NATS_URL)")
-    except nats.errors.NoRespondersError:
-        fail(f"no SJA gateway answers at {url} — is the stack running? `sja up`")
-    except (OSError, nats.errors.TimeoutError, TimeoutError) as e:
-        fail(f"cannot reach the SJA gateway at {url} ({type(e).__name__}): is the stack up? ({e})")
-
-
-@app.command()
-def status(
-    job_id: JobArg,
-    nats: NatsOpt = DEFAULT_NATS,
-    as_json: JsonOpt = False,
-    user: UserOpt = "",
-    password: PasswordOpt = "",
-    tenant: TenantOpt = "",
-) -> None:
-    """Show one job: state, progress, what runs now (slice, units, time left), the subjobs that ran
-    in the order of their units, the result and whether a deadline was met."""
-    from sja.cli.render import render_status, status_json
-    from sja.client import ApiError
-
-    async def go() -> None:
-        c = await _connect_client(nats, user, password, tenant)
-        try:
-            s = await c.status(job_id)
-        except ApiError as e:
-            fail(str(e))
-            return
-        finally:
-            await c.close()
-        now = time.time()
-        if as_json:
-            print_json(status_json(s, now))
-            return
-        for part in render_status(s, now):
-            console.print(part, highlight=False)
-
-    _with_connection_errors(go, nats)
-
-
-@app.command("jobs")
-def list_jobs(
-    nats: NatsOpt = DEFAULT_NATS,
-    tenant: Annotated[
-        str,
-        typer.Option(
-            "--tenant",
-            envvar="SJA_TENANT",
-            metavar="TENANT",
-            help="Only this tenant's jobs (through its own API subjects).",
-        ),
-    ] = "",
-    as_json: JsonOpt = False,
-    wide: Annotated[bool, typer.Option("--wide", help="More columns: submitted, agent, deadline.")] = False,
-    user: UserOpt = "",
-    password: PasswordOpt = "",
-) -> None:
-    """List jobs (full ids: the other columns give way on a narrow terminal)."""
-    from sja.cli.render import render_jobs
-
-    async def go() -> None:
-        c = await _connect_client(nats, user, password, tenant)
-        try:
-            states = await c.jobs()
-        finally:
-            await c.close()
-        if as_json:
-            rows = [msgspec.to_builtins(s) for s in states]
-            for r in rows:
-                for k in ("accumulator", "profile", "history"):
-                    r.pop(k, None)
-            print_json(rows)
-            return
-        console.print(render_jobs(states, time.time(), wide=wide, width=console.width), highlight=False)
-
-    _with_connection_errors(go, nats)
-
-
-@app.command()
-def cancel(
-    job_id: JobArg,
-    nats: NatsOpt = DEFAULT_NATS,
-    as_json: JsonOpt = False,
-    user: UserOpt = "",
-    password: PasswordOpt = "",
-    tenant: TenantOpt = "",
-) -> None:
-    """Cancel a job (a running subjob finishes; nothing new starts). A job that has already ended
-    is left as it is: the command says so and exits 1."""
-    from sja.client import ApiError
-    from sja.core.jobs import is_terminal
-
-    async def go() -> None:
-        c = await _connect_client(nats, user, password, tenant)
-        try:
-            before = await c.status(job_id)
-            if is_terminal(before):
-                fail(f"job {job_id} has already ended ({before.status}): nothing to cancel", code=1)
-            s = await c.cancel(job_id)
-        except ApiError as e:
-            fail(str(e))
-            return
-        finally:
-            await c.close()
-        if s.status in ("done", "failed"):
-            fail(f"job {job_id} ended ({s.status}) before it could be cancelled", code=1)
-        outcome = "cancelled" if s.status == "cancelled" else "cancelling"
-        if as_json:
-            from sja.cli.render import status_json
-
-            print_json({"outcome": outcome, **status_json(s, time.time())})
-            return
-        console.print(f"{s.job_id}: {outcome}", highlight=False)
-
-    _with_connection_errors(go, nats)
-
-
-@app.command("trace")
-def trace_cmd(
-    job_id: JobArg,
-    nats: NatsOpt = DEFAULT_NATS,
-    limit: Annotated[int, typer.Option(metavar="N", help="Show the last N rounds.")] = 50,
-    as_json: JsonOpt = False,
-    user: UserOpt = "",
-    password: PasswordOpt = "",
-    tenant: TenantOpt = "",
-) -> None:
-    """The rounds a job took part in: who replied, who won, and why."""
-    from sja.cli.render import render_no_rounds, render_rounds
-    from sja.client import ApiError
-
-    async def go() -> None:
-        c = await _connect_client(nats, user, password, tenant)
-        try:
-            rounds = await c.rounds(job_id)
-            # No round: a job not offered anything yet, or no such job at all.
-            state = None if rounds else await c.status(job_id)
-        except ApiError as e:
-            if e.error.code == "not_found":
-                fail(f"no job {job_id} (`sja jobs` lists the jobs)")
-            raise
-        finally:
-            await c.close()
-        if as_json:
-            print_json(rounds[-limit:])
-            return
-        if state is not None:
-            console.print(render_no_rounds(state), highlight=False)
-            return
-        console.print(render_rounds(job_id, rounds[-limit:]))
-
-    _with_connection_errors(go, nats)
-
-
-@app.command()
-def explain(
-    job_id: JobArg,
-    nats: NatsOpt = DEFAULT_NATS,
-    as_json: JsonOpt = False,
-    user: UserOpt = "",
-    password: PasswordOpt = "",
-    tenant: TenantOpt = "",
-) -> None:
-    """Why a job waits: for the last offer of each window shape, whether it bid and what became of
-    its bid (or why it sent none), its place among the waiting jobs, and its deadline."""
-    from sja.cli.render import render_explanation
-    from sja.client import ApiError
-
-    async def go() -> None:
-        c = await _connect_client(nats, user, password, tenant)
-        try:
-            e = await c.explain(job_id)
-        except ApiError as err:
-            if err.error.code == "not_found":
-                fail(f"no job {job_id} (`sja jobs` lists the jobs)")
-            raise
-        finally:
-            await c.close()
-        if as_json:
-            print_json(e)
-            return
-        for part in render_explanation(e):
-            console.print(part, highlight=False, soft_wrap=False)
-
-    _with_connection_errors(go, nats)
-
-
-@app.command()
-def logs(
-    job_id: JobArg,
-    subjob: Annotated[
-        str, typer.Option("--subjob", metavar="N", help="only this subjob: its number in the job, or its id")
-    ] = "",
-    nats: NatsOpt = DEFAULT_NATS,
-    as_json: JsonOpt = False,
-    user: UserOpt = "",
-    password: PasswordOpt = "",
-    tenant: TenantOpt = "",
-) -> None:
-    """What each subjob's program wrote last: the end of its stdout and stderr (16 KiB at most), its
-    status and, when it did not end ok, why."""
-    from sja.client import ApiError
-    from sja.protocol.wording import unit_range
-
-    async def go() -> None:
-        c = await _connect_client(nats, user, password, tenant)
-        try:
-            got = await c.logs(job_id, subjob)
-        except ApiError as err:
-            if err.error.code == "not_found":
-                fail(err.error.message if subjob else f"no job {job_id} (`sja jobs` lists the jobs)")
-            raise
-        finally:
-            await c.close()
-        if as_json:
-            print_json(got)
-            return
-        for note in got.notes:
-            print(f"memory: {note}")
-        if not got.subjobs:
-            print(f"job {job_id}: no subjob has ended yet")
-        for s in got.subjobs:
-            print(
-                f"== {s.subjob_id} on {s.slice_id}: {s.status}, units {unit_range(s.unit_start, s.units)}, "
-                f"{s.units_done} done"
-            )
-            if s.error:
-                print(f"-- reason:\n{s.error.rstrip()}")
-            for name, text in (("stdout", s.stdout), ("stderr", s.stderr)):
-                if text:
-                    print(f"-- {name}:\n{text.rstrip()}")
-
-    _with_connection_errors(go, nats)
+# The job commands (sja.cli.jobs) are registered here, where `sja --help` lists them.
+app.command()(jobs.submit)
+app.command()(jobs.status)
+app.command("jobs")(jobs.list_jobs)
+app.command()(jobs.cancel)
+app.command("trace")(jobs.trace)
+app.command()(jobs.explain)
+app.command()(jobs.logs)
 
 
 @app.command()
@@ -1068,59 +640,7 @@ def dashboard_token(
     print(address or token)
 
 
-@app.command()
-def result(
-    job_id: str,
-    out: Annotated[Path, typer.Option("--out", help="Directory to write the job's final state into.")],
-    nats: NatsOpt = DEFAULT_NATS,
-    no_merge: Annotated[
-        bool, typer.Option("--no-merge", help="Fetch the parts; do not run merge_argv.")
-    ] = False,
-    as_json: JsonOpt = False,
-    user: UserOpt = "",
-    password: PasswordOpt = "",
-    tenant: TenantOpt = "",
-) -> None:
-    """Fetch a finished job's final state: a command job's (its parts merged by merge_argv, when it has
-    them), or a workload of your own package combined here by its merge and finalize. A command job
-    that failed or was cancelled gives its last good state (what its completed subjobs left), with a
-    note that it did not finish."""
-    from sja.client import ApiError
-    from sja.results import ResultError, fetch_result
-
-    async def go() -> None:
-        c = await _connect_client(nats, user, password, tenant)
-        try:
-            state = await c.status(job_id)
-            got = await fetch_result(c, state, out, run_merge=not no_merge)
-        except (ApiError, ResultError) as e:
-            fail(str(e))
-            return
-        finally:
-            await c.close()
-        if as_json:
-            print_json(got)
-            return
-        render_result(got)
-
-    _with_connection_errors(go, nats)
-
-
-def render_result(got: Mapping[str, Any]) -> None:
-    """``sja result`` in words: where the state went, and a note when the job did not finish."""
-    from rich.markup import escape
-
-    what = [f"{got['parts']} part(s)"] if "parts" in got else []
-    if got.get("merged"):
-        what.append("merged by merge_argv")
-    if "result" in got:
-        what.append("result.json")
-    detail = f" ({', '.join(what)})" if what else ""
-    console.print(f"{got['job_id']}: state written to {got['out']}{detail}", soft_wrap=True, highlight=False)
-    if "result" in got:
-        console.print(json.dumps(got["result"], indent=2, sort_keys=True, default=str), highlight=False)
-    if got.get("note"):
-        err_console.print(f"[yellow]note:[/] {escape(str(got['note']))}", soft_wrap=True, highlight=False)
+app.command()(jobs.result)
 
 
 def main() -> None:
