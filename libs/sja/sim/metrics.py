@@ -31,6 +31,14 @@ Definitions (also in ``docs/evaluation.md``):
   nothing while being re-cut (also counted in ``alloc_utilization``).
 - **Jain's fairness** — ``(sum x)^2 / (n sum x^2)`` over tenants, with ``x`` the tenant's mean of
   ``duration / JCT`` over its finished jobs (1 = every tenant got the same relative service).
+- **finish-time fairness rho** (after Themis, NSDI'20, with the rigid scheduler as the reference each job
+  is measured against) — per job, ``rho_j = JCT_j under the policy / JCT_j under best-fit`` on the same
+  trace and cluster, over the jobs both finished (``rho_jobs``); both JCTs are floored at
+  ``RHO_FLOOR_S`` (1 s) so a job that took no time under best-fit has a finite rho (1 when it took no
+  time under both). ``rho_p50``/``rho_p90``/``rho_p99`` (numpy's ``higher`` method: each is a rho some
+  job got), ``rho_max``, ``rho_mean``, ``rho_over_1_5`` (the share of those jobs with rho > 1.5) and
+  ``rho_worst`` (the jobs of largest rho, with both JCTs). Best-fit's own rho is 1 for every job.
+  ``sja.sim.runner.compare`` adds them when best-fit is among the compared policies, ``None`` otherwise.
 """
 
 from __future__ import annotations
@@ -38,9 +46,28 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+
+RHO_REFERENCE = "bestfit"
+"""The policy finish-time fairness measures every job against: the rigid best-fit scheduler."""
+RHO_FLOOR_S = 1.0
+"""Both JCTs of a job's rho are floored at this (s): a job that took no time has a finite rho."""
+RHO_LIMIT = 1.5
+"""``rho_over_1_5`` counts jobs above this rho; the evaluation's goal asks p99 rho at most this."""
+RHO_WORST = 5
+"""How many jobs ``rho_worst`` names."""
+RHO_FIELDS: tuple[str, ...] = (
+    "rho_jobs",
+    "rho_p50",
+    "rho_p90",
+    "rho_p99",
+    "rho_max",
+    "rho_mean",
+    "rho_over_1_5",
+    "rho_worst",
+)
 
 
 @dataclass
@@ -180,11 +207,11 @@ class ScheduleRecorder:
         return times, comp, mem
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q`` percentile (linear interpolation), NaN for no values."""
+def percentile(values: Sequence[float], q: float, method: Literal["linear", "higher"] = "linear") -> float:
+    """The ``q`` percentile (numpy's ``method``: linear interpolation by default), NaN for no values."""
     if not values:
         return math.nan
-    return float(np.percentile(np.asarray(values, dtype=float), q))
+    return float(np.percentile(np.asarray(values, dtype=float), q, method=method))
 
 
 def jain_index(values: Iterable[float]) -> float:
@@ -315,3 +342,45 @@ def common_jct(rec: ScheduleRecorder, common: set[str]) -> dict[str, float]:
 def jct_values(rec: ScheduleRecorder) -> list[float]:
     """Completion times of the finished jobs (for CDF plots)."""
     return sorted(j.finish_s - j.submit_s for j in rec.jobs.values() if j.finish_s is not None)
+
+
+def job_jcts(rec: ScheduleRecorder) -> dict[str, float]:
+    """Each finished job's JCT (finish minus submission), by job id."""
+    return {j.job_id: j.finish_s - j.submit_s for j in rec.jobs.values() if j.finish_s is not None}
+
+
+def finish_time_fairness(
+    rec: ScheduleRecorder, reference: ScheduleRecorder, worst: int = RHO_WORST
+) -> dict[str, Any]:
+    """Finish-time fairness of ``rec`` against ``reference`` (best-fit's run of the same trace).
+
+    Over the jobs both finished, ``rho_j = max(JCT_j, RHO_FLOOR_S) / max(reference JCT_j, RHO_FLOOR_S)``.
+    Percentiles use numpy's ``higher`` method: each is a rho some job got, with at least that share of
+    the jobs at or below it, so ``rho_p99 <= 1.5`` means at least 99 % of the jobs had rho ≤ 1.5
+    (over at most 100 jobs, ``rho_p99`` is ``rho_max``).
+    With no job in common the figures are NaN, ``rho_worst`` empty. ``rho_worst`` lists the
+    ``worst`` jobs of largest rho (ties by job id): ``job_id``, ``rho``, ``jct_s``, ``reference_jct_s``.
+    """
+    mine, ref = job_jcts(rec), job_jcts(reference)
+    rows = sorted(
+        (
+            (max(jct, RHO_FLOOR_S) / max(ref[job_id], RHO_FLOOR_S), job_id, jct, ref[job_id])
+            for job_id, jct in mine.items()
+            if job_id in ref
+        ),
+        key=lambda r: (-r[0], r[1]),
+    )
+    rho = [r[0] for r in rows]
+    return {
+        "rho_jobs": len(rho),
+        "rho_p50": percentile(rho, 50, method="higher"),
+        "rho_p90": percentile(rho, 90, method="higher"),
+        "rho_p99": percentile(rho, 99, method="higher"),
+        "rho_max": max(rho) if rho else math.nan,
+        "rho_mean": float(np.mean(rho)) if rho else math.nan,
+        "rho_over_1_5": sum(1 for x in rho if x > RHO_LIMIT) / len(rho) if rho else math.nan,
+        "rho_worst": [
+            {"job_id": job_id, "rho": r, "jct_s": jct, "reference_jct_s": ref_jct}
+            for r, job_id, jct, ref_jct in rows[:worst]
+        ],
+    }

@@ -16,7 +16,15 @@ from sja.core import defaults
 from sja.core.policies import POLICIES
 from sja.sim.baselines import BASELINES, run_baseline
 from sja.sim.engine import Progress, SimConfig, SimResult, run_sja
-from sja.sim.metrics import common_jct, finished_ids, reasons, summarize
+from sja.sim.metrics import (
+    RHO_FIELDS,
+    RHO_REFERENCE,
+    common_jct,
+    finish_time_fairness,
+    finished_ids,
+    reasons,
+    summarize,
+)
 from sja.sim.model import SimCluster, TraceJob
 
 DEFAULT_SJA_POLICY = defaults.POLICY
@@ -117,15 +125,21 @@ def run_comparison(
 
 def compare(results: Mapping[str, SimResult], metrics: dict[str, dict[str, Any]]) -> None:
     """Add to each policy's metrics what makes runs comparable: ``comparable`` (every policy finished
-    the same jobs), the JCT and wait over the jobs every policy finished (``*_common``), and the
-    reasons jobs were left out (``reasons``)."""
+    the same jobs), the JCT and wait over the jobs every policy finished (``*_common``), the reasons
+    jobs were left out (``reasons``), and finish-time fairness against best-fit (``rho_*``, see
+    ``sja.sim.metrics.finish_time_fairness``; ``None`` when best-fit is not among the policies)."""
     finished = {name: finished_ids(r.recorder) for name, r in results.items()}
     common = set.intersection(*finished.values()) if finished else set()
     same = len({frozenset(f) for f in finished.values()}) <= 1
+    reference = results.get(RHO_REFERENCE)
     for name, r in results.items():
         metrics[name]["comparable"] = same
         metrics[name].update(_finite(common_jct(r.recorder, common)))
         metrics[name]["reasons"] = reasons(r.recorder)
+        if reference is None:
+            metrics[name].update(dict.fromkeys(RHO_FIELDS))
+        else:
+            metrics[name].update(_finite(finish_time_fairness(r.recorder, reference.recorder)))
 
 
 def comparability(metrics: Mapping[str, Mapping[str, Any]]) -> str:
@@ -142,4 +156,14 @@ def comparability(metrics: Mapping[str, Mapping[str, Any]]) -> str:
         "NOT COMPARABLE: the policies finished different sets of jobs; mean_jct_s and mean_wait_s are "
         f"over different jobs. Compare *_common (the {common:,} jobs every policy finished). "
         + "; ".join(parts)
+    )
+
+
+def rho_note(metrics: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line saying that finish-time fairness was not computed and why ("" when it was)."""
+    if any(m.get("rho_jobs") is not None for m in metrics.values()):
+        return ""
+    return (
+        f"finish-time fairness (rho_*) needs {RHO_REFERENCE!r} among the policies: each job's JCT is "
+        "measured against its own JCT under best-fit"
     )
