@@ -174,7 +174,7 @@ def _replay(
             results[name] = run_policy(name, cluster, jobs, cfg, fn)
             metrics[name] = metrics_of(results[name], jobs)
     compare(results, metrics)
-    from sja.sim.report import COMPLETION_METRICS, TABLE_METRICS, metrics_table, write_report
+    from sja.sim.report import COMPLETION_METRICS, TABLE_METRICS, metrics_table, rho_lines, write_report
 
     warning = comparability(metrics)
     if warning:
@@ -187,6 +187,8 @@ def _replay(
     out.print(
         metrics_table(metrics, [k for k in TABLE_METRICS if k not in COMPLETION_METRICS]), soft_wrap=True
     )
+    for line in rho_lines(metrics):
+        out.print(f"  {line}", soft_wrap=True, markup=False)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")

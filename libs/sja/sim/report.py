@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from sja.sim.engine import SimResult
-from sja.sim.metrics import jct_values
-from sja.sim.runner import comparability
+from sja.sim.metrics import RHO_REFERENCE, jct_values
+from sja.sim.runner import comparability, rho_note
 
 BAR_METRICS: tuple[tuple[str, str], ...] = (
     ("utilization", "utilization (useful work / capacity x makespan)"),
@@ -36,6 +36,11 @@ TABLE_METRICS: tuple[str, ...] = (
     "jobs_unschedulable",
     "mean_jct_common_s",
     "p95_jct_common_s",
+    "rho_p50",
+    "rho_p99",
+    "rho_max",
+    "rho_over_1_5",
+    "rho_jobs",
     "utilization",
     "alloc_utilization",
     "mem_utilization",
@@ -71,6 +76,27 @@ def metrics_table(metrics: Mapping[str, Mapping[str, Any]], keys: Sequence[str] 
     for k in keys:
         lines.append(f"| {k} | " + " | ".join(fmt(metrics[n].get(k)) for n in names) + " |")
     return "\n".join(lines)
+
+
+def rho_lines(metrics: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per policy but best-fit, its p99 and max finish-time fairness rho and the jobs of largest rho with
+    both JCTs; or the one line saying rho needs best-fit."""
+    note = rho_note(metrics)
+    if note:
+        return [note]
+    lines = []
+    for name, m in metrics.items():
+        if name == RHO_REFERENCE or not m.get("rho_jobs"):
+            continue
+        worst = ", ".join(
+            f"{w['job_id']} {fmt(w['rho'])} ({fmt(w['jct_s'])} s vs {fmt(w['reference_jct_s'])} s)"
+            for w in m.get("rho_worst") or []
+        )
+        lines.append(
+            f"{name}: p99 rho {fmt(m.get('rho_p99'))}, max rho {fmt(m.get('rho_max'))} over "
+            f"{m['rho_jobs']:,} jobs; largest rho (JCT vs best-fit's): {worst}"
+        )
+    return lines
 
 
 def write_report(
@@ -155,6 +181,15 @@ def write_report(
             "see `docs/evaluation.md` for the models.",
         ]
     lines += ["", "## Metrics", "", metrics_table(metrics), ""]
+    lines += [
+        "## Finish-time fairness",
+        "",
+        "rho of a job: its JCT under the policy over its JCT under best-fit, over the jobs both finished "
+        "(see `docs/evaluation.md`).",
+        "",
+        *(f"- {line}" for line in rho_lines(metrics)),
+        "",
+    ]
     lines += ["## Job completion time", "", "![JCT CDF](jct_cdf.png)", ""]
     lines += ["## Utilization over time", "", "![utilization](utilization.png)", ""]
     lines += ["## Per metric", ""]

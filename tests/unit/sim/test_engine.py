@@ -183,10 +183,13 @@ def test_simulate_command_writes_metrics_and_a_report(tmp_path: Path) -> None:
         for key in ("utilization", "mean_jct_s", "p95_jct_s", "mean_wait_s", "p95_wait_s", "makespan_s"):
             assert m[key] is not None
         assert m["makespan_s"] >= m["makespan_lower_bound_s"] - 1e-6
+        assert m["rho_jobs"] == 3 and m["rho_max"] >= m["rho_p99"] > 0
+    assert metrics["bestfit"]["rho_max"] == 1.0
     assert metrics["sja:efficiency"]["subjobs"] > 3
     assert metrics["sja:efficiency"]["overhead_s"] > 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "jct_cdf.png" in report and (tmp_path / "report" / "utilization.png").is_file()
+    assert "## Finish-time fairness" in report and "- fifo: p99 rho" in report
 
 
 @pytest.mark.parametrize(

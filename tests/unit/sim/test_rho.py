@@ -11,6 +11,7 @@ from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SimConfig, SimResult
 from sja.sim.metrics import RHO_FIELDS, JobRecord, ScheduleRecorder, finish_time_fairness
 from sja.sim.model import TraceJob
+from sja.sim.report import rho_lines
 from sja.sim.runner import compare, rho_note, run_comparison
 
 
@@ -80,12 +81,15 @@ def test_compare_adds_rho_to_every_policy_and_needs_best_fit() -> None:
     assert metrics["sja:fair"]["rho_max"] == pytest.approx(1.5)
     assert metrics["bestfit"]["rho_max"] == 1.0 and metrics["bestfit"]["rho_jobs"] == 4
     assert rho_note(metrics) == ""
+    lines = rho_lines(metrics)
+    assert len(lines) == 1 and lines[0].startswith("sja:fair: p99 rho 1.500, max rho 1.500 over 3 jobs")
 
     del results["bestfit"]
     alone: dict[str, dict[str, object]] = {"sja:fair": {}}
     compare(results, alone)
     assert all(alone["sja:fair"][k] is None for k in RHO_FIELDS)
     assert "needs 'bestfit'" in rho_note(alone)
+    assert rho_lines(alone) == [rho_note(alone)]
 
 
 def small_trace(n: int = 10) -> list[TraceJob]:
