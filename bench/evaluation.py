@@ -12,9 +12,12 @@ times kept); the sample's average GPU demand is its GPU-seconds of work over its
 
 Per cell and seed it checks the goal: SJA finishes every job best-fit finishes (the very jobs, not
 their number), its mean JCT over the jobs every policy finished is at most the best baseline's, and
-its utilization is at least the best baseline's. Writes ``grid.csv`` (one row per cell, policy and
-seed) and ``grid.md`` (one row per cell, seeds averaged, with the checks) into ``--out``, and prints
-a JSON summary as its last stdout line.
+its utilization is at least the best baseline's; and, reported beside the goal, that no job fares
+much worse than under best-fit: SJA's p99 finish-time fairness rho (a job's JCT over its JCT under
+best-fit, ``sja.sim.metrics.finish_time_fairness``) is at most 1.5. Writes ``grid.csv`` (one row
+per cell, policy and seed), ``grid.json`` (every run's metrics, ``rho_*`` included) and ``grid.md``
+(one row per cell, seeds averaged, with the checks) into ``--out``, and prints a JSON summary as
+its last stdout line.
 
     python bench/evaluation.py --json --seeds 1      # the whole grid, one seed (half an hour on a core)
     python bench/evaluation.py --json                # three seeds: three times as long
@@ -42,7 +45,7 @@ use_compiled_core()  # before the decision core is imported
 
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SimConfig
-from sja.sim.metrics import finished_ids
+from sja.sim.metrics import RHO_LIMIT, finished_ids
 from sja.sim.model import TraceJob
 from sja.sim.runner import compare, metrics_of, run_policy
 from sja.sim.trace import load_trace
@@ -138,7 +141,8 @@ def goal_checks(
     """Per SJA policy: it finished every job best-fit finished; its mean JCT (over the jobs every
     policy finished) is at most the best baseline's, and at most best-fit's (the rigid scheduler of
     the same MIG layout: FIFO and EASY hand out whole GPUs, MIG off); its utilization is at least
-    the best baseline's, and at least best-fit's."""
+    the best baseline's, and at least best-fit's; its p99 finish-time fairness rho against best-fit is
+    at most ``RHO_LIMIT`` (1.5; false when rho is missing)."""
     best_jct = min(_num(metrics[b]["mean_jct_common_s"]) for b in BASELINES)
     best_util = max(_num(metrics[b]["utilization"], -1.0) for b in BASELINES)
     bf = metrics["bestfit"]
@@ -151,6 +155,7 @@ def goal_checks(
             "utilization": util >= best_util * (1 - REL_TOL),
             "jct_vs_bestfit": jct <= _num(bf["mean_jct_common_s"]) * (1 + REL_TOL),
             "utilization_vs_bestfit": util >= _num(bf["utilization"], -1.0) * (1 - REL_TOL),
+            "rho": _num(metrics[s].get("rho_p99")) <= RHO_LIMIT * (1 + REL_TOL),
         }
     return out
 
@@ -180,6 +185,9 @@ ROW_KEYS = (
     "p95_jct_common_s",
     "mean_jct_s",
     "p95_jct_s",
+    "rho_p50",
+    "rho_p99",
+    "rho_max",
     "utilization",
     "subjobs",
 )
@@ -188,13 +196,15 @@ ROW_KEYS = (
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["cell", "cluster", "seed", "policy", *ROW_KEYS, "goal_met"])
+        w.writerow(["cell", "cluster", "seed", "policy", *ROW_KEYS, "goal_met", "rho_met"])
         for r in rows:
             for p in POLICIES:
                 m = r["metrics"][p]
                 c = r["checks"].get(p)
                 goal = c["completes_bestfit"] and c["jct"] and c["utilization"] if c else ""
-                w.writerow([r["name"], r["cluster"], r["seed"], p, *(m.get(k) for k in ROW_KEYS), goal])
+                rho = c.get("rho", "") if c else ""
+                row = [r["name"], r["cluster"], r["seed"], p, *(m.get(k) for k in ROW_KEYS), goal, rho]
+                w.writerow(row)
 
 
 def _fmt(v: float | None, digits: int = 0) -> str:
@@ -211,8 +221,8 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any])
         by_cell.setdefault(r["name"], []).append(r)
     head = ["cell", "GPUs"]
     for p in POLICIES:
-        head += [f"{p} done", f"{p} mean JCT (h)", f"{p} p95 JCT (h)", f"{p} util"]
-    head += [f"{s}: ⊇bestfit / JCT / util (vs best-fit: JCT / util)" for s in SJA]
+        head += [f"{p} done", f"{p} mean JCT (h)", f"{p} p95 JCT (h)", f"{p} util", f"{p} p99 / max rho"]
+    head += [f"{s}: ⊇bestfit / JCT / util (vs best-fit: JCT / util); p99 rho ≤ {RHO_LIMIT:g}" for s in SJA]
     lines = [
         "# Evaluation grid",
         "",
@@ -222,7 +232,9 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any])
         "jobs submitted. Checks: SJA finished every job best-fit finished; its mean JCT is at most the "
         "best baseline's; its utilization at least the best baseline's; in parentheses the same against "
         "best-fit, the rigid scheduler of the same MIG layout (FIFO and EASY hand out whole GPUs: MIG "
-        "off). Each check is met in k of n seeds.",
+        "off); after the semicolon, its p99 finish-time fairness rho (a job's JCT over its own JCT under "
+        f"best-fit, over the jobs both finished) is at most {RHO_LIMIT:g}. Each check is met in k of n "
+        "seeds. rho columns: p99 and max rho, averaged over seeds.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -231,6 +243,7 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any])
         "cells": 0,
         "goal_met_cells": {s: 0 for s in SJA},
         "goal_met_vs_bestfit_cells": {s: 0 for s in SJA},
+        "rho_met_cells": {s: 0 for s in SJA},
         "misses": [],
     }
     for name, rs in by_cell.items():
@@ -242,11 +255,14 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any])
             jct = [_num(m["mean_jct_common_s"]) for m in ms]
             p95 = [_num(m["p95_jct_common_s"]) for m in ms]
             util = [_num(m["utilization"], math.nan) for m in ms]
+            rho99 = [_num(m.get("rho_p99"), math.nan) for m in ms]
+            rho_max = [_num(m.get("rho_max"), math.nan) for m in ms]
             cells_ += [
                 f"{done:.1%}",
                 _fmt(sum(jct) / len(jct) / 3600, 1),
                 _fmt(sum(p95) / len(p95) / 3600, 1),
                 _fmt(sum(util) / len(util), 3),
+                f"{_fmt(sum(rho99) / len(rho99), 2)} / {_fmt(sum(rho_max) / len(rho_max), 2)}",
             ]
         for s in SJA:
             n = len(rs)
@@ -254,10 +270,22 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any])
                 r["checks"][s] = goal_checks(
                     r["metrics"], {x: r["checks"][x]["completes_bestfit"] for x in SJA}
                 )[s]
-            names = ("completes_bestfit", "jct", "utilization", "jct_vs_bestfit", "utilization_vs_bestfit")
+            names = (
+                "completes_bestfit",
+                "jct",
+                "utilization",
+                "jct_vs_bestfit",
+                "utilization_vs_bestfit",
+                "rho",
+            )
             k = [sum(1 for r in rs if r["checks"][s][c]) for c in names]
             against_all = " / ".join(f"{x}/{n}" for x in k[:3])
-            cells_.append(f"{against_all} ({k[3]}/{n} / {k[4]}/{n})")
+            # rows written before rho existed carry no rho_* figures: their rho check is unknown, not failed
+            has_rho = all(r["metrics"][s].get("rho_jobs") is not None for r in rs)
+            rho = f"{k[5]}/{n}" if has_rho else "—"
+            cells_.append(f"{against_all} ({k[3]}/{n} / {k[4]}/{n}); {rho}")
+            if has_rho and k[5] == n:
+                summary["rho_met_cells"][s] += 1
             if k[0] == k[3] == k[4] == n:
                 summary["goal_met_vs_bestfit_cells"][s] += 1
             if all(x == n for x in k[:3]):

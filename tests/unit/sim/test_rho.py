@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,8 @@ from sja.sim.metrics import RHO_FIELDS, JobRecord, ScheduleRecorder, finish_time
 from sja.sim.model import TraceJob
 from sja.sim.report import rho_lines
 from sja.sim.runner import compare, rho_note, run_comparison
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def recorder(jobs: dict[str, tuple[float, float | None]]) -> ScheduleRecorder:
@@ -120,3 +125,42 @@ def test_run_comparison_reports_consistent_rho() -> None:
         assert m["rho_worst"] and m["rho_worst"][0]["rho"] == m["rho_max"]
         json.dumps(m)  # JSON as it is
     assert metrics["bestfit"]["rho_max"] == metrics["bestfit"]["rho_p50"] == 1.0
+
+
+def test_the_grid_checks_p99_rho_per_cell(tmp_path: Path) -> None:
+    # In a subprocess: the grid's module switches the decision core to its compiled build on import.
+    script = r"""
+import csv, json, sys
+from pathlib import Path
+sys.path.insert(0, "bench")
+import evaluation as ev
+
+def metrics(rho_p99):
+    m = {"jobs": 10, "jobs_finished": 10, "mean_jct_common_s": 100.0, "p95_jct_common_s": 200.0,
+         "utilization": 0.5, "rho_jobs": 10, "rho_p99": rho_p99, "rho_max": rho_p99 * 2}
+    return m
+
+def row(seed, fair_rho):
+    ms = {p: metrics(1.0) for p in ev.POLICIES}
+    ms["sja:fair"] = metrics(fair_rho)
+    ms["sja:efficiency"] = metrics(1.2)
+    checks = ev.goal_checks(ms, {s: True for s in ev.SJA})
+    return {"name": "c/m/mig/80%", "cluster": "4xA100-80GB", "seed": seed, "metrics": ms, "checks": checks}
+
+rows = [row(0, 1.4), row(1, 1.6)]
+assert rows[0]["checks"]["sja:fair"]["rho"] and not rows[1]["checks"]["sja:fair"]["rho"]
+out = Path(sys.argv[1])
+ev.write_csv(out / "grid.csv", rows)
+summary = ev.write_markdown(out / "grid.md", rows, {})
+print(json.dumps(summary))
+print(json.dumps([r["rho_met"] for r in csv.DictReader((out / "grid.csv").open())]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    summary, rho_met = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert summary["rho_met_cells"] == {"sja:efficiency": 1, "sja:fair": 0}
+    assert rho_met.count("True") == 3 and rho_met.count("False") == 1  # two SJA rows per seed
+    grid = (tmp_path / "grid.md").read_text()
+    assert "p99 rho ≤ 1.5" in grid and "; 1/2 |" in grid and "1.50 / 3.00" in grid
