@@ -117,8 +117,8 @@ class Bidder:
         """The job's answer for windows shaped like ``offer`` (memoized), or ``None`` when it has
         none or sits out."""
         state = self.states.get(job_id)
-        if state is None or offer.window.held_by == job_id:
-            return None  # (its own open subjob holds that slice and goes on there)
+        if state is None or not J.may_bid_on(state, offer.window):
+            return None
         if J.resting(state, now):
             self.resting[job_id] = state.bids_again_at
             return None

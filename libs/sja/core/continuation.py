@@ -25,12 +25,22 @@ apply:
    killed ``yield_grace_s`` after the request; what it had not reported is planned again.
 
 A subjob is never asked to yield before its own window is over: the window it won is its to use.
+And a waiting job takes a held slice only when it has had much less service than the holder's job
+(``takes_held``: less than ``1 / TAKE_RATIO`` of it). A newcomer takes a slice from a job that has
+had its window; two long jobs that have had about as much do not swap slices at every window's end
+(each swap costs both a start-up, and sharing time evenly among long jobs finishes none sooner): the
+holder goes on until it has had twice what the waiting job has, so the quantum between two such jobs
+doubles at every swap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+TAKE_RATIO = 2.0
+"""A waiting job takes a held slice only if the holder's job has attained more than this many times
+the service the waiting job has (``takes_held``)."""
 
 
 def continuable(yields: bool, params: dict[str, Any] | None = None) -> bool:
@@ -69,6 +79,20 @@ def contestable_at(started_at: float, time_cap_s: float, max_units: int, units: 
     return started_at + time_cap_s if max_units > units else 0.0
 
 
+def held_attained(
+    holder_attained_gpu_s: float, contestable_at: float, compute_share: float, now: float
+) -> float:
+    """The holder's attained service at ``now``: as when its subjob started (its window charged),
+    with the time it has held the slice past the window."""
+    return holder_attained_gpu_s + max(0.0, now - contestable_at) * compute_share
+
+
+def takes_held(waiting_attained_gpu_s: float, held_attained_gpu_s: float) -> bool:
+    """Whether a job that has attained ``waiting_attained_gpu_s`` bids for a slice held past its
+    window by a job that has attained ``held_attained_gpu_s`` (``Window.held_attained_gpu_s``)."""
+    return waiting_attained_gpu_s * TAKE_RATIO < held_attained_gpu_s
+
+
 def is_contestable(contestable: float, now: float) -> bool:
     """Whether a held slice with ``contestable`` (``SliceState.contestable_at``) is offered at ``now``."""
     return 0.0 < contestable <= now
@@ -90,10 +114,13 @@ def yield_grace_s(stop_grace_s: float, first_unit_s: float) -> float:
 
 
 __all__ = [
+    "TAKE_RATIO",
     "contestable_at",
     "continuable",
+    "held_attained",
     "is_contestable",
     "open_units",
+    "takes_held",
     "yield_grace_for",
     "yield_grace_s",
 ]

@@ -428,12 +428,23 @@ def expected_remaining_s(state: JobState, profile: JobProfile) -> float:
     return profile.duration_mean(left, "7g", 1.0) if left else 0.0
 
 
+def may_bid_on(state: JobState, window: Window) -> bool:
+    """Whether the job bids for ``window`` at all: a slice held past its window by an open subjob
+    (``Window.held_by``) only when it is another job's and that job has had much more service
+    (``continuation.takes_held``); its own goes on there without a bid."""
+    if not window.held_by:
+        return True
+    return window.held_by != state.job_id and continuation.takes_held(
+        state.attained_gpu_s, window.held_attained_gpu_s
+    )
+
+
 def propose(
     state: JobState, offer: Offer, now: float, limits: PlanLimits, *, profiles: ProfileCache | None = None
 ) -> Proposal | None:
     """The job's reply to an offer, or ``None`` when it cannot fit anything there (or the window is
     the slice its own open subjob holds: it goes on there without a bid)."""
-    if not can_take_more(state) or offer.window.held_by == state.job_id:
+    if not can_take_more(state) or not may_bid_on(state, offer.window):
         return None
     rng = next_range(state)
     assert rng is not None
@@ -587,6 +598,7 @@ def materialize(
         proof_key=proof_key,
         first_unit_s=round(max(first_unit, 0.0), 6),
         max_units=max_units,
+        attained_gpu_s=round(state.attained_gpu_s + window_cost(window, grant.candidate), 6),
     )
     flight = InFlight(
         subjob_id=subjob.subjob_id,

@@ -36,6 +36,7 @@ def grant(
         lease_until=now + lease_s,
         expected_end=0.0,
         contestable_at=0.0,
+        holder_attained_gpu_s=0.0,
         updated_at=now,
     )
 
@@ -79,9 +80,11 @@ def start(
     expected_s: float,
     grace_s: float,
     contestable_at: float = 0.0,
+    holder_attained_gpu_s: float = 0.0,
 ) -> SliceState:
     """The slice busy with the grant's subjob until its time cap and grace. ``contestable_at``: an
-    open subjob's slice is offered again from then on (``core.continuation``)."""
+    open subjob's slice is offered again from then on (``core.continuation``), its holder's job
+    having attained ``holder_attained_gpu_s``."""
     if not holds(s, grant_id, fence) or s.status != "leased":
         raise LeaseConflict(f"slice {s.slice_id} not leased to grant {grant_id} (fence {fence})")
     return msgspec.structs.replace(
@@ -90,6 +93,7 @@ def start(
         lease_until=now + time_cap_s + grace_s,
         expected_end=now + expected_s,
         contestable_at=contestable_at,
+        holder_attained_gpu_s=max(0.0, holder_attained_gpu_s) if contestable_at > 0 else 0.0,
         updated_at=now,
     )
 
@@ -136,6 +140,7 @@ def _freed(s: SliceState, now: float) -> SliceState:
         lease_until=0.0,
         expected_end=0.0,
         contestable_at=0.0,
+        holder_attained_gpu_s=0.0,
         updated_at=now,
     )
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from sja.core.continuation import held_attained as held_attained_now
 from sja.core.continuation import is_contestable
 from sja.protocol.messages import SliceState, Window
 
@@ -45,7 +46,12 @@ class WindowRequest:
 
 
 def window_of(
-    s: SliceState, start: float, end: float | None, largest_mib: int = 0, held_by: str = ""
+    s: SliceState,
+    start: float,
+    end: float | None,
+    largest_mib: int = 0,
+    held_by: str = "",
+    held_attained_gpu_s: float = 0.0,
 ) -> Window:
     return Window(
         slice_id=s.slice_id,
@@ -59,6 +65,7 @@ def window_of(
         end_s=end,
         largest_mib=largest_mib,
         held_by=held_by,
+        held_attained_gpu_s=round(held_attained_gpu_s, 3),
     )
 
 
@@ -84,12 +91,16 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
     slices = list(slices)
     largest = dict(req.largest_mib) if req.largest_mib is not None else largest_by_pool(slices)
     for s in slices:
-        held_by = ""
+        held_by, held_attained = "", 0.0
         if s.status == "free" or leases_preempt(s, req.now):
             # A held slice whose holder continues past its window is offered as a free one: a
             # winner's grant makes the holder yield (``core.continuation``).
             start = req.now
-            held_by = s.holder_job if s.status == "busy" else ""
+            if s.status == "busy":
+                held_by = s.holder_job
+                held_attained = held_attained_now(
+                    s.holder_attained_gpu_s, s.contestable_at, s.compute_share, req.now
+                )
         elif s.status == "busy" and req.include_future and s.expected_end > 0:
             start = max(s.expected_end, req.now)
         else:
@@ -102,7 +113,7 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
             end = min(start + req.horizon_s, reserved_at)
         elif req.open_ended and (s.status == "free" or leases_preempt(s, req.now)):
             end = None
-        out.append(window_of(s, start, end, largest.get(s.pool, 0), held_by))
+        out.append(window_of(s, start, end, largest.get(s.pool, 0), held_by, held_attained))
     out.sort(key=lambda w: (w.start_s, w.slice_id))
     return out
 

@@ -87,6 +87,7 @@ async def _start(
             expected_s=sj.planned_duration_q_s,
             grace_s=grace_s,
             contestable_at=continuation.contestable_at(at, sj.time_cap_s, sj.max_units, sj.units),
+            holder_attained_gpu_s=sj.attained_gpu_s,
         )
 
     at = time.time() if now is None else now

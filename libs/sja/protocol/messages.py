@@ -134,6 +134,10 @@ class SliceState(Message, Tokens, tag="sja.slice_state.v1", frozen=True, kw_only
     """A busy slice whose holder may continue past its window (an open subjob,
     ``core.continuation``): from this time on the slice is offered again while the holder runs, and a
     winner's grant makes the holder yield. 0: not offered while held."""
+    holder_attained_gpu_s: NonNegFloat = 0.0
+    """The holder's job's attained service (GPU-seconds) when its subjob started, its window
+    included (``Subjob.attained_gpu_s``): with the time held past the window, what a waiting job
+    must be well below to take the slice (``core.continuation.takes_held``)."""
     updated_at: float = 0.0
 
 
@@ -156,6 +160,8 @@ class Window(Tokens, frozen=True, kw_only=True, gc=False):
     held_by: str = ""
     """The job whose open subjob holds the slice past its window (``core.continuation``): a grant
     makes it yield. That job does not bid for it. Empty for a free slice."""
+    held_attained_gpu_s: NonNegFloat = 0.0
+    """With ``held_by``: the holder's attained service now (``core.continuation.held_attained``)."""
 
     @property
     def length_s(self) -> float | None:
@@ -515,6 +521,9 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     max_units: NonNegInt = 0
     """An open subjob (``core.continuation``): it may go on past its planned ``units`` through this many
     units from ``unit_start`` until it is asked to yield; 0: exactly ``units``."""
+    attained_gpu_s: NonNegFloat = 0.0
+    """The job's attained service (GPU-seconds) with this subjob's window charged
+    (``JobState.attained_gpu_s``): the slice carries it while the subjob holds it past its window."""
 
 
 class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=True):

@@ -795,6 +795,7 @@ class SjaEngine:
             expected_s=sj.planned_duration_q_s,
             grace_s=self.cfg.lease_s,
             contestable_at=contestable,
+            holder_attained_gpu_s=sj.attained_gpu_s,
         )
         s.run = run
         s.free_at = run.completion.finished_at

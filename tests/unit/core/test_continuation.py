@@ -142,6 +142,7 @@ def busy(contestable_at: float) -> SliceState:
         grant_id="g-1",
         lease_until=NOW + 100,
         contestable_at=contestable_at,
+        holder_attained_gpu_s=600.0,
     )
 
 
@@ -209,3 +210,20 @@ def test_a_job_does_not_bid_for_the_slice_its_own_open_subjob_holds() -> None:
     free = msgspec.structs.replace(s, status="free", holder_job="", contestable_at=0.0)
     [fw] = find_windows([free], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
     assert fw.held_by == ""
+
+
+def test_a_waiting_job_takes_a_held_slice_only_from_a_job_that_has_had_much_more_service() -> None:
+    s = busy(NOW - 100)  # its holder's job had 600 GPU-s at its start, and 100 s past its window
+    [w] = find_windows([s], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
+    assert w.held_attained_gpu_s == pytest.approx(700.0)
+    newcomer = new_job("j2", command_spec(90), NOW)
+    assert propose(newcomer, offer_for(w, NOW), NOW, LIMITS) is not None
+    # About as much service as the holder's job: no swap at every window's end.
+    alike = msgspec.structs.replace(newcomer, attained_gpu_s=400.0)
+    assert propose(alike, offer_for(w, NOW), NOW, LIMITS) is None
+    # Once the holder has had more than twice as much, the slice is the waiting job's to take.
+    later = NOW + 150
+    [w2] = find_windows([s], WindowRequest(now=later, horizon_s=600.0, open_ended=True))
+    assert w2.held_attained_gpu_s == pytest.approx(850.0)
+    assert propose(alike, offer_for(w2, later), later, LIMITS) is not None
+    assert continuation.takes_held(0.0, 1.0) and not continuation.takes_held(1.0, 2.0)
