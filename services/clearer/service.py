@@ -279,6 +279,7 @@ class ClearerService(Service):
         windows than it can use). A grant that is not made is refunded by ``settle``."""
         bids = rnd.bids()
         policy = rnd.policy = self.policy
+        grants.learn_service(self.ledger, rnd.offers, (b for bs in bids.values() for b in bs))
         decisions = clear_batch(
             policy, rnd.offers, lambda o: bids[o.offer_id], self.ledger, self.policy_config, rnd.replies
         )

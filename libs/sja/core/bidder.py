@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import msgspec
+
 from sja.core import jobs as J
 from sja.core.bidbook import BidBook
 from sja.core.planner import PlanLimits
@@ -115,9 +117,20 @@ class Bidder:
         self, job_id: str, offer: Offer, now: float, policy: str, shape: Shape | None = None
     ) -> Proposal | None:
         """The job's answer for windows shaped like ``offer`` (memoized), or ``None`` when it has
-        none or sits out."""
+        none, sits out, or does not bid for this window (a slice held past its window,
+        ``J.may_bid_on``)."""
         state = self.states.get(job_id)
         if state is None or not J.may_bid_on(state, offer.window):
+            return None
+        return self._shaped(job_id, offer, now, policy, shape)
+
+    def _shaped(
+        self, job_id: str, offer: Offer, now: float, policy: str, shape: Shape | None = None
+    ) -> Proposal | None:
+        """``proposal`` for any window of the offer's shape: what depends on the job's state and the
+        window's shape alone (memoized, and what the bid books rank), not on who holds the slice."""
+        state = self.states.get(job_id)
+        if state is None:
             return None
         if J.resting(state, now):
             self.resting[job_id] = state.bids_again_at
@@ -129,6 +142,9 @@ class Bidder:
         if key in plans:
             p = plans[key]
         else:
+            if offer.window.held_by:  # the answer for the shape, whoever holds this slice
+                free = msgspec.structs.replace(offer.window, held_by="")
+                offer = msgspec.structs.replace(offer, window=free)
             p = J.propose(
                 state, offer, J.plan_time(now, offer.window.start_s), self.limits, profiles=self.profiles
             )
@@ -150,7 +166,15 @@ class Bidder:
         shape = self.shape(offer)
 
         def proposal_of(job_id: str) -> Proposal | None:
-            return self.proposal(job_id, offer, now, policy, shape)
+            return self._shaped(job_id, offer, now, policy, shape)
+
+        # A held slice is bid for by fewer jobs than a free one of its shape (``J.may_bid_on``): those
+        # are dropped from the shape's answer, not from what the books keep for the shape.
+        held = offer.window.held_by
+
+        def mine(p: Proposal) -> bool:
+            state = self.states.get(p.job_id)
+            return not held or (state is not None and J.may_bid_on(state, offer.window))
 
         order = BID_ORDERS.get(policy)
         if order is not None and order.static:
@@ -159,8 +183,9 @@ class Bidder:
                 book = self.books[policy] = BidBook(order, self.config)
                 for job_id in self.states:
                     book.mark(job_id)
-            return book.best(shape, offer, shortlist_size(like_offers), proposal_of)
-        out = [p for p in map(proposal_of, list(self.states)) if p is not None]
+            best = book.best(shape, offer, shortlist_size(like_offers), proposal_of)
+            return [p for p in best if mine(p)] if held else best
+        out = [p for p in map(proposal_of, list(self.states)) if p is not None and mine(p)]
         return shortlist(policy, offer, out, like_offers, self.config) if policy else out
 
     def wake(self, now: float) -> list[str]:

@@ -143,6 +143,24 @@ def award(
     return a
 
 
+def learn_service(ledger: Ledger, offers: Iterable[Offer], bids: Iterable[Bid]) -> float:
+    """Charge ``ledger`` with the service its jobs had that no grant charged: the time open subjobs
+    held their slices past their windows (``core.continuation``), as the jobs count it themselves
+    (``Proposal.attained_gpu_s``, folded in from their completions) and as a held slice's window
+    says of its holder now (``Window.held_attained_gpu_s``). A policy that orders by attained service
+    then sees a tenant whose jobs hold slices past their windows as served. Called before clearing a
+    batch; returns how much was charged."""
+    more = 0.0
+    for o in offers:
+        w = o.window
+        if w.held_by:
+            more += ledger.learn(w.held_tenant, w.held_by, w.held_attained_gpu_s)
+    for b in bids:
+        p = b.proposal
+        more += ledger.learn(p.tenant, p.job_id, p.attained_gpu_s)
+    return more
+
+
 def awards(
     ledger: Ledger,
     decisions: Iterable[tuple[Offer, Decision]],

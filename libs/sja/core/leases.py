@@ -37,6 +37,7 @@ def grant(
         expected_end=0.0,
         contestable_at=0.0,
         holder_attained_gpu_s=0.0,
+        holder_tenant="",
         updated_at=now,
     )
 
@@ -81,6 +82,7 @@ def start(
     grace_s: float,
     contestable_at: float = 0.0,
     holder_attained_gpu_s: float = 0.0,
+    holder_tenant: str = "",
 ) -> SliceState:
     """The slice busy with the grant's subjob until its time cap and grace. ``contestable_at``: an
     open subjob's slice is offered again from then on (``core.continuation``), its holder's job
@@ -94,6 +96,7 @@ def start(
         expected_end=now + expected_s,
         contestable_at=contestable_at,
         holder_attained_gpu_s=max(0.0, holder_attained_gpu_s) if contestable_at > 0 else 0.0,
+        holder_tenant=holder_tenant if contestable_at > 0 else "",
         updated_at=now,
     )
 
@@ -141,6 +144,7 @@ def _freed(s: SliceState, now: float) -> SliceState:
         expected_end=0.0,
         contestable_at=0.0,
         holder_attained_gpu_s=0.0,
+        holder_tenant="",
         updated_at=now,
     )
 

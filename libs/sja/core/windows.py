@@ -52,6 +52,7 @@ def window_of(
     largest_mib: int = 0,
     held_by: str = "",
     held_attained_gpu_s: float = 0.0,
+    held_tenant: str = "",
 ) -> Window:
     return Window(
         slice_id=s.slice_id,
@@ -66,6 +67,7 @@ def window_of(
         largest_mib=largest_mib,
         held_by=held_by,
         held_attained_gpu_s=round(held_attained_gpu_s, 3),
+        held_tenant=held_tenant,
     )
 
 
@@ -113,7 +115,8 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
             end = min(start + req.horizon_s, reserved_at)
         elif req.open_ended and (s.status == "free" or leases_preempt(s, req.now)):
             end = None
-        out.append(window_of(s, start, end, largest.get(s.pool, 0), held_by, held_attained))
+        tenant = s.holder_tenant if held_by else ""
+        out.append(window_of(s, start, end, largest.get(s.pool, 0), held_by, held_attained, tenant))
     out.sort(key=lambda w: (w.start_s, w.slice_id))
     return out
 

@@ -88,6 +88,7 @@ async def _start(
             grace_s=grace_s,
             contestable_at=continuation.contestable_at(at, sj.time_cap_s, sj.max_units, sj.units),
             holder_attained_gpu_s=sj.attained_gpu_s,
+            holder_tenant=sj.tenant,
         )
 
     at = time.time() if now is None else now

@@ -134,6 +134,8 @@ class SliceState(Message, Tokens, tag="sja.slice_state.v1", frozen=True, kw_only
     """A busy slice whose holder may continue past its window (an open subjob,
     ``core.continuation``): from this time on the slice is offered again while the holder runs, and a
     winner's grant makes the holder yield. 0: not offered while held."""
+    holder_tenant: str = ""
+    """The tenant of the holder's job, while ``contestable_at`` is set."""
     holder_attained_gpu_s: NonNegFloat = 0.0
     """The holder's job's attained service (GPU-seconds) when its subjob started, its window
     included (``Subjob.attained_gpu_s``): with the time held past the window, what a waiting job
@@ -162,6 +164,9 @@ class Window(Tokens, frozen=True, kw_only=True, gc=False):
     makes it yield. That job does not bid for it. Empty for a free slice."""
     held_attained_gpu_s: NonNegFloat = 0.0
     """With ``held_by``: the holder's attained service now (``core.continuation.held_attained``)."""
+    held_tenant: str = ""
+    """With ``held_by``: its tenant (a clearer charges the holder's service past its window to it,
+    ``grants.learn_service``)."""
 
     @property
     def length_s(self) -> float | None:

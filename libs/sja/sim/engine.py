@@ -85,6 +85,7 @@ from sja.core.jobs import (
     can_take_more,
     hopeless,
     materialize,
+    may_bid_on,
     new_job,
     propose,
 )
@@ -729,13 +730,21 @@ class SjaEngine:
         bids: dict[WindowKind, list[Bid]] = dict(asked or {})
         for o, s in offers:
             if s.kind not in bids:
-                props = self.bidder.proposals_for(o, self.now, like[s.kind], self.cfg.policy)
+                probe = msgspec.structs.replace(o, window=msgspec.structs.replace(o.window, held_by=""))
+                props = self.bidder.proposals_for(probe, self.now, like[s.kind], self.cfg.policy)
                 bids[s.kind] = [Bid(agent_id="sim", proposal=p) for p in props]
         slice_of = {o.offer_id: s for o, s in offers}
+        grants.learn_service(self.ledger, [o for o, _ in offers], (b for bs in bids.values() for b in bs))
+        held_bids: dict[str, list[Bid]] = {}
+        for o, s in offers:
+            if o.window.held_by:
+                # A held slice: only the bids of jobs that bid for it (``jobs.may_bid_on``).
+                held_bids[o.offer_id] = [b for b in bids[s.kind] if self._bids_on(b, o)]
+
         decisions = clear_batch(
             self.cfg.policy,
             [o for o, _ in offers],
-            lambda o: bids[slice_of[o.offer_id].kind],
+            lambda o: held_bids[o.offer_id] if o.offer_id in held_bids else bids[slice_of[o.offer_id].kind],
             self.ledger,
             config=self.policy_config,
         )
@@ -796,6 +805,7 @@ class SjaEngine:
             grace_s=self.cfg.lease_s,
             contestable_at=contestable,
             holder_attained_gpu_s=sj.attained_gpu_s,
+            holder_tenant=sj.tenant,
         )
         s.run = run
         s.free_at = run.completion.finished_at
@@ -1208,13 +1218,18 @@ class SjaEngine:
             bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
         return out, bids
 
+    def _bids_on(self, b: Bid, o: Offer) -> bool:
+        job = self.jobs.get(b.proposal.job_id)
+        return job is not None and may_bid_on(job.state, o.window)
+
     def _probe(self, s: _Slice) -> Offer | None:
         """An offer of ``s`` that is not a round (to ask whether anyone bids)."""
         req = WindowRequest(
             now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
         )
         windows = find_windows([s.state], req)
-        return _offer_of(windows[0], self.now) if windows else None
+        # What a job bids depends on the window's shape; a held one's holder is checked per offer.
+        return _offer_of(msgspec.structs.replace(windows[0], held_by=""), self.now) if windows else None
 
     def _live_events(self) -> bool:
         """Whether an event is pending; completions a yield replaced are dropped from the top on

@@ -227,3 +227,59 @@ def test_a_waiting_job_takes_a_held_slice_only_from_a_job_that_has_had_much_more
     assert w2.held_attained_gpu_s == pytest.approx(850.0)
     assert propose(alike, offer_for(w2, later), later, LIMITS) is not None
     assert continuation.takes_held(0.0, 1.0) and not continuation.takes_held(1.0, 2.0)
+
+
+def test_the_clearers_ledger_learns_the_service_held_past_windows() -> None:
+    # No grant charges the time an open subjob holds its slice past its window: the ledger learns
+    # it from the held slice's window (its holder's service now) and from the jobs' own proposals.
+    from sja.core import grants
+    from sja.core.policies import Bid, Ledger
+    from tests.unit.core.test_grants import proposal
+
+    ledger = Ledger()
+    ledger.charge("a", "j1", 600.0)  # its grant
+    held = msgspec.structs.replace(busy(NOW - 100), holder_tenant="a")
+    [w] = find_windows([held], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
+    assert (w.held_by, w.held_tenant) == ("j1", "a")
+    learned = grants.learn_service(ledger, [offer_for(w, NOW)], [])
+    assert learned == pytest.approx(100.0) and ledger.tenant_attained["a"] == pytest.approx(700.0)
+    assert grants.learn_service(ledger, [offer_for(w, NOW)], []) == 0.0  # charged once
+    p = msgspec.structs.replace(proposal(2, "b", 10.0, 1.0), attained_gpu_s=50.0)
+    assert grants.learn_service(ledger, [], [Bid(agent_id="x", proposal=p)]) == pytest.approx(50.0)
+    assert ledger.job_attained["j02"] == pytest.approx(50.0) and ledger.tenant_attained["b"] == 50.0
+    stale = msgspec.structs.replace(p, attained_gpu_s=20.0)  # an older count never takes back
+    assert grants.learn_service(ledger, [], [Bid(agent_id="x", proposal=stale)]) == 0.0
+    started = leases.start(
+        leases.grant(
+            msgspec.structs.replace(held, status="free"), offered_fence=3, job_id="j3", grant_id="g-3",
+            now=NOW, lease_s=5.0,
+        ),
+        grant_id="g-3", fence=4, now=NOW, time_cap_s=10.0, expected_s=5.0, grace_s=1.0,
+        contestable_at=NOW + 10.0, holder_attained_gpu_s=40.0, holder_tenant="c",
+    )  # fmt: skip
+    assert (started.holder_tenant, started.holder_attained_gpu_s) == ("c", 40.0)
+    bounded = leases.start(
+        leases.grant(
+            msgspec.structs.replace(held, status="free"), offered_fence=3, job_id="j3", grant_id="g-3",
+            now=NOW, lease_s=5.0,
+        ),
+        grant_id="g-3", fence=4, now=NOW, time_cap_s=10.0, expected_s=5.0, grace_s=1.0,
+        holder_attained_gpu_s=40.0, holder_tenant="c",
+    )  # fmt: skip
+    assert (bounded.holder_tenant, bounded.holder_attained_gpu_s) == ("", 0.0)
+
+
+def test_a_job_left_out_of_a_held_window_still_bids_for_free_ones_of_its_shape() -> None:
+    # The bid books rank jobs per window shape; a held window of a shape is bid for by fewer jobs,
+    # and must not take those jobs out of the shape's ranking.
+    from sja.core.bidder import Bidder
+    from sja.core.policies import PolicyConfig
+
+    bidder = Bidder(LIMITS, PolicyConfig(horizon_s=600.0))
+    alike = msgspec.structs.replace(new_job("j2", command_spec(90), NOW), attained_gpu_s=400.0)
+    bidder.own(alike)
+    [held] = find_windows([busy(NOW - 1)], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
+    assert bidder.proposals_for(offer_for(held, NOW), NOW, 1, "fair") == []
+    free = msgspec.structs.replace(held, held_by="", held_attained_gpu_s=0.0, held_tenant="")
+    assert [p.job_id for p in bidder.proposals_for(offer_for(free, NOW), NOW, 1, "fair")] == ["j2"]
+    assert [p.job_id for p in bidder.proposals_for(offer_for(held, NOW), NOW, 1, "")] == []

@@ -37,6 +37,16 @@ class Ledger:
         self.tenant_attained[tenant] = self.tenant_attained.get(tenant, 0.0) + gpu_seconds
         self.job_attained[job_id] = self.job_attained.get(job_id, 0.0) + gpu_seconds
 
+    def learn(self, tenant: str, job_id: str, attained_gpu_s: float) -> float:
+        """The job has attained ``attained_gpu_s`` by its own count: what it had past what was
+        charged here (time its open subjobs held their slices past their windows, which no grant
+        charges) is charged now, to it and its tenant. Returns how much."""
+        more = attained_gpu_s - self.job_attained.get(job_id, 0.0)
+        if more <= 1e-9 or not tenant:
+            return 0.0
+        self.charge(tenant, job_id, more)
+        return more
+
     def budget(self, tenant: str) -> float:
         return self.tenant_budgets.get(tenant, math.inf)
 
