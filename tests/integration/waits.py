@@ -31,11 +31,12 @@ PING_TIMEOUT_S = 3.0
 
 
 async def wait_until(
-    cond: Callable[[], Any], what: str, timeout_s: float = 20.0, every_s: float = 0.02
+    cond: Callable[[], Any], what: str | Callable[[], str], timeout_s: float = 20.0, every_s: float = 0.02
 ) -> Any:
     """Poll ``cond`` (a function or a coroutine function) until it returns something true, and return
     that; fail saying ``what`` was awaited after ``timeout_s`` (a generous deadline: a wait on a
-    condition, not a guess at how long handling takes)."""
+    condition, not a guess at how long handling takes). ``what`` may be a function, called only on
+    failure, so that the message also says what was seen last."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = cond()
@@ -44,7 +45,7 @@ async def wait_until(
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s}s: {what}")
+            raise AssertionError(f"not within {timeout_s}s: {what() if callable(what) else what}")
         await asyncio.sleep(every_s)
 
 
