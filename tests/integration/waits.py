@@ -56,7 +56,7 @@ def wait_until_sync(
     cond: Callable[[], Any], what: str | Callable[[], str], timeout_s: float = 20.0, every_s: float = 0.02
 ) -> Any:
     """``wait_until`` for a test that is not a coroutine (one that watches a process with blocking
-    calls): it leaves the event loop of the session alone."""
+    calls): it runs no event loop of its own and leaves the tests' one alone."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = cond()
