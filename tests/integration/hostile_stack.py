@@ -100,7 +100,7 @@ class InstantExecutor(ExecutorService):
     async def _run(self, msg: Msg, sj: m.Subjob, holder: Any = None) -> tuple[RunResult, dict[str, str]]:
         started = time.time()
         if self.hold_s:
-            await asyncio.sleep(self.hold_s)
+            await asyncio.sleep(self.hold_s)  # the subjob's run time: its slice stays busy meanwhile
         status, out, error = "ok", b"", ""
         try:
             w = workload(sj.workload)
@@ -204,17 +204,21 @@ class Stack:
         return sum(rejected(s, subject, reason) for s in self.services.values())
 
     async def wait_done(self, job_ids: list[str], timeout_s: float = 20.0) -> list[m.JobState]:
-        deadline = time.monotonic() + timeout_s
-        while True:
+        """The states of ``job_ids`` once every one of them has ended."""
+        states: list[m.JobState] = []
+
+        async def all_ended() -> list[m.JobState] | None:
+            nonlocal states
             states = [await self.client.status(j) for j in job_ids]
-            if all(J.is_terminal(s) for s in states):
-                return states
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    "jobs not finished: "
-                    + ", ".join(f"{s.job_id} {s.status} {s.units_done}/{s.total_units}" for s in states)
-                )
-            await asyncio.sleep(0.05)
+            return states if all(J.is_terminal(s) for s in states) else None
+
+        def where() -> str:
+            return "jobs finished: " + ", ".join(
+                f"{s.job_id} {s.status} {s.units_done}/{s.total_units}" for s in states
+            )
+
+        done: list[m.JobState] = await wait_until(all_ended, where, timeout_s, every_s=0.05)
+        return done
 
 
 @contextlib.asynccontextmanager

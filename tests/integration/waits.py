@@ -1,11 +1,12 @@
 """Waits on events for the integration tests, instead of fixed sleeps.
 
 ``wait_until`` polls a condition up to a generous deadline (a wait on a condition, not a guess at
-how long handling takes); ``settled`` waits until services have read (``$SRV.PING`` answered after
-them) and handled (no message waiting, no handler running) what a connection sent before it;
-``rejected`` reads a service's count of dropped messages; ``logged`` finds a log line; ``consumed``
-tells whether a JetStream consumer acknowledged everything up to a message. A test that asserts an
-input changed nothing first proves with one of them that the input was handled.
+how long handling takes; ``wait_until_sync`` outside a coroutine), ``until_state`` a job's state
+through the gateway; ``settled`` waits until services have read (``$SRV.PING`` answered after them)
+and handled (no message waiting, no handler running) what a connection sent before it; ``rejected``
+reads a service's count of dropped messages; ``logged`` finds a log line; ``consumed`` tells whether
+a JetStream consumer acknowledged everything up to a message. A test that asserts an input changed
+nothing first proves with one of them that the input was handled.
 
 Sleeps left in the integration tests are the scenario itself (a lease or a liveness bound running
 out, timestamps spaced apart), each saying so, or the pause inside a poll like these.
@@ -26,16 +27,19 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
 
     from sja.bus.service import Service
+    from sja.client import SjaClient
+    from sja.protocol.messages import JobState
 
 PING_TIMEOUT_S = 3.0
 
 
 async def wait_until(
-    cond: Callable[[], Any], what: str, timeout_s: float = 20.0, every_s: float = 0.02
+    cond: Callable[[], Any], what: str | Callable[[], str], timeout_s: float = 20.0, every_s: float = 0.02
 ) -> Any:
     """Poll ``cond`` (a function or a coroutine function) until it returns something true, and return
     that; fail saying ``what`` was awaited after ``timeout_s`` (a generous deadline: a wait on a
-    condition, not a guess at how long handling takes)."""
+    condition, not a guess at how long handling takes). ``what`` may be a function, called only on
+    failure, so that the message also says what was seen last."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = cond()
@@ -44,8 +48,53 @@ async def wait_until(
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s}s: {what}")
+            raise AssertionError(f"not within {timeout_s}s: {what() if callable(what) else what}")
         await asyncio.sleep(every_s)
+
+
+def wait_until_sync(
+    cond: Callable[[], Any], what: str | Callable[[], str], timeout_s: float = 20.0, every_s: float = 0.02
+) -> Any:
+    """``wait_until`` for a test that is not a coroutine (one that watches a process with blocking
+    calls): it runs no event loop of its own and leaves the tests' one alone."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s}s: {what() if callable(what) else what}")
+        time.sleep(every_s)
+
+
+async def until_state(
+    client: SjaClient,
+    job_id: str,
+    check: Callable[[JobState], bool],
+    timeout_s: float,
+    what: str,
+    every_s: float = 0.05,
+) -> JobState:
+    """Poll the state of ``job_id`` through ``client`` until ``check`` holds, and return that state;
+    fail saying ``what`` was awaited and where the job stood last (status, units, history, subjobs
+    in flight, retry)."""
+    last: list[JobState] = []
+
+    async def holds() -> JobState | None:
+        state = await client.status(job_id)
+        last[:] = [state]
+        return state if check(state) else None
+
+    def stood() -> str:
+        (state,) = last
+        history = [(h.subjob_id, h.status, h.unit_start, h.units, h.slice_id) for h in state.history]
+        return (
+            f"{what}: {state.status} {state.units_done}/{state.total_units}, history {history}, "
+            f"in flight {state.in_flight}, retry {state.retry}"
+        )
+
+    found: JobState = await wait_until(holds, stood, timeout_s, every_s)
+    return found
 
 
 async def settled(nc: Client, services: list[Service], what: str = "", timeout_s: float = 20.0) -> None:

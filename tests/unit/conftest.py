@@ -26,7 +26,7 @@ NEEDS_NATS_CLIENT = [
     "bus/test_natsclient_headers.py",
     "bus/test_service_settings.py",
     "bus/test_tracing.py",
-    "core/test_clear_batch.py",
+    "core/policies/test_clear_batch.py",
     "protocol/test_spec_wording.py",
 ]
 

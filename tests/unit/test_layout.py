@@ -2,7 +2,8 @@
 
 Each unit and integration test module sits in a directory named after the package of
 ``libs/sja`` or the service of ``services/`` it tests (``stack/`` and ``deployment/`` for what spans
-several services). ``tests/unit`` is collected in a Python where ``import nats`` fails as it does
+several services), and one deeper only in a directory named after the subpackage it tests
+(``core/policies/``). ``tests/unit`` is collected in a Python where ``import nats`` fails as it does
 where nats-py is not installed: every module not listed in ``tests/unit/conftest.py`` must collect,
 and the core's own tests must pass."""
 
@@ -24,15 +25,26 @@ WHOLE_TREE = {"test_layout.py", "test_import_direction.py"}
 """The modules of ``tests/unit`` that check the whole tree (its layout, its imports): the exceptions."""
 
 
+def _is_subpackage(dirs: tuple[str, ...]) -> bool:
+    """Whether ``dirs`` (a package or service, then directories below it) names a subpackage of
+    ``libs/sja`` or ``services``."""
+    return any(
+        (base.joinpath(*dirs) / "__init__.py").is_file()
+        for base in (ROOT / "libs" / "sja", ROOT / "services")
+    )
+
+
 def _misplaced(kind: str) -> list[str]:
-    """Test modules of ``tests/<kind>`` not in a directory named after a package or service (those
-    of ``tests/unit`` that check the whole tree are the exceptions)."""
+    """Test modules of ``tests/<kind>`` not in a directory named after a package or service, or in a
+    subdirectory of it not named after one of its subpackages (those of ``tests/unit`` that check
+    the whole tree are the exceptions)."""
     allowed = PACKAGES | SERVICES | ACROSS
     out = []
     for p in (TESTS / kind).rglob("test_*.py"):
         if kind == "unit" and p.parent == TESTS / kind and p.name in WHOLE_TREE:
             continue
-        if p.relative_to(TESTS / kind).parts[0] not in allowed:
+        dirs = p.relative_to(TESTS / kind).parts[:-1]
+        if not dirs or dirs[0] not in allowed or (len(dirs) > 1 and not _is_subpackage(dirs)):
             out.append(str(p.relative_to(TESTS)))
     return sorted(out)
 

@@ -4,8 +4,6 @@ there is, so nothing it could wait for would take it."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import msgspec
@@ -18,8 +16,10 @@ from services.executor.service import ExecutorService, ExecutorSettings
 from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from sja.client import ApiError, SjaClient
+from sja.core import jobs as J
 from sja.protocol.messages import JobSpec, MemoryDecl, TimeDecl
 from tests.integration.telemetry.test_metrics import common, running
+from tests.integration.waits import until_state, wait_until
 
 
 async def test_a_job_whose_smallest_subjob_fits_no_slice_fails_with_the_reason(
@@ -54,10 +54,7 @@ async def test_a_job_whose_smallest_subjob_fits_no_slice_fails_with_the_reason(
     async with running(*services):
         client = SjaClient(nc)
         job = await client.submit(spec)
-        deadline = time.monotonic() + 120
-        while (state := await client.status(job.job_id)).status not in ("done", "failed", "cancelled"):
-            assert time.monotonic() < deadline, (state.status, [h.status for h in state.history])
-            await asyncio.sleep(0.3)
+        state = await until_state(client, job.job_id, J.is_terminal, 120, "the job to end", every_s=0.3)
     assert state.status == "failed", (state.status, state.error)
     assert [h.status for h in state.history] == ["oom"], "it is given up after one try, not retried"
     assert "ran out of memory" in state.error and "smallest subjob" in state.error, state.error
@@ -75,11 +72,9 @@ async def test_a_job_no_slice_can_hold_is_refused_at_submission_naming_the_large
     )
     gateway = GatewayService(GatewaySettings(**c("gateway-r"), mem_reserve_mib=32.0))
     async with running(inventory, gateway):
-        deadline = time.monotonic() + 30
         assert gateway.slice_view is not None
-        while len(gateway.slice_view.entries) < 2:  # the inventory's slices reach the gateway's watch
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        view = gateway.slice_view
+        await wait_until(lambda: len(view.entries) >= 2, "the inventory's slices in the gateway's view", 30.0)
         client = SjaClient(nc)
         too_big = JobSpec(
             name="too-big",

@@ -12,14 +12,12 @@ worker killed by Ray's memory monitor, or a subjob that never returns.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
 import itertools
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +44,7 @@ from sja.execution.runner import run_subjob
 from sja.protocol import messages as m
 from sja.workloads import WORKLOADS, facts_of, run_in_one_piece
 from sja.workloads import checkpoint as ckpt
+from tests.integration.waits import until_state as until_state  # re-exported for the stack tests
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -226,23 +225,6 @@ async def running(
             with contextlib.suppress(Exception):
                 await svc.stop()
         await nc.close()
-
-
-async def until_state(
-    client: SjaClient, job_id: str, check: Callable[[m.JobState], bool], timeout_s: float, what: str
-) -> m.JobState:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = await client.status(job_id)
-        if check(state):
-            return state
-        if time.monotonic() > deadline:
-            history = [(h.subjob_id, h.status, h.unit_start, h.units, h.slice_id) for h in state.history]
-            raise AssertionError(
-                f"timed out waiting for {what}: {state.status} {state.units_done}/{state.total_units}, "
-                f"history {history}, in flight {state.in_flight}, retry {state.retry}"
-            )
-        await asyncio.sleep(0.05)
 
 
 def spec(name: str) -> m.JobSpec:

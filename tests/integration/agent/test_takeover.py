@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 from nats.aio.client import Client
+from nats.js.api import ConsumerInfo
 from nats.js.errors import NotFoundError
 
 from services.agent.service import AgentService, AgentSettings
@@ -48,6 +49,11 @@ async def owner_of(agent: AgentService, job_id: str) -> str:
     return got[0].owner_agent
 
 
+async def owned_by(agent: AgentService, job_id: str, owner: str) -> bool:
+    """Whether the store, read through ``agent``, names ``owner`` as the job's owner."""
+    return await owner_of(agent, job_id) == owner
+
+
 async def test_a_silent_agents_job_moves_and_a_heartbeating_ones_stays(
     nats_url: str, tmp_path: Path, nc: Client
 ) -> None:
@@ -80,10 +86,12 @@ async def test_a_silent_agents_job_moves_and_a_heartbeating_ones_stays(
         assert "job-slow" in slow.owned and "job-silent" in silent.owned
         await stack.enter_async_context(taker)
 
-        deadline = time.monotonic() + 20
-        while await owner_of(taker, "job-silent") != "agent-taker":
-            assert time.monotonic() < deadline, "the silent agent's job was never taken over"
-            await asyncio.sleep(0.1)
+        await wait_until(
+            lambda: owned_by(taker, "job-silent", "agent-taker"),
+            "the silent agent's job taken over",
+            20.0,
+            every_s=0.1,
+        )
         assert "job-silent" in taker.owned
         # Well past the bound (time running out is the scenario) and several scans later the slow
         # agent still has its job: wait for two scans that began that long after the takeover.
@@ -114,18 +122,20 @@ async def test_a_gone_agents_completion_consumer_is_deleted_by_the_server(
     async with agent:
         info = await js.consumer_info("SJA_COMPLETIONS", "agent-agent-gone")
         assert info.config.inactive_threshold == 1.0
-        # The scenario: twice the inactivity threshold goes by, the agent pulling all along.
-        await asyncio.sleep(2.0)
+        # Time going by is the scenario: twice the inactivity threshold, after which a consumer no
+        # one pulled from would be gone; the agent pulls from it all along.
+        await asyncio.sleep(2 * info.config.inactive_threshold)
         # Pulled from all along: alive.
         assert (await js.consumer_info("SJA_COMPLETIONS", "agent-agent-gone")).name == "agent-agent-gone"
-    deadline = time.monotonic() + 15
-    while True:
+
+    async def deleted() -> bool:
         try:
             await js.consumer_info("SJA_COMPLETIONS", "agent-agent-gone")
         except NotFoundError:
-            break
-        assert time.monotonic() < deadline, "the consumer of an agent gone for good outlived its threshold"
-        await asyncio.sleep(0.2)
+            return True
+        return False
+
+    await wait_until(deleted, "the consumer of an agent gone for good deleted", 15.0, every_s=0.2)
 
 
 async def test_a_completion_dropped_before_the_takeover_is_read_back(
@@ -184,25 +194,24 @@ async def test_a_completion_dropped_before_the_takeover_is_read_back(
             subjects.subjob_completed("job-x"), encode(done), headers={"Nats-Msg-Id": "job-x.s0:1"}
         )
         consumer = "agent-" + subjects._key("agent-taker")
-        deadline = time.monotonic() + 10
-        while (info := await js.consumer_info("SJA_COMPLETIONS", consumer)).ack_floor.stream_seq < 1:
-            assert time.monotonic() < deadline, "the completion never reached the agent"
-            await asyncio.sleep(0.05)
+
+        async def handled() -> ConsumerInfo | None:
+            info = await js.consumer_info("SJA_COMPLETIONS", consumer)
+            return info if info.ack_floor.stream_seq >= 1 else None
+
+        info = await wait_until(handled, "the completion handled by the agent", 10.0, every_s=0.05)
         assert info.num_ack_pending == 0 and "job-x" not in taker.owned, "dropped: not its job yet"
 
-        deadline = time.monotonic() + 20
-        while await owner_of(taker, "job-x") != "agent-taker":
-            assert time.monotonic() < deadline, "the job was never taken over"
-            await asyncio.sleep(0.1)
-        deadline = time.monotonic() + 5
-        while True:
+        await wait_until(
+            lambda: owned_by(taker, "job-x", "agent-taker"), "the job taken over", 20.0, every_s=0.1
+        )
+
+        async def read_back() -> JobState | None:
             got = await jobs.get("job-x")
             assert got is not None
-            if not got[0].in_flight:
-                break
-            assert time.monotonic() < deadline, "the completion was not read back"
-            await asyncio.sleep(0.05)
-        written = got[0]
+            return got[0] if not got[0].in_flight else None
+
+        written = await wait_until(read_back, "the completion read back", 5.0, every_s=0.05)
         assert written.units_done == 1 and written.owner_agent == "agent-taker"
         assert [(h.subjob_id, h.status) for h in written.history] == [("job-x.s0", "ok")]
         # Read back once: taking another look applies nothing more.

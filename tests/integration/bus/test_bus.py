@@ -183,7 +183,7 @@ async def test_a_listing_whose_consumer_stops_delivering_reads_again(nc, monkeyp
         async def stalls_after_100(timeout: float):  # type: ignore[no-untyped-def]  # noqa: ASYNC109
             nonlocal given
             if given == 100:
-                await asyncio.sleep(timeout)
+                await asyncio.sleep(timeout)  # a stalled consumer: nothing comes within the timeout
                 raise nats.errors.TimeoutError
             given += 1
             return await next_msg(timeout)
@@ -263,10 +263,7 @@ async def test_kv_view_reads_the_bucket_as_it_stands_then_every_change_in_order(
         r_new = await store.put(declared[3].slice_id, declared[3])
         r_free = await store.cas(first.slice_id, first, revs[first.slice_id])
         await store.kv.delete(declared[1].slice_id)
-        for _ in range(200):
-            if len(seen) == 3:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: len(seen) == 3, "the three changes after start seen", 4.0)
         assert [(k, st) for k, st, _ in seen] == [
             (declared[3].slice_id, "free"),
             (first.slice_id, "free"),
@@ -297,10 +294,7 @@ async def test_kv_view_of_an_empty_bucket_is_ready_at_once_and_skips_a_bad_entry
         await store.kv.put("junk", b"\x01\x02not msgpack")  # logged and left out
         s = load_declared(None)[0]
         await store.put(s.slice_id, s)
-        for _ in range(200):
-            if seen:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: seen, "the valid entry seen", 4.0)
         assert seen == [s.slice_id]
         assert list(view.entries) == [s.slice_id]
     finally:
@@ -328,10 +322,9 @@ async def test_kv_view_is_no_longer_watching_once_a_delivery_is_cancelled(nc) ->
     try:
         await store.put(declared[0].slice_id, declared[0])
         await store.put(declared[2].slice_id, declared[2])
-        for _ in range(200):
-            if declared[2].slice_id in handled:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(
+            lambda: declared[2].slice_id in handled, "the entry after the failing one handled", 4.0
+        )
         assert handled == [declared[0].slice_id, declared[2].slice_id]
         assert view.watching, "a handler's exception does not end the view"
         await store.put(declared[1].slice_id, declared[1])
@@ -355,10 +348,12 @@ async def test_kv_view_goes_on_after_its_consumer_is_lost(nc) -> None:
         js = nc.jetstream()
         await js.delete_consumer(store.stream, (await view._sub.consumer_info()).name)
         rev = await store.put(declared[1].slice_id, declared[1])
-        for _ in range(300):  # the client notices by its missed heartbeats
-            if declared[1].slice_id in view.entries:
-                break
-            await asyncio.sleep(0.1)
+        await wait_until(  # the client notices by its missed heartbeats
+            lambda: declared[1].slice_id in view.entries,
+            "the change made while the consumer was gone",
+            30.0,
+            every_s=0.1,
+        )
         assert view.entries.get(declared[1].slice_id) == (declared[1], rev)
         assert set(view.entries) == {s.slice_id for s in declared}
     finally:

@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from sja.bus.codec import DecodeError
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
+from tests.integration.waits import wait_until
 
 SUBJECT = "test.eager"
 current: contextvars.ContextVar[str] = contextvars.ContextVar("current", default="")
@@ -53,11 +54,8 @@ class EagerService(Service):
 
 
 async def until_handled(svc: EagerService, n: int) -> None:
-    """Wait (up to 10 s) until ``n`` messages were handled; the assertions that follow say what."""
-    for _ in range(200):
-        if len(svc.order) >= n:
-            return
-        await asyncio.sleep(0.05)
+    """Wait until ``n`` messages were handled; the assertions that follow say which."""
+    await wait_until(lambda: len(svc.order) >= n, f"{n} messages handled", timeout_s=10.0, every_s=0.05)
 
 
 def service(nats_url: str, tmp_path: Path) -> EagerService:

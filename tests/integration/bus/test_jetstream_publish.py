@@ -11,7 +11,7 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.js.api import KeyValueConfig
+from nats.js.api import ConsumerInfo, KeyValueConfig
 
 from sja.bus.jetstream import Fetcher, FetcherStopped, JetStream, jetstream
 from sja.bus.store import Store
@@ -219,11 +219,12 @@ async def test_fetcher_waits_for_the_first_and_keeps_what_follows(nc) -> None:
     for m in seen:
         await m.ack()
     await nc.flush()
-    for _ in range(50):
+
+    async def acked() -> ConsumerInfo | None:
         info = await js.consumer_info(subjects.STREAM_COMPLETIONS.name, "f2")
-        if info.num_ack_pending == 0:
-            break
-        await asyncio.sleep(0.05)
+        return info if info.num_ack_pending == 0 else None
+
+    info = await wait_until(acked, "every fetched message acknowledged", 2.5, every_s=0.05)
     assert info.num_ack_pending == 0 and info.num_redelivered == 0
     await fetcher.stop()
 

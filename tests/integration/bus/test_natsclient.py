@@ -4,8 +4,6 @@ while a write is being prepared share that write, and nothing is lost or reorder
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 import nats.aio.client
@@ -13,14 +11,7 @@ import nats.errors
 
 from sja.bus.connection import connect
 from sja.bus.natsclient import Client
-
-
-async def until(done: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    """Wait for ``done()`` (the messages to arrive): a deadline against a hang, not a latency bound
-    (on a loaded machine delivery can take seconds)."""
-    deadline = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < deadline:  # noqa: ASYNC110 (a deadline)
-        await asyncio.sleep(0.02)
+from tests.integration.waits import wait_until
 
 
 def count_writes(nc: nats.aio.client.Client) -> list[int]:
@@ -68,7 +59,7 @@ async def test_work_due_meanwhile_joins_the_write(nats_url: str) -> None:
         await bursts(plain, rounds, size)
         await bursts(ours, rounds, size)
         expected = [f"{r}.{i}".encode() for r in range(rounds) for i in ("first", *range(size))]
-        await until(lambda: len(got) >= 2 * len(expected))
+        await wait_until(lambda: len(got) >= 2 * len(expected), "both bursts' messages delivered", 15.0)
         assert got == expected * 2, "every message, in order"
         # nats-py writes a burst's first message alone, then the rest (and a PING per flush);
         # here the burst goes out in one write.
@@ -91,13 +82,14 @@ async def test_request_reply_and_reconnect_still_work(nats_server: Any) -> None:
         nats_server.stop()
         nats_server.start()
         # Reconnected (the subscription replayed): requests are answered again.
-        answer = None
-        for _ in range(40):
+
+        async def answered() -> bytes | None:
             try:
-                answer = (await nc.request("echo", b"again", timeout=0.5)).data
-                break
+                return (await nc.request("echo", b"again", timeout=0.5)).data
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                await asyncio.sleep(0.25)
+                return None
+
+        answer = await wait_until(answered, "a request answered after the reconnect", 30.0, every_s=0.25)
         assert answer == b"again"
         assert isinstance(nc, Client) and nc.stats["reconnects"] >= 1
     finally:
@@ -127,10 +119,10 @@ async def test_flush_now_writes_at_once_and_in_order(nats_url: str) -> None:
             nc.flush_now()  # nothing pending: no write
             assert writes[0] == before + 1
             await nc.publish("urgent.x", f"{r}.c".encode())
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a yield between rounds, where the flusher may write the last publish
         await nc.flush()
         expected = [f"{r}.{x}".encode() for r in range(20) for x in "abc"]
-        await until(lambda: len(got) >= len(expected))
+        await wait_until(lambda: len(got) >= len(expected), "every urgent message delivered", 15.0)
         assert got == expected
     finally:
         await nc.close()
@@ -141,16 +133,13 @@ async def test_flush_now_while_disconnected_keeps_the_data_for_the_reconnect(nat
     nc = await connect(nats_server.url, "urgent")
     try:
         nats_server.stop()
-        await until(lambda: not nc.is_connected)
+        await wait_until(lambda: not nc.is_connected, "the client disconnected", 15.0)
         assert not nc.is_connected
         await nc.publish("later.x", b"kept")
         nc.flush_now()  # not connected: nothing written, nothing dropped
         assert nc.pending_data_size > 0
         nats_server.start()
-        for _ in range(200):
-            if nc.is_connected:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: nc.is_connected, "the client reconnected", 10.0, every_s=0.05)
         assert nc.is_connected
         await nc.flush(timeout=5)
         assert nc.pending_data_size == 0  # written on the reconnect, as the flusher would have

@@ -143,12 +143,12 @@ class Conn:
         return self
 
     async def wait_violation(self, subject: str, timeout_s: float = 5.0) -> PermissionViolation:
-        for _ in range(int(timeout_s / 0.02)):
-            for v in self.violations:
-                if v.subject == subject.lower():
-                    return v
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"no permissions violation reported for {subject}: {self.violations}")
+        found: PermissionViolation = await wait_until(
+            lambda: next((v for v in self.violations if v.subject == subject.lower()), None),
+            lambda: f"a permissions violation reported for {subject}: {self.violations}",
+            timeout_s,
+        )
+        return found
 
 
 @contextlib.asynccontextmanager
@@ -203,10 +203,7 @@ async def test_agent_cannot_publish_offers_or_grants(
         for conn in (advertiser, clearer):
             assert conn.nc is not None
             await conn.nc.flush()
-        for _ in range(100):
-            if offers and grants:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: offers and grants, "the offer and the grant delivered", 2.0)
         assert offers == ["sja.v1.offer.opened.x"], "only the advertiser's offer arrives"
         assert grants == ["sja.v1.grant.issued.x"], "only the clearer's grant arrives"
         assert advertiser.violations == [] and clearer.violations == []
@@ -253,10 +250,7 @@ async def test_a_service_logs_and_counts_a_refused_publish(
         assert agent.permission_violations == 0, "an agent's own work needs no forbidden subject"
         await agent.bus.publish(subjects.grant_issued("agent-rogue"), b"forged")
         await agent.bus.flush()
-        for _ in range(250):
-            if agent.permission_violations:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: agent.permission_violations, "the refused publish counted", 5.0)
         assert agent.permission_violations == 1
         assert agent.last_permission_violation is not None
         assert agent.last_permission_violation.subject == "sja.v1.grant.issued.agent-rogue"
@@ -444,10 +438,7 @@ async def test_a_tenant_has_no_other_way_in(secured: Secured) -> None:
         for subject in ("_INBOX.>", "_INBOX.sja-gateway.>", "sja.v1.>", "$KV.sja-jobs.>"):
             await tenant.nc.subscribe(subject)
         await tenant.nc.flush()
-        for _ in range(100):
-            if len(tenant.violations) >= 9:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: len(tenant.violations) >= 9, "nine permissions violations reported", 2.0)
         refused = {(v.operation, v.subject) for v in tenant.violations}
         assert ("publish", "sja.v1.job.submit") in refused
         assert ("publish", "$js.api.stream.info.sja_jobs") in refused
@@ -571,12 +562,9 @@ async def test_services_with_their_own_users_negotiate_end_to_end(secured: Secur
                     break
             assert subjob is not None and subjob.job_id == job_id, "no subjob was dispatched"
             assert any(g.grant_id == subjob.grant_id for g in grants)
-            rounds = []
-            for _ in range(50):
-                rounds = await client.rounds(job_id)
-                if rounds:
-                    break
-                await asyncio.sleep(0.1)
+            rounds = await wait_until(
+                lambda: client.rounds(job_id), "the job's rounds recorded", 5.0, every_s=0.1
+            )
             assert rounds and any(r.winner_job == job_id for r in rounds)
             assert (await client.status(job_id)).status == "running"
         finally:
@@ -754,10 +742,7 @@ async def test_tls_with_a_client_certificate(tls_files: dict[str, Path], tmp_pat
                 encode(AgentHeartbeat(agent_id="tls-agent", jobs=0, sent_at=0.0, interval_s=1.0)),
             )
             await nc.flush()
-            for _ in range(50):
-                if seen:
-                    break
-                await asyncio.sleep(0.02)
+            await wait_until(lambda: seen, "the heartbeat delivered over TLS", 1.0)
             assert seen == [subjects.AGENT_HEARTBEAT]
         finally:
             await nc.close()

@@ -37,6 +37,7 @@ from sja.protocol.messages import (
     SliceState,
     Window,
 )
+from tests.integration.waits import wait_until
 
 POOL = "p"
 
@@ -133,12 +134,12 @@ async def test_every_bid_of_every_offer_has_a_verdict(nats_url: str, tmp_path: P
         await asyncio.wait_for(heard.wait(), 10.0)
 
         client = SjaClient(nc)
-        rounds: list[RoundRecord] = []
-        for _ in range(50):
+
+        async def four_rounds() -> list[RoundRecord] | None:
             rounds = await client.rounds("j6")
-            if len(rounds) == 4:
-                break
-            await asyncio.sleep(0.1)
+            return rounds if len(rounds) == 4 else None
+
+        rounds = await wait_until(four_rounds, "the four offers' records", 5.0, every_s=0.1)
 
     # Every offer's record: one verdict per bid (seven bids, j3 twice) and one for ag-2.
     assert sorted(r.offer_id for r in rounds) == ids

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -41,6 +40,7 @@ from sja.bus.natsd import EmbeddedNats, free_port, nats_server_binary
 from sja.client import SjaClient
 from sja.protocol.messages import JobSpec, JobState
 from sja.workloads import run_in_one_piece
+from tests.integration.waits import wait_until, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -404,19 +404,24 @@ def health_command(service: dict[str, Any]) -> list[str]:
 def wait_healthy(
     name: str, argv: list[str], env: dict[str, str], proc: subprocess.Popen[bytes], log: Path
 ) -> None:
-    deadline = time.monotonic() + 150
     last = ""
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
+        nonlocal last
         if proc.poll() is not None:
             raise AssertionError(
                 f"{name} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}"
             )
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
-        if r.returncode == 0:
-            return
         last = r.stderr.strip()
-        time.sleep(0.5)
-    raise AssertionError(f"{name} never became healthy ({last}):\n{log.read_text(errors='replace')[-4000:]}")
+        return r.returncode == 0
+
+    wait_until_sync(
+        healthy,
+        lambda: f"{name} healthy ({last}):\n{log.read_text(errors='replace')[-4000:]}",
+        150.0,
+        every_s=0.5,
+    )
 
 
 async def run_jobs(url: str, creds: Mapping[str, str]) -> list[JobState]:
@@ -439,13 +444,17 @@ async def run_jobs(url: str, creds: Mapping[str, str]) -> list[JobState]:
             ),
         ]
         ids = [(await client.submit(spec)).job_id for spec in specs]
-        deadline = time.monotonic() + 180
-        while True:
+        states: list[JobState] = []
+
+        async def all_ended() -> list[JobState] | None:
+            nonlocal states
             states = [await client.status(j) for j in ids]
-            if all(s.status in ("done", "failed", "cancelled") for s in states):
-                return states
-            assert time.monotonic() < deadline, [(s.job_id, s.status) for s in states]
-            await asyncio.sleep(0.3)
+            return states if all(s.status in ("done", "failed", "cancelled") for s in states) else None
+
+        done: list[JobState] = await wait_until(
+            all_ended, lambda: f"the jobs ended: {[(s.job_id, s.status) for s in states]}", 180.0, every_s=0.3
+        )
+        return done
     finally:
         await client.close()
 

@@ -101,7 +101,8 @@ async def test_a_holder_past_its_window_yields_to_a_newcomer_at_a_unit_boundary(
     long_units, unit_s = 200, 0.05  # 10 s of work
     async with running(nats_url, tmp_path, Actors(), inventory=one_slice(tmp_path)) as stack:
         holder = (await stack.client.submit(spec("holder", long_units, unit_s), "holder-1")).job_id
-        # The holder runs, then goes on past its window.
+        # The holder runs, then goes on past its window: time going by is the scenario (the window's
+        # length and a second more), and only then does a newcomer come.
         await until_state(stack.client, holder, lambda s: bool(s.in_flight), 60, "the holder to run")
         await asyncio.sleep(HORIZON_S + 1.0)
         newcomer = (await stack.client.submit(spec("newcomer", 10, 0.02), "newcomer-1")).job_id

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,10 @@ from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.inventory.fake_nvml import FakeNvml
 from sja.inventory.nvml import discover
-from sja.protocol.messages import JobSpec, JobState, SliceState
+from sja.protocol.messages import JobSpec, SliceState
 from sja.workloads import checkpoint as ckpt
 from sja.workloads import run_in_one_piece
+from tests.integration.waits import until_state, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,30 +41,9 @@ async def running(*services: object) -> AsyncIterator[None]:
         yield
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def slices_of(nc) -> dict[str, SliceState]:
     slices, _ = await stores(nc.jetstream())
     return {s.slice_id: s for s, _ in await slices.all()}
-
-
-async def wait_done(client: SjaClient, job_id: str, timeout_s: float) -> JobState:
-    state: JobState | None = None
-
-    async def done() -> bool:
-        nonlocal state
-        state = await client.status(job_id)
-        return J.is_terminal(state)
-
-    await until(done, timeout_s, f"job {job_id}")
-    assert state is not None
-    return state
 
 
 async def test_lost_gpu_goes_offline_and_comes_back_free(nats_url: str, tmp_path: Path, nc) -> None:
@@ -92,7 +71,7 @@ async def test_lost_gpu_goes_offline_and_comes_back_free(nats_url: str, tmp_path
             now = await slices_of(nc)
             return all((s.status == "offline") == (s.gpu_index == 2) for s in now.values())
 
-        await until(a100_offline, 10, "the lost GPU's slices to go offline")
+        await wait_until(a100_offline, "the lost GPU's slices offline", 10.0, every_s=0.05)
         assert set(await slices_of(nc)) == expected, "offline slices are kept, not deleted"
 
         fake.restore(2)
@@ -100,7 +79,7 @@ async def test_lost_gpu_goes_offline_and_comes_back_free(nats_url: str, tmp_path
         async def all_free() -> bool:
             return {s.status for s in (await slices_of(nc)).values()} == {"free"}
 
-        await until(all_free, 10, "the GPU's slices to come back free")
+        await wait_until(all_free, "the GPU's slices back and free", 10.0, every_s=0.05)
 
 
 async def test_unavailable_nvml_fails_the_inventory_at_start(nats_url: str, tmp_path: Path) -> None:
@@ -161,7 +140,7 @@ async def test_jobs_run_on_nvml_slices_through_the_stack(nats_url: str, tmp_path
                 JobSpec(name="infer", tenant="u", workload="torch-infer", max_parallel=4, params=infer_params)
             )
         ids = [(await client.submit(s)).job_id for s in specs]
-        states = [await wait_done(client, j, 150) for j in ids]
+        states = [await until_state(client, j, J.is_terminal, 150, f"job {j} to end") for j in ids]
         for s in states:
             assert s.status == "done", (s.job_id, s.status, s.units_done, s.total_units)
         assert states[0].result == run_in_one_piece("montecarlo", mc_params)

@@ -5,7 +5,6 @@ window it can bid on; explain names, for each window shape, what its smallest su
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -19,9 +18,10 @@ from services.gateway.service import GatewayService, GatewaySettings
 from services.inventory.service import InventoryService, InventorySettings
 from sja.client import ApiError, SjaClient
 from sja.core.profiles import JobProfile
-from sja.protocol.messages import JobSpec, MemoryDecl
+from sja.protocol.messages import Explanation, JobSpec, MemoryDecl
 from tests.integration.cli.test_cli_errors import sja_async
 from tests.integration.telemetry.test_metrics import common, running
+from tests.integration.waits import wait_until
 
 
 async def test_explain_says_why_a_job_that_fits_no_slice_waits(nats_url: str, tmp_path: Path, nc) -> None:
@@ -53,21 +53,19 @@ async def test_explain_says_why_a_job_that_fits_no_slice_waits(nats_url: str, tm
         assert any("sla and jasda" in n for n in ack2.notes), ack2.notes
         async with running(inventory):
             assert gateway.slice_view is not None
-            deadline = asyncio.get_running_loop().time() + 30
-            while not gateway.slice_view.entries:
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.05)
+            view = gateway.slice_view
+            await wait_until(lambda: view.entries, "the inventory's slices in the gateway's view", 30.0)
             with pytest.raises(ApiError, match="largest slice") as refused:
                 await client.submit(msgspec.structs.replace(huge, name="later"))
             assert refused.value.error.field == "spec.memory"
+
             # Rounds go on (no job can take the free slices): wait until every shape's last offer
             # was seen after the job was taken on by the agent.
-            while True:
+            async def every_shape_seen() -> Explanation | None:
                 e = await client.explain(ack.job_id)
-                if len(e.windows) == 5 and all("needs" in w.reason for w in e.windows):
-                    break
-                assert asyncio.get_running_loop().time() < deadline + 60
-                await asyncio.sleep(0.3)
+                return e if len(e.windows) == 5 and all("needs" in w.reason for w in e.windows) else None
+
+            e = await wait_until(every_shape_seen, "a reason for each of the five shapes", 90.0, every_s=0.3)
             state = await client.status(ack.job_id)
             assert state.profile is not None
             need = JobProfile.from_state(state.profile).mem_quantile(1, 1.0 - huge.eps_mem)

@@ -9,12 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from nats.aio.client import Client
 
 from sja.stack import discover
+from tests.integration.waits import wait_until
 
 
 def service_env(nats_url: str, out: Path, **extra: str) -> dict[str, str]:
@@ -25,10 +25,17 @@ def service_env(nats_url: str, out: Path, **extra: str) -> dict[str, str]:
 
 async def discovered(nc: Client, wanted: set[str], timeout_s: float) -> dict[str, str]:
     """instance -> micro service name, once every one of ``wanted`` answers ``$SRV.PING``."""
-    deadline = time.monotonic() + timeout_s
-    while not wanted <= set(seen := await discover(nc)):
-        assert time.monotonic() < deadline, f"not all of {sorted(wanted)} answered: {seen}"
-    return seen
+    seen: dict[str, str] = {}
+
+    async def all_answer() -> dict[str, str] | None:
+        nonlocal seen
+        seen = await discover(nc)  # itself waits a while for the answers
+        return seen if wanted <= set(seen) else None
+
+    found: dict[str, str] = await wait_until(
+        all_answer, lambda: f"every one of {sorted(wanted)} answering: {seen}", timeout_s, every_s=0.0
+    )
+    return found
 
 
 async def test_cohosted_services_run_and_stop_as_they_would_alone(

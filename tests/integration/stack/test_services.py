@@ -22,6 +22,7 @@ from sja.bus.store import stores
 from sja.client import ApiError, SjaClient
 from sja.protocol import subjects
 from sja.protocol.messages import ErrorReply, Grant, GrantBatch, JobSpec, OfferBatch, SliceState, Subjob
+from tests.integration.waits import wait_until
 
 
 @contextlib.asynccontextmanager
@@ -184,18 +185,23 @@ async def test_unstarted_grant_lease_lapses_and_the_slice_returns(nats_url: str,
             s, offered_fence=s.fence, job_id="j", grant_id="g-x", now=time.time(), lease_s=0.3
         )
         assert await slices.cas(s.slice_id, leased, rev) is not None
-        for _ in range(100):
+
+        async def freed() -> SliceState | None:
             cur, _ = await slices.get(s.slice_id)  # type: ignore[misc]
-            if cur.status == "free":
-                break
-            await asyncio.sleep(0.05)
+            return cur if cur.status == "free" else None
+
+        cur = await wait_until(freed, "the lapsed lease's slice free again", 5.0, every_s=0.05)
         assert cur.status == "free" and cur.fence == leased.fence, "fence never goes down"
         assert encode(cur)
         assert advertiser.lapsed == 1
-        for _ in range(100):
-            again = [o for b in offered for o in b.offers if o.window.slice_id == s.slice_id]
-            if any(o.slice_fence == leased.fence for o in again):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the freed slice was never offered again")
+        await wait_until(
+            lambda: any(
+                o.slice_fence == leased.fence
+                for b in offered
+                for o in b.offers
+                if o.window.slice_id == s.slice_id
+            ),
+            "the freed slice offered again",
+            5.0,
+            every_s=0.05,
+        )

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,11 +36,13 @@ from services.inventory.service import InventoryService, InventorySettings
 from sja.bus.natsd import free_port
 from sja.bus.settings import BaseSettings, SettingsError
 from sja.client import SjaClient
+from sja.core import jobs as J
 from sja.core.policies import POLICIES
 from sja.protocol import subjects
 from sja.protocol.messages import JobSpec, MemoryDecl, TimeDecl
 from sja.telemetry.metrics import serve_metrics
 from sja.workloads import run_in_one_piece
+from tests.integration.waits import until_state, wait_until, wait_until_sync
 
 Samples = list[tuple[str, dict[str, str], float]]
 
@@ -81,13 +82,14 @@ def series(samples: Samples, name: str, **labels: str) -> list[dict[str, str]]:
 
 
 async def eventually(port: int, ok: Callable[[Samples], bool], what: str, timeout_s: float = 20.0) -> Samples:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The endpoint's samples once ``ok`` holds for them."""
+
+    async def seen() -> tuple[Samples] | None:
         samples = await scrape(port)
-        if ok(samples):
-            return samples
-        assert time.monotonic() < deadline, f"never saw {what}"
-        await asyncio.sleep(0.2)
+        return (samples,) if ok(samples) else None  # a tuple: true even where no sample is needed
+
+    (samples,) = await wait_until(seen, f"{what} in the metrics", timeout_s, every_s=0.2)
+    return samples
 
 
 async def test_a_negotiation_round_shows_in_every_services_metrics(
@@ -369,15 +371,15 @@ def test_a_service_process_serves_metrics_on_its_fixed_port(nats_url: str, tmp_p
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def serving() -> tuple[str] | None:
             assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
             try:
-                text = _get(f"http://127.0.0.1:{port}/metrics")
-                break
+                return (_get(f"http://127.0.0.1:{port}/metrics"),)
             except urllib.error.URLError:
-                assert time.monotonic() < deadline, "the endpoint never came up"
-                time.sleep(0.2)
+                return None
+
+        (text,) = wait_until_sync(serving, "the endpoint serving", 60.0, every_s=0.2)
         samples = [
             (s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples
         ]
@@ -438,10 +440,7 @@ async def test_executor_busy_seconds_and_an_oom_in_the_agents_subjob_counts(
         ok_before = total(before, "sja_subjobs_total", service="agent", status="ok")
         client = SjaClient(nc)
         job = await client.submit(spec)
-        deadline = time.monotonic() + 150
-        while (state := await client.status(job.job_id)).status not in ("done", "failed", "cancelled"):
-            assert time.monotonic() < deadline, (state.status, state.units_done, state.total_units)
-            await asyncio.sleep(0.3)
+        state = await until_state(client, job.job_id, J.is_terminal, 150, "the job to end", every_s=0.3)
         # The provider is per process: earlier tests' agents counted too, so wait for this job's
         # completions to be added.
         s = await eventually(

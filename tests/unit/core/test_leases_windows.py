@@ -1,6 +1,9 @@
-"""Slice leases (fenced transitions) and the windows offered from slice states."""
+"""Slice leases (fenced transitions, and the executor's admission by them), the windows offered from
+slice states, and the pace at which they are offered."""
 
 from __future__ import annotations
+
+import itertools
 
 import msgspec
 import pytest
@@ -9,7 +12,8 @@ from hypothesis import strategies as st
 
 from sja.core import leases
 from sja.core.leases import LeaseConflict
-from sja.core.windows import WindowRequest, find_windows
+from sja.core.windows import OfferPacer, WindowRequest, find_windows
+from sja.inventory.declared import load_declared
 from sja.protocol.messages import SliceState
 
 NOW = 5_000.0
@@ -412,3 +416,41 @@ def test_open_ended_windows_leave_free_slices_unbounded_unless_reserved() -> Non
     assert ws["s-busy"].end_s == ws["s-busy"].start_s + 30.0, "a future window keeps its bound"
     reserved = WindowRequest(now=NOW, horizon_s=30.0, open_ended=True, reservations={"s-free-a": NOW + 10.0})
     assert {w.slice_id: w.end_s for w in find_windows(fleet(), reserved)}["s-free-a"] == NOW + 10.0
+
+
+def test_pacer_offers_at_once_then_backs_off_and_resets_on_demand() -> None:
+    s = load_declared(None)[0]
+    windows = find_windows([s], WindowRequest(now=0.0, horizon_s=5.0))
+    pacer = OfferPacer(min_s=0.2, max_s=1.0)
+    fences = {s.slice_id: 0}
+    times = [t / 100 for t in range(0, 400)]
+    offered = [t for t in times if pacer.due(windows, fences, t)]
+    gaps = [b - a for a, b in itertools.pairwise(offered)]
+    assert offered[0] == 0.0
+    assert gaps[:3] == pytest.approx([0.2, 0.4, 0.8], abs=0.011), gaps
+    assert max(gaps) == pytest.approx(1.0, abs=0.011), gaps
+    # the slice was granted and freed again: its fence moved, so it is offered at once
+    fences[s.slice_id] = 1
+    assert pacer.due(windows, fences, 4.0)
+    assert not pacer.due(windows, fences, 4.05)
+    # A long backoff later, new demand brings the next offer back to min_s after the last one...
+    offered = [t for t in (4.21, 4.62, 5.0) if pacer.due(windows, fences, t)]
+    assert offered == [4.21, 4.62], "backing off: 0.2 s, then 0.4 s, then 0.8 s"
+    pacer.demand_changed()
+    assert pacer.due(windows, fences, 5.21), "new demand skips the backoff"
+    # ...but never sooner: the last offer's round may still be open.
+    pacer.demand_changed()
+    assert not pacer.due(windows, fences, 5.3)
+    assert pacer.due(windows, fences, 5.42)
+
+
+def test_executor_admission_from_the_slice_lease() -> None:
+    s = load_declared(None)[0]
+    leased = leases.grant(s, offered_fence=0, job_id="j", grant_id="g1", now=0.0, lease_s=5.0)
+    assert leases.admit(leased, grant_id="g1", fence=1, known=True) == "run"
+    assert leases.admit(leased, grant_id="g0", fence=1, known=True) == "stale"
+    assert leases.admit(leased, grant_id="g1", fence=2, known=True) == "stale"
+    assert leases.admit(leased, grant_id="g1", fence=1, known=False) == "unknown"
+    assert leases.admit(None, grant_id="g1", fence=1, known=True) == "unknown"
+    busy = msgspec.structs.replace(leased, status="busy")
+    assert leases.admit(busy, grant_id="g1", fence=1, known=True) == "interrupted"

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
-from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from sja.core.jobs import propose
 from sja.core.windows import WindowRequest, find_windows
@@ -151,73 +147,3 @@ def test_policy_names() -> None:
         parse_policies("lottery")
     with pytest.raises(ValueError, match="unknown SJA clearing policy"):
         parse_policies("sja:nope")
-
-
-TINY_CSV = """job_id,submit_s,duration_s,num_gpus,gpu_fraction,mem_mib,true_mem_mib,tenant
-a,0,900,1,1.0,8000,6000,alice
-b,60,1500,2,1.0,12000,9000,bob
-c,120,600,1,0.5,4000,3000,alice
-"""
-
-
-def test_simulate_command_writes_metrics_and_a_report(tmp_path: Path) -> None:
-    from sja.cli.simulate import simulate_command
-
-    trace_file = tmp_path / "tiny.csv"
-    trace_file.write_text(TINY_CSV)
-    out = tmp_path / "m.json"
-    code = simulate_command(
-        trace=trace_file,
-        fmt="csv",
-        cluster="2xA100-80GB:4g.40gb+3g.40gb",
-        policies="fifo,easy,bestfit,sja,sja:efficiency",
-        json_out=out,
-        report_dir=tmp_path / "report",
-        console=Console(file=io.StringIO()),
-    )
-    assert code == 0
-    metrics = json.loads(out.read_text())
-    assert list(metrics) == ["bestfit", "easy", "fifo", "sja:efficiency", "sja:fair"]
-    for m in metrics.values():
-        assert m["jobs_finished"] == 3
-        for key in ("utilization", "mean_jct_s", "p95_jct_s", "mean_wait_s", "p95_wait_s", "makespan_s"):
-            assert m[key] is not None
-        assert m["makespan_s"] >= m["makespan_lower_bound_s"] - 1e-6
-        assert m["rho_jobs"] == 3 and m["rho_max"] >= m["rho_p99"] > 0
-    assert metrics["bestfit"]["rho_max"] == 1.0
-    assert metrics["sja:efficiency"]["subjobs"] > 3
-    assert metrics["sja:efficiency"]["overhead_s"] > 0
-    report = (tmp_path / "report" / "report.md").read_text()
-    assert "jct_cdf.png" in report and (tmp_path / "report" / "utilization.png").is_file()
-    assert "## Finish-time fairness" in report and "- fifo: p99 rho" in report
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"trace": Path("/nonexistent.csv")}, "no such trace file"),
-        ({"fmt": "parquet"}, "unknown trace format"),
-        ({"cluster": "3xQ9000"}, "bad cluster spec"),
-        ({"policies": "lottery"}, "unknown policy"),
-        ({"eps_mem": 0.7}, "--eps-mem"),
-    ],
-)
-def test_simulate_command_rejects_bad_input_with_exit_code_2(
-    tmp_path: Path, overrides: dict[str, object], message: str
-) -> None:
-    from sja.cli.simulate import simulate_command
-
-    trace_file = tmp_path / "tiny.csv"
-    trace_file.write_text(TINY_CSV)
-    err = io.StringIO()
-    args: dict[str, object] = {
-        "trace": trace_file,
-        "fmt": "csv",
-        "cluster": "1xA100-80GB",
-        "policies": "fifo",
-    }
-    args.update(overrides)
-    code = simulate_command(**args, console=Console(file=io.StringIO()), err_console=Console(file=err))  # type: ignore[arg-type]
-    assert code == 2
-    text = err.getvalue()
-    assert message in text and len(text.strip().splitlines()) == 1

@@ -1,34 +1,20 @@
-"""Repartitionable MIG layouts: the pure layout choice, and re-cuts in the SJA engine and best-fit."""
+"""Repartitionable MIG GPUs in the simulator: re-cuts in the SJA engine and in best-fit, what they
+cost, and the whole-GPU baselines that ignore them."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import json
-from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from sja.core.mig import A100_40GB, A100_80GB, place_layout
-from sja.core.repartition import (
-    SliceDemand,
-    canonical_layout,
-    choose_layout,
-    layout_value,
-    maximal_layouts,
-    plan_repartitions,
-)
+from sja.core.mig import A100_80GB, place_layout
 from sja.sim.baselines import BestFitMigScheduler, _Finish
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SimConfig, SjaEngine, _Running
 from sja.sim.model import TraceJob
-from sja.sim.runner import metrics_of, parse_policies, run_policy
-
-SMALL = SliceDemand(9000.0, 1 / 7)
-"""Fits a 1g.10gb slice of an A100-80GB and uses no more than its compute."""
-SEVEN_1G = ("1g.10gb",) * 7
+from sja.sim.runner import metrics_of, run_policy
 
 CFG = SimConfig(horizon_s=3600.0, unit_s=60.0, eps_mem=0.05)
 
@@ -47,50 +33,6 @@ def small_jobs(n: int = 14) -> list[TraceJob]:
         )
         for i in range(n)
     ]
-
-
-# --- the decision ---------------------------------------------------------------------------------
-
-
-def test_every_maximal_layout_is_valid_and_distinct() -> None:
-    for gpu in (A100_40GB, A100_80GB):
-        layouts = maximal_layouts(gpu)
-        assert len(layouts) == len({tuple(sorted(lay)) for lay in layouts}) > 10
-        for layout in layouts:
-            place_layout(gpu, layout)
-        assert maximal_layouts(gpu) == layouts, "deterministic"
-
-
-def test_small_jobs_get_small_slices_and_whole_gpu_jobs_do_not() -> None:
-    assert choose_layout(A100_80GB, None, [SMALL] * 7) == SEVEN_1G
-    # seven whole-GPU jobs on seven slices: more jobs served, no more throughput; keep the GPU whole
-    assert choose_layout(A100_80GB, None, [SliceDemand(9000.0, 1.0)] * 7) is None
-    # one small job: a 1g slice gives it no more than the whole GPU does
-    assert choose_layout(A100_80GB, None, [SMALL]) is None
-    # a job too large for every slice of the current layout brings the whole GPU back
-    assert choose_layout(A100_80GB, SEVEN_1G, [SliceDemand(50_000.0, 1.0)]) == ("7g.80gb",)
-    # nothing waits, or nothing fits any layout: keep
-    assert choose_layout(A100_80GB, SEVEN_1G, []) is None
-    assert choose_layout(A100_80GB, SEVEN_1G, [SliceDemand(90_000.0)]) is None
-
-
-def test_demand_restricted_to_profiles_is_honoured() -> None:
-    # a job whose planner accepts only 3g and larger slices (say, for time) is not served by 1g
-    picky = SliceDemand(0.0, 3 / 7, profiles=frozenset({"3g.40gb", "4g.40gb", "7g.80gb"}))
-    assert layout_value(A100_80GB, SEVEN_1G, [picky]) == (0.0, 0)
-    chosen = choose_layout(A100_80GB, SEVEN_1G, [picky, picky])
-    assert chosen is not None and set(chosen) <= {"3g.40gb", "4g.40gb"}
-    assert layout_value(A100_80GB, chosen, [picky, picky]) == (round(6 / 7, 9), 2)
-
-
-def test_plan_spreads_demand_over_gpus_in_order() -> None:
-    gpus = [("a", A100_80GB, None), ("b", A100_80GB, None), ("c", A100_80GB, None)]
-    plan = plan_repartitions(gpus, [SMALL] * 9)
-    assert [r.gpu_id for r in plan] == ["a", "b"], "the third GPU has nothing left to serve"
-    assert plan[0].new == SEVEN_1G and len(plan[0].serves) == 7
-    assert len(plan[1].serves) == 2
-    assert plan[0].old == canonical_layout(A100_80GB, None) == ("7g.80gb",)
-    assert plan_repartitions(gpus, [SMALL] * 9) == plan
 
 
 # --- the SJA engine -------------------------------------------------------------------------------
@@ -229,38 +171,3 @@ def test_whole_gpu_baselines_ignore_repartitionable_marks() -> None:
         a = metrics_of(run_policy(name, parse_cluster("2xA100-80GB"), jobs, CFG), jobs)
         b = metrics_of(run_policy(name, parse_cluster("2xA100-80GB~repart"), jobs, CFG), jobs)
         assert a == b and b["repartitions"] == 0
-
-
-def test_cli_selects_repartitioning_through_the_cluster_spec(tmp_path: Path) -> None:
-    from sja.cli.simulate import simulate_command
-
-    trace_file = tmp_path / "small.csv"
-    rows = [f"s{i},{10 * i},1200,1,{1 / 7:.6f},5000,4000,t{i % 2}" for i in range(14)]
-    trace_file.write_text(
-        "job_id,submit_s,duration_s,num_gpus,gpu_fraction,mem_mib,true_mem_mib,tenant\n"
-        + "\n".join(rows)
-        + "\n"
-    )
-    results = {}
-    for spec in ("2xA100-80GB", "2xA100-80GB~repart", "2xA100-80GB~repart=60"):
-        out = tmp_path / "m.json"
-        code = simulate_command(
-            trace=trace_file,
-            fmt="csv",
-            cluster=spec,
-            policies="bestfit,sja",
-            json_out=out,
-            report_dir=tmp_path / "report",
-            horizon_s=3600.0,
-            console=Console(file=io.StringIO()),
-        )
-        assert code == 0
-        results[spec] = json.loads(out.read_text())
-    static, repart, slow = results.values()
-    for policy in parse_policies("bestfit,sja"):
-        assert static[policy]["repartitions"] == 0
-        assert repart[policy]["repartitions"] > 0
-        assert repart[policy]["makespan_s"] < static[policy]["makespan_s"]
-        assert slow[policy]["reconfig_s"] == pytest.approx(60.0 * slow[policy]["repartitions"])
-    report = (tmp_path / "report" / "report.md").read_text()
-    assert "repartitions" in report and "reconfiguration 5 s" in report

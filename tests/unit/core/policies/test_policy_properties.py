@@ -1,10 +1,9 @@
 """Long-run properties of the clearing policies: fairness converges to the target shares (within a
 stated tolerance, for drawn tenant weights and demand mixes), auction budgets never go negative, and
-the offer pacing and round-closing rules used by the services."""
+a jasda batch clears as its offers one by one."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections.abc import Callable
@@ -13,11 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sja.core.leases import admit, grant
 from sja.core.policies import Bid, Ledger, PolicyConfig, clear, clear_batch, grant_cost
-from sja.core.rounds import all_replied, close_by, live_agents
-from sja.core.windows import OfferPacer
-from sja.inventory.declared import load_declared
 from sja.protocol.messages import Candidate, Offer, Proposal, Window
 
 NOW = 1_000.0
@@ -376,66 +371,3 @@ def test_a_jasda_batch_ranks_scores_within_rounding_of_each_other_as_one_by_one(
         lambda: Ledger(tenant_attained=dict(attained)),
         PolicyConfig(),
     )
-
-
-def test_pacer_offers_at_once_then_backs_off_and_resets_on_demand() -> None:
-    s = load_declared(None)[0]
-    from sja.core.windows import WindowRequest, find_windows
-
-    windows = find_windows([s], WindowRequest(now=0.0, horizon_s=5.0))
-    pacer = OfferPacer(min_s=0.2, max_s=1.0)
-    fences = {s.slice_id: 0}
-    times = [t / 100 for t in range(0, 400)]
-    offered = [t for t in times if pacer.due(windows, fences, t)]
-    gaps = [b - a for a, b in itertools.pairwise(offered)]
-    assert offered[0] == 0.0
-    assert gaps[:3] == pytest.approx([0.2, 0.4, 0.8], abs=0.011), gaps
-    assert max(gaps) == pytest.approx(1.0, abs=0.011), gaps
-    # the slice was granted and freed again: its fence moved, so it is offered at once
-    fences[s.slice_id] = 1
-    assert pacer.due(windows, fences, 4.0)
-    assert not pacer.due(windows, fences, 4.05)
-    # A long backoff later, new demand brings the next offer back to min_s after the last one...
-    offered = [t for t in (4.21, 4.62, 5.0) if pacer.due(windows, fences, t)]
-    assert offered == [4.21, 4.62], "backing off: 0.2 s, then 0.4 s, then 0.8 s"
-    pacer.demand_changed()
-    assert pacer.due(windows, fences, 5.21), "new demand skips the backoff"
-    # ...but never sooner: the last offer's round may still be open.
-    pacer.demand_changed()
-    assert not pacer.due(windows, fences, 5.3)
-    assert pacer.due(windows, fences, 5.42)
-
-
-def test_round_closes_early_only_when_every_live_agent_replied() -> None:
-    seen = {"a1": 99.0, "a2": 100.0, "dead": 50.0}
-    live = live_agents(seen, now=100.5, liveness_s=3.0)
-    assert live == {"a1", "a2"}
-    assert not all_replied(["a1"], live)
-    assert all_replied(["a1", "a2"], live)
-    assert all_replied(["a2", "a1", "dead"], live)
-    assert not all_replied(["a1"], set()), "no known agent: wait for the deadline"
-
-
-def test_executor_admission_from_the_slice_lease() -> None:
-    s = load_declared(None)[0]
-    leased = grant(s, offered_fence=0, job_id="j", grant_id="g1", now=0.0, lease_s=5.0)
-    assert admit(leased, grant_id="g1", fence=1, known=True) == "run"
-    assert admit(leased, grant_id="g0", fence=1, known=True) == "stale"
-    assert admit(leased, grant_id="g1", fence=2, known=True) == "stale"
-    assert admit(leased, grant_id="g1", fence=1, known=False) == "unknown"
-    assert admit(None, grant_id="g1", fence=1, known=True) == "unknown"
-    import msgspec
-
-    busy = msgspec.structs.replace(leased, status="busy")
-    assert admit(busy, grant_id="g1", fence=1, known=True) == "interrupted"
-
-
-def test_a_round_waits_past_its_deadline_only_for_a_live_agent() -> None:
-    assert close_by(100.0, 0.2, live={"a1"}) == pytest.approx(100.2)
-    assert close_by(100.0, 0.2, live=set()) == 100.0
-
-
-def test_a_round_taken_late_still_gets_its_whole_reply_window() -> None:
-    # Issued at 100 with a 50 ms window, taken by a busy clearer at 100.3: replies have until 100.35.
-    assert close_by(100.05, 0.0, {"a1"}, issued_at=100.0, received_at=100.3) == pytest.approx(100.35)
-    assert close_by(100.05, 0.2, {"a1"}, issued_at=100.0, received_at=100.01) == pytest.approx(100.26)
