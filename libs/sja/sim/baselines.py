@@ -39,20 +39,22 @@ from dataclasses import dataclass, field
 from sja.core.mig import gpu_model
 from sja.core.repartition import MAX_DEMAND_ITEMS, SliceDemand, canonical_layout, plan_repartitions
 from sja.sim.cluster import slices_of
-from sja.sim.engine import (
+from sja.sim.metrics import JobRecord, ScheduleRecorder
+from sja.sim.model import (
     PROGRESS_EVERY,
     JobModel,
     Progress,
+    SimCluster,
     SimConfig,
+    SimGpu,
     SimResult,
+    TraceJob,
     compute_capacity,
     job_model,
     mem_capacity,
     repartitionable,
     slice_speed,
 )
-from sja.sim.metrics import JobRecord, ScheduleRecorder
-from sja.sim.model import SimCluster, SimGpu, TraceJob
 
 BASELINES = ("fifo", "easy", "bestfit")
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sja.sim.engine import SimResult
 from sja.sim.metrics import jct_values
+from sja.sim.model import SimResult
 from sja.sim.runner import comparability
 
 BAR_METRICS: tuple[tuple[str, str], ...] = (

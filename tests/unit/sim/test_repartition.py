@@ -22,8 +22,8 @@ from sja.core.repartition import (
 )
 from sja.sim.baselines import BestFitMigScheduler, _Finish
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig, SjaEngine, _Running
-from sja.sim.model import TraceJob
+from sja.sim.engine import SjaEngine, _Running
+from sja.sim.model import SimConfig, TraceJob
 from sja.sim.runner import metrics_of, parse_policies, run_policy
 
 SMALL = SliceDemand(9000.0, 1 / 7)
