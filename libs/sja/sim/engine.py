@@ -112,7 +112,6 @@ from sja.sim.model import (
     Progress,
     SimCluster,
     SimConfig,
-    SimGpu,
     SimResult,
     SimSlice,
     TraceJob,
@@ -122,6 +121,7 @@ from sja.sim.model import (
     repartitionable,
     slice_speed,
 )
+from sja.sim.recut import Cut
 from sja.workloads.base import check_known, int_param
 
 # --- the simulator's own workload -----------------------------------------------------------------
@@ -306,17 +306,6 @@ class _Slice:
 
 
 @dataclass
-class _Cut:
-    """A repartitionable GPU: its current layout and whether it is being re-cut."""
-
-    gpu: SimGpu
-    layout: tuple[str, ...]
-    reconfig_s: float
-    generation: int = 0
-    reconfiguring: bool = False
-
-
-@dataclass
 class _Recut:
     """A re-cut in progress: ``gpu_id`` offers nothing until ``ends``, then ``layout``."""
 
@@ -389,12 +378,12 @@ class SjaEngine:
             self.gpu_slices.setdefault(sl.sim.gpu_id, []).append(sl.idx)
         self.gpu_busy = dict.fromkeys(self.gpu_slices, 0)
         """Slices of each GPU running a subjob: a repartitionable GPU is re-cut only at 0."""
-        self.cuts: dict[str, _Cut] = {}
+        self.cuts: dict[str, Cut] = {}
         for g in cluster.gpus:
             if repartitionable(g) and g.gpu_id in self.gpu_slices:
+                # Its layout is its slices' profiles, in the order the engine lists them.
                 layout = tuple(self.slices[i].sim.profile for i in self.gpu_slices[g.gpu_id])
-                cost = g.reconfig_s if g.reconfig_s is not None else cfg.reconfig_s
-                self.cuts[g.gpu_id] = _Cut(gpu=g, layout=layout, reconfig_s=cost)
+                self.cuts[g.gpu_id] = Cut.of(g, layout, cfg)
         self.recuts: list[_Recut] = []
         """Every re-cut, in order (for checks and plots)."""
         self.demand_epoch = 0
@@ -925,7 +914,6 @@ class SjaEngine:
                 self._start_recut(r.gpu_id, r.new)
 
     def _start_recut(self, gpu_id: str, layout: tuple[str, ...]) -> None:
-        cut = self.cuts[gpu_id]
         for idx in self.gpu_slices[gpu_id]:
             s = self.slices[idx]
             self._set_idle(s, False)
@@ -933,23 +921,17 @@ class SjaEngine:
             s.state = msgspec.structs.replace(s.state, status="offline", updated_at=self.now)
             self.fresh.discard(idx)
         self.gpu_slices[gpu_id] = []
-        cut.reconfiguring = True
         self.cut_free.discard(gpu_id)
-        recut = _Recut(gpu_id, layout, self.now, self.now + cut.reconfig_s)
+        recut = _Recut(gpu_id, layout, self.now, self.cuts[gpu_id].start(self.now, self.recorder))
         self.recuts.append(recut)
         self.counters["repartitions"] += 1
-        self.recorder.add_reconfig(recut.started, recut.ends, share=1.0)
         self.seq += 1
         heapq.heappush(self.events, (recut.ends, self.seq, recut))
 
     def _finish_recut(self, recut: _Recut) -> None:
-        cut = self.cuts[recut.gpu_id]
-        cut.generation += 1
-        cut.layout = recut.layout
-        cut.reconfiguring = False
+        made = self.cuts[recut.gpu_id].finish(recut.layout)
         self.cut_free.add(recut.gpu_id)
-        gpu = dataclasses.replace(cut.gpu, layout=recut.layout)
-        for sim in slices_of(gpu, cut.generation):
+        for sim in made:
             st = slice_state(sim, self.gpu_index.get(sim.gpu_id, 0))
             idx = len(self.slices)
             self.slices.append(
