@@ -44,9 +44,8 @@ from sja.accel import use_compiled_core
 use_compiled_core()  # before the decision core is imported
 
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig
 from sja.sim.metrics import RHO_LIMIT, finished_ids
-from sja.sim.model import TraceJob
+from sja.sim.model import SimConfig, TraceJob
 from sja.sim.runner import compare, metrics_of, run_policy
 from sja.sim.trace import load_trace
 

@@ -22,8 +22,9 @@ from sja.accel import use_compiled_core
 use_compiled_core()  # before the decision core is imported
 
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig, run_sja
+from sja.sim.engine import run_sja
 from sja.sim.metrics import summarize
+from sja.sim.model import SimConfig
 from sja.sim.trace import load_trace
 
 REPO = Path(__file__).resolve().parent.parent

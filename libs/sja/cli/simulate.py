@@ -11,8 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sja.sim.engine import Progress as ProgressFn
-from sja.sim.engine import SimConfig, load_speed_table
+from sja.sim.model import Progress as ProgressFn
+from sja.sim.model import SimConfig, load_speed_table
 
 FORMATS = ("alibaba-openb", "ms-itp", "csv")
 PACKING_POLICY = {"bestfit": "bestfit", "random": "random"}

@@ -30,7 +30,6 @@ durations already include their one start.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 from collections.abc import Sequence
@@ -38,21 +37,22 @@ from dataclasses import dataclass, field
 
 from sja.core.mig import gpu_model
 from sja.core.repartition import MAX_DEMAND_ITEMS, SliceDemand, canonical_layout, plan_repartitions
-from sja.sim.cluster import slices_of
-from sja.sim.engine import (
+from sja.sim.metrics import JobRecord, ScheduleRecorder
+from sja.sim.model import (
     PROGRESS_EVERY,
     JobModel,
     Progress,
+    SimCluster,
     SimConfig,
     SimResult,
+    TraceJob,
     compute_capacity,
     job_model,
     mem_capacity,
     repartitionable,
     slice_speed,
 )
-from sja.sim.metrics import JobRecord, ScheduleRecorder
-from sja.sim.model import SimCluster, SimGpu, TraceJob
+from sja.sim.recut import Cut
 
 BASELINES = ("fifo", "easy", "bestfit")
 
@@ -70,17 +70,6 @@ class _Unit:
     retired: bool = False
     """Destroyed by a re-cut of its GPU (kept busy so no scan takes it)."""
     profile: str = ""
-
-
-@dataclass
-class _Cut:
-    """A repartitionable GPU (``bestfit``): its layout, and whether it is being re-cut."""
-
-    gpu: SimGpu
-    layout: tuple[str, ...]
-    reconfig_s: float
-    generation: int = 0
-    reconfiguring: bool = False
 
 
 @dataclass
@@ -148,14 +137,13 @@ class RigidScheduler:
                 )
         self.units_live = len(self.units)
         """Units that exist now (re-cuts retire units and add others)."""
-        self.cuts: dict[int, _Cut] = {}
+        self.cuts: dict[int, Cut] = {}
+        """Repartitionable GPUs (``bestfit``), by GPU index, each in its canonical layout."""
         if not self.whole_gpus:
             for gpu in cluster.gpus:
                 if repartitionable(gpu):
-                    model = gpu_model(gpu.model)
-                    cost = gpu.reconfig_s if gpu.reconfig_s is not None else cfg.reconfig_s
-                    layout = canonical_layout(model, gpu.layout)
-                    self.cuts[gpu_index[gpu.gpu_id]] = _Cut(gpu, layout, cost)
+                    layout = canonical_layout(gpu_model(gpu.model), gpu.layout)
+                    self.cuts[gpu_index[gpu.gpu_id]] = Cut.of(gpu, layout, cfg)
         self.recut_events: list[tuple[float, int, int, tuple[str, ...]]] = []
         """(end, seq, GPU, new layout) of re-cuts in progress."""
         self.repartitions: list[tuple[int, float, tuple[str, ...]]] = []
@@ -255,7 +243,6 @@ class RigidScheduler:
                 self._start_recut(int(r.gpu_id), r.new)
 
     def _start_recut(self, g: int, layout: tuple[str, ...]) -> None:
-        cut = self.cuts[g]
         for i in self.gpu_units[g]:
             u = self.units[i]
             u.busy = True
@@ -264,20 +251,14 @@ class RigidScheduler:
         self.units_live -= len(self.gpu_units[g])
         self.gpu_units[g] = []
         self.gpu_mem[g] = 0.0
-        cut.reconfiguring = True
+        end = self.cuts[g].start(self.now, self.recorder)
         self.seq += 1
-        end = self.now + cut.reconfig_s
         heapq.heappush(self.recut_events, (end, self.seq, g, layout))
         self.repartitions.append((g, self.now, layout))
-        self.recorder.add_reconfig(self.now, end, share=1.0)
         self.units_changed()
 
     def _finish_recut(self, g: int, layout: tuple[str, ...]) -> None:
-        cut = self.cuts[g]
-        cut.generation += 1
-        cut.layout = layout
-        cut.reconfiguring = False
-        for s in slices_of(dataclasses.replace(cut.gpu, layout=layout), cut.generation):
+        for s in self.cuts[g].finish(layout):
             u = _Unit(len(self.units), g, float(s.mem_mib), s.compute_share, slice_speed(s, self.cfg))
             u.profile = s.profile
             self.units.append(u)

@@ -63,21 +63,19 @@ group's ``=<seconds>``), then its new slices are offered as freshly freed ones.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import heapq
 import math
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
 
 from sja import workloads
-from sja.core import continuation, defaults, grants, leases
+from sja.core import continuation, grants, leases
 from sja.core.bidder import Bidder
 from sja.core.jobs import (
     ProfileCache,
@@ -89,8 +87,7 @@ from sja.core.jobs import (
     new_job,
     propose,
 )
-from sja.core.mig import CATALOGUE, GpuModel, gpu_model
-from sja.core.planner import PlanLimits
+from sja.core.mig import GpuModel, gpu_model
 from sja.core.policies import POLICIES, REGISTRY, Bid, Ledger, PolicyConfig, clear_batch
 from sja.core.repartition import SliceDemand, layout_value, plan_repartitions
 from sja.core.windows import WindowRequest, find_windows
@@ -110,7 +107,22 @@ from sja.protocol.messages import (
 )
 from sja.sim.cluster import slices_of
 from sja.sim.metrics import JobRecord, ScheduleRecorder
-from sja.sim.model import SimCluster, SimGpu, SimSlice, TraceJob
+from sja.sim.model import (
+    PROGRESS_EVERY,
+    JobModel,
+    Progress,
+    SimCluster,
+    SimConfig,
+    SimResult,
+    SimSlice,
+    TraceJob,
+    compute_capacity,
+    job_model,
+    mem_capacity,
+    repartitionable,
+    slice_speed,
+)
+from sja.sim.recut import Cut
 from sja.workloads.base import check_known, int_param
 
 # --- the simulator's own workload -----------------------------------------------------------------
@@ -154,157 +166,7 @@ class SimWorkload:
 workloads.WORKLOADS.setdefault(SimWorkload.name, SimWorkload())
 
 
-# --- configuration ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Everything a simulated run depends on besides the trace and the cluster.
-
-    The settings the live stack also has (window length, the planner's start overhead, the clearing
-    policy, the jobs' default ``eps``) default to ``sja.core.defaults``, what ``sja up`` and the
-    services run; the rest models the trace's jobs."""
-
-    seed: int = 0
-    policy: str = defaults.POLICY
-    """SJA clearing policy (``core.policies.POLICIES``)."""
-    mode: str = "sja"
-    """Reply mode of the simulated jobs: ``sja`` (one candidate) or ``jasda`` (several)."""
-    unit_s: float = 60.0
-    """Seconds of a job's own runtime (on the resources it asked for) in one unit of work: a tenth
-    of the window, so that a window holds several units after a subjob's start-up and a holder
-    asked to yield stops within a minute of its own work."""
-    start_s: float = 10.0
-    """Per-subjob start cost of a trace job's program (container, process, loading a checkpoint)."""
-    checkpoint_s: float = 5.0
-    """Per-subjob checkpoint cost at its end. The job declares both as its start-up
-    (``TimeDecl.warmup_s``), as a user declares a program's."""
-    horizon_s: float = defaults.HORIZON_S
-    """Length of an offered window (``defaults.HORIZON_S``); a free slice's window stretches for a
-    longer smallest subjob, and an open subjob goes on past it while no other job wins the slice."""
-    start_overhead_s: float = defaults.START_OVERHEAD_S
-    """What the planner takes off every window for the stack's own part of a subjob
-    (``PlanLimits.start_overhead_s``); the simulator charges no time for it (``start_s`` and
-    ``checkpoint_s`` are all a modeled subjob costs)."""
-    eps_mem: float = defaults.EPS_MEM
-    eps_time: float = defaults.EPS_TIME
-    mem_reserve_mib: float = 256.0
-    """Driver/context memory of every slice, unavailable to work (all policies)."""
-    mem_noise_sd: float = 0.05
-    """Log-normal spread of a piece's real peak memory around the job's true profile."""
-    time_noise_sd: float = 0.10
-    """Log-normal spread of a subjob's compute time around its modeled mean."""
-    mem_per_unit_frac: float = 0.0
-    """Share of a job's peak memory that grows with the subjob size (the rest is a fixed base); the
-    trace's per-GPU memory is the peak of a subjob as long as one window on a full GPU."""
-    decl_mem_rel_sd: float = 0.25
-    decl_time_rel_sd: float = 0.3
-    parallel_per_gpu: float = 1.0
-    """SJA: subjobs a job may run at once per GPU it asked for (``max_parallel``, capped at 64)."""
-    negotiation_latency_s: float = 0.0
-    """Virtual time between an offer and the start of the subjob it grants (the slice is held)."""
-    oom_detect_s: float = 30.0
-    """An OOM surfaces after this much of a piece's compute (or at its end if shorter)."""
-    default_mem_mib: float = 8192.0
-    """Declared memory of a trace job that carries none."""
-    speed_table: Mapping[str, float] | None = None
-    """Speed relative to the full GPU per MIG profile (MISO measurements); default: compute share."""
-    bin_s: float = 3600.0
-    """Width of the time bins of the utilization-over-time series."""
-    lease_s: float = 30.0
-    reconfig_s: float = 5.0
-    """Seconds a repartitionable GPU offers nothing while it is re-cut into another MIG layout
-    (destroying and creating MIG instances, which needs the GPU idle, takes seconds; a cluster
-    group's ``~repart=<seconds>`` overrides it)."""
-
-    def limits(self) -> PlanLimits:
-        return PlanLimits(
-            mem_reserve_mib=self.mem_reserve_mib,
-            start_overhead_s=self.start_overhead_s,
-            horizon_s=self.horizon_s,
-        )
-
-
-def load_speed_table(path: str | Path) -> dict[str, float]:
-    """Median ``speed_rel_7g`` per MIG profile over the models MISO measured (A100-40GB)."""
-    by_slice: dict[str, list[float]] = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            by_slice.setdefault(row["mig_slice"], []).append(float(row["speed_rel_7g"]))
-    out = {}
-    for name, values in sorted(by_slice.items()):
-        values.sort()
-        n = len(values)
-        out[name] = values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
-    return out
-
-
-def slice_speed(s: SimSlice, cfg: SimConfig) -> float:
-    """Speed of a slice relative to the full GPU."""
-    if cfg.speed_table is not None and s.profile in cfg.speed_table:
-        return cfg.speed_table[s.profile]
-    return s.compute_share
-
-
-# --- how a trace job becomes work -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobModel:
-    """The modeled truth about one trace job, shared by SJA and the baselines."""
-
-    trace: TraceJob
-    fraction: float
-    """Largest rate (GPU equivalents) one piece of the job can use."""
-    work_gpu_s: float
-    units: int
-    decl_mem_mib: float
-    """Declared per-GPU peak memory (what rigid schedulers size by)."""
-    true_mem_mib: float
-    """Real per-GPU peak memory of the whole job (one window-sized piece for SJA)."""
-    k_ref: int
-    """Units of one window-long piece at full speed: the size at which the trace memory applies."""
-    unit_run_s: float
-    """Seconds of the job's own runtime in one unit: its runtime over its units (at most ``unit_s``,
-    so that cutting a job into whole units adds no work to it)."""
-
-    def decl_memory(self, cfg: SimConfig) -> MemoryDecl:
-        return MemoryDecl(
-            base_mib=self.decl_mem_mib * (1.0 - self.beta),
-            per_unit_mib=self.decl_mem_mib * self.beta / self.k_ref,
-            rel_sd=cfg.decl_mem_rel_sd,
-        )
-
-    beta: float
-    """Share of the peak that grows with the piece's size (``SimConfig.mem_per_unit_frac``)."""
-
-    def true_peak(self, units: int) -> float:
-        """Mean real peak memory of a piece of ``units`` units (before noise)."""
-        return self.true_mem_mib * ((1.0 - self.beta) + self.beta * units / self.k_ref)
-
-    def decl_peak(self, units: int) -> float:
-        """Declared peak memory of a piece of ``units`` units (the bound the job vouches for)."""
-        return self.decl_mem_mib * ((1.0 - self.beta) + self.beta * units / self.k_ref)
-
-
-def job_model(tj: TraceJob, cfg: SimConfig) -> JobModel:
-    fraction = min(max(tj.gpu_fraction, 1e-3), 1.0)
-    runtime = max(tj.duration_s, 0.0) * max(tj.num_gpus, 1)
-    units = max(1, math.ceil(runtime / cfg.unit_s))
-    decl = tj.mem_mib if tj.mem_mib is not None else cfg.default_mem_mib
-    true = tj.true_mem_mib if tj.true_mem_mib is not None else decl
-    k_ref = max(1, int((cfg.horizon_s - cfg.start_s - cfg.checkpoint_s) / cfg.unit_s))
-    return JobModel(
-        trace=tj,
-        fraction=fraction,
-        work_gpu_s=runtime * fraction,
-        units=units,
-        decl_mem_mib=float(decl),
-        true_mem_mib=float(true),
-        k_ref=k_ref,
-        unit_run_s=runtime / units,
-        beta=min(max(cfg.mem_per_unit_frac, 0.0), 1.0),
-    )
+# --- a trace job and the cluster as the decision core sees them -----------------------------------
 
 
 def job_spec(m: JobModel, cfg: SimConfig) -> JobSpec:
@@ -378,31 +240,6 @@ def slice_states(cluster: SimCluster) -> list[SliceState]:
     return [slice_state(s, index_of.get(s.gpu_id, 0)) for s in cluster.slices]
 
 
-def repartitionable(gpu: SimGpu) -> bool:
-    """Whether the simulator may re-cut this GPU (marked so, and a MIG model)."""
-    return gpu.repartitionable and gpu.model in CATALOGUE
-
-
-def _whole_gpu_capacity(gpu: SimGpu) -> tuple[float, float]:
-    whole = max(gpu_model(gpu.model).profiles, key=lambda p: (p.compute_slots, p.mem_slots))
-    return 1.0, float(whole.mem_mib)
-
-
-def compute_capacity(cluster: SimCluster) -> float:
-    """Sum of the slices' compute shares; a repartitionable GPU counts as a whole GPU (what any of
-    its layouts could offer at most)."""
-    repart = {g.gpu_id: g for g in cluster.gpus if repartitionable(g)}
-    fixed = sum(s.compute_share for s in cluster.slices if s.gpu_id not in repart)
-    return fixed + sum(_whole_gpu_capacity(g)[0] for g in repart.values())
-
-
-def mem_capacity(cluster: SimCluster) -> float:
-    """Sum of the slices' memory; a repartitionable GPU counts with its largest profile's memory."""
-    repart = {g.gpu_id: g for g in cluster.gpus if repartitionable(g)}
-    fixed = float(sum(s.mem_mib for s in cluster.slices if s.gpu_id not in repart))
-    return fixed + sum(_whole_gpu_capacity(g)[1] for g in repart.values())
-
-
 def repartition_kinds(cluster: SimCluster) -> dict[tuple[str, int, float], SliceState]:
     """Every window kind a repartitionable GPU of the cluster could offer after a re-cut, with a
     template slice state of that kind."""
@@ -434,23 +271,6 @@ def lognormal(rng: random.Random, sd: float) -> float:
     """A mean-one log-normal factor."""
     return math.exp(rng.gauss(0.0, sd) - 0.5 * sd * sd) if sd > 0 else 1.0
 
-
-# --- results ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class SimResult:
-    """What one simulated policy produced: the recorder (for metrics and plots) and counters."""
-
-    policy: str
-    recorder: ScheduleRecorder
-    counters: dict[str, float] = field(default_factory=dict)
-
-
-Progress = Callable[[int, int], None]
-"""Called as ``progress(events_done, jobs_done)`` every few thousand events."""
-
-PROGRESS_EVERY = 2000
 
 REPART_DEMAND_ITEMS = 64
 """Slices of waiting demand considered when choosing layouts for idle repartitionable GPUs."""
@@ -484,17 +304,6 @@ class _Slice:
     free_at: float = 0.0
     """When the last subjob to run on the slice stops: a grant taking the slice from a holder
     past its window starts its subjob once the holder has yielded."""
-
-
-@dataclass
-class _Cut:
-    """A repartitionable GPU: its current layout and whether it is being re-cut."""
-
-    gpu: SimGpu
-    layout: tuple[str, ...]
-    reconfig_s: float
-    generation: int = 0
-    reconfiguring: bool = False
 
 
 @dataclass
@@ -570,12 +379,12 @@ class SjaEngine:
             self.gpu_slices.setdefault(sl.sim.gpu_id, []).append(sl.idx)
         self.gpu_busy = dict.fromkeys(self.gpu_slices, 0)
         """Slices of each GPU running a subjob: a repartitionable GPU is re-cut only at 0."""
-        self.cuts: dict[str, _Cut] = {}
+        self.cuts: dict[str, Cut] = {}
         for g in cluster.gpus:
             if repartitionable(g) and g.gpu_id in self.gpu_slices:
+                # Its layout is its slices' profiles, in the order the engine lists them.
                 layout = tuple(self.slices[i].sim.profile for i in self.gpu_slices[g.gpu_id])
-                cost = g.reconfig_s if g.reconfig_s is not None else cfg.reconfig_s
-                self.cuts[g.gpu_id] = _Cut(gpu=g, layout=layout, reconfig_s=cost)
+                self.cuts[g.gpu_id] = Cut.of(g, layout, cfg)
         self.recuts: list[_Recut] = []
         """Every re-cut, in order (for checks and plots)."""
         self.demand_epoch = 0
@@ -1116,7 +925,6 @@ class SjaEngine:
                 self._start_recut(r.gpu_id, r.new)
 
     def _start_recut(self, gpu_id: str, layout: tuple[str, ...]) -> None:
-        cut = self.cuts[gpu_id]
         for idx in self.gpu_slices[gpu_id]:
             s = self.slices[idx]
             self._set_idle(s, False)
@@ -1124,23 +932,17 @@ class SjaEngine:
             s.state = msgspec.structs.replace(s.state, status="offline", updated_at=self.now)
             self.fresh.discard(idx)
         self.gpu_slices[gpu_id] = []
-        cut.reconfiguring = True
         self.cut_free.discard(gpu_id)
-        recut = _Recut(gpu_id, layout, self.now, self.now + cut.reconfig_s)
+        recut = _Recut(gpu_id, layout, self.now, self.cuts[gpu_id].start(self.now, self.recorder))
         self.recuts.append(recut)
         self.counters["repartitions"] += 1
-        self.recorder.add_reconfig(recut.started, recut.ends, share=1.0)
         self.seq += 1
         heapq.heappush(self.events, (recut.ends, self.seq, recut))
 
     def _finish_recut(self, recut: _Recut) -> None:
-        cut = self.cuts[recut.gpu_id]
-        cut.generation += 1
-        cut.layout = recut.layout
-        cut.reconfiguring = False
+        made = self.cuts[recut.gpu_id].finish(recut.layout)
         self.cut_free.add(recut.gpu_id)
-        gpu = dataclasses.replace(cut.gpu, layout=recut.layout)
-        for sim in slices_of(gpu, cut.generation):
+        for sim in made:
             st = slice_state(sim, self.gpu_index.get(sim.gpu_id, 0))
             idx = len(self.slices)
             self.slices.append(

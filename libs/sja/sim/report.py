@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sja.sim.engine import SimResult
 from sja.sim.metrics import RHO_REFERENCE, jct_values
+from sja.sim.model import SimResult
 from sja.sim.runner import comparability, rho_note
 
 BAR_METRICS: tuple[tuple[str, str], ...] = (

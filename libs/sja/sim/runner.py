@@ -15,7 +15,7 @@ from typing import Any
 from sja.core import defaults
 from sja.core.policies import POLICIES
 from sja.sim.baselines import BASELINES, run_baseline
-from sja.sim.engine import Progress, SimConfig, SimResult, run_sja
+from sja.sim.engine import run_sja
 from sja.sim.metrics import (
     RHO_FIELDS,
     RHO_REFERENCE,
@@ -25,7 +25,7 @@ from sja.sim.metrics import (
     reasons,
     summarize,
 )
-from sja.sim.model import SimCluster, TraceJob
+from sja.sim.model import Progress, SimCluster, SimConfig, SimResult, TraceJob
 
 DEFAULT_SJA_POLICY = defaults.POLICY
 

@@ -25,8 +25,8 @@ from sja import accel
 accel.use_compiled_core()
 from sja.protocol.messages import JobState
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig, SjaEngine
-from sja.sim.model import TraceJob
+from sja.sim.engine import SjaEngine
+from sja.sim.model import SimConfig, TraceJob
 
 jobs = [
     TraceJob(

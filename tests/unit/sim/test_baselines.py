@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from sja.sim.baselines import run_baseline
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig
 from sja.sim.metrics import summarize
-from sja.sim.model import TraceJob
+from sja.sim.model import SimConfig, TraceJob
 
 CFG = SimConfig()
 

@@ -9,9 +9,9 @@ import math
 import pytest
 
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig, SjaEngine, _Running, _Slice
+from sja.sim.engine import SjaEngine, _Running, _Slice
 from sja.sim.metrics import summarize
-from sja.sim.model import TraceJob
+from sja.sim.model import SimConfig, TraceJob
 
 CFG = SimConfig(horizon_s=600.0, unit_s=60.0, policy="fair")
 

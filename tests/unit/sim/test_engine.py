@@ -10,9 +10,9 @@ from sja.core.jobs import propose
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import Offer
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig, SjaEngine, job_model, job_spec, sim_job, slice_states
+from sja.sim.engine import SjaEngine, job_spec, sim_job, slice_states
 from sja.sim.metrics import summarize
-from sja.sim.model import TraceJob
+from sja.sim.model import SimConfig, TraceJob, job_model
 from sja.sim.runner import metrics_of, parse_policies, run_policy
 
 CLUSTER = "2xA100-80GB:4g.40gb+2g.20gb+1g.20gb"

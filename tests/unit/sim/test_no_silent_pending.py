@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from sja.sim.baselines import run_baseline
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig, SjaEngine
+from sja.sim.engine import SjaEngine
 from sja.sim.metrics import finished_ids
-from sja.sim.model import TraceJob
+from sja.sim.model import SimConfig, TraceJob
 
 CLUSTERS = (
     "2xA100-80GB",

@@ -12,9 +12,13 @@ import pytest
 from sja.core.mig import A100_80GB, place_layout
 from sja.sim.baselines import BestFitMigScheduler, _Finish
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig, SjaEngine, _Running
-from sja.sim.model import TraceJob
+from sja.sim.engine import SjaEngine, _Running
+from sja.sim.metrics import ScheduleRecorder
+from sja.sim.model import SimConfig, TraceJob
+from sja.sim.recut import Cut
 from sja.sim.runner import metrics_of, run_policy
+
+SEVEN_1G = ("1g.10gb",) * 7
 
 CFG = SimConfig(horizon_s=3600.0, unit_s=60.0, eps_mem=0.05)
 
@@ -124,6 +128,23 @@ def test_reconfiguration_cost_is_accounted() -> None:
     mc = metrics_of(cheap.result, jobs)  # type: ignore[attr-defined]
     md = metrics_of(dear.result, jobs)  # type: ignore[attr-defined]
     assert md["makespan_s"] > mc["makespan_s"] + 800.0
+
+
+def test_a_cut_accounts_its_reconfiguration_and_names_new_slices_by_generation() -> None:
+    gpu = parse_cluster("1xA100-80GB~repart=30").gpus[0]
+    cut = Cut.of(gpu, ("7g.80gb",), CFG)
+    assert cut.reconfig_s == 30.0
+    assert Cut.of(dataclasses.replace(gpu, reconfig_s=None), ("7g.80gb",), CFG).reconfig_s == CFG.reconfig_s
+    rec = ScheduleRecorder(mem_capacity_mib=81920.0, compute_capacity=1.0)
+    assert cut.start(100.0, rec) == 130.0 and cut.reconfiguring
+    assert rec.repartitions == 1 and rec.reconfig_s == pytest.approx(30.0)
+    made = cut.finish(SEVEN_1G)
+    assert not cut.reconfiguring and cut.layout == SEVEN_1G and cut.generation == 1
+    assert tuple(s.profile for s in made) == SEVEN_1G
+    assert all(s.gpu_id == gpu.gpu_id and s.slice_id.endswith(".r1") for s in made)
+    assert len({s.slice_id for s in made}) == 7
+    cut.start(200.0, rec)
+    assert all(s.slice_id.endswith(".r2") for s in cut.finish(("7g.80gb",)))
 
 
 def test_static_gpus_are_never_recut() -> None:

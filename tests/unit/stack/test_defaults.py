@@ -18,7 +18,7 @@ from services.gateway.service import GatewaySettings
 from sja.core import defaults
 from sja.core.planner import PlanLimits
 from sja.protocol.messages import JobSpec
-from sja.sim.engine import SimConfig
+from sja.sim.model import SimConfig
 from sja.sim.runner import parse_policies
 
 ROOT = Path(__file__).resolve().parents[3]
