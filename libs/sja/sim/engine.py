@@ -1013,12 +1013,40 @@ class SjaEngine:
                 continue
             # the lowest-numbered ones, as many as there is room for (not the whole idle set sorted)
             take = new[:room]
-            for pool in (idle, held):
-                if len(take) < room and pool:
-                    take += [self.slices[i] for i in heapq.nsmallest(room - len(take), pool)]
+            if len(take) < room and idle:
+                take += [self.slices[i] for i in heapq.nsmallest(room - len(take), idle)]
+            if len(take) < room and held:
+                # Only held slices some bidder may take (``jobs.may_bid_on``: not its own, and a holder
+                # with more than twice its service): the others would be rounds without a winner.
+                # As many as those bidders have room for: the held slices whose holders have had the
+                # most service first (the likeliest taken).
+                takers = sorted((self.jobs[p.job_id].state.attained_gpu_s, p.job_id) for p in props)
+                takeable = sorted(
+                    (-h, i) for i in held if (h := self._takeable(self.slices[i], takers)) is not None
+                )
+                if takeable:
+                    most = -takeable[0][0]
+                    can = sum(
+                        p.capacity
+                        for p in props
+                        if continuation.takes_held(self.jobs[p.job_id].state.attained_gpu_s, most)
+                    )
+                    take += [self.slices[i] for _, i in takeable[: min(room - len(take), can)]]
             out.extend(take)
             bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
         return out, bids
+
+    def _takeable(self, s: _Slice, takers: list[tuple[float, str]]) -> float | None:
+        """The held slice ``s``'s holder's service now, if one of ``takers`` ((attained service, job
+        id), least first) may bid for it (``jobs.may_bid_on``); else ``None``."""
+        st = s.state
+        held = continuation.held_attained(
+            st.holder_attained_gpu_s, st.contestable_at, st.compute_share, self.now
+        )
+        for attained, job_id in takers[:2]:  # the least served that is not the holder's own job
+            if job_id != st.holder_job:
+                return held if continuation.takes_held(attained, held) else None
+        return None
 
     def _bids_on(self, b: Bid, o: Offer) -> bool:
         job = self.jobs.get(b.proposal.job_id)
