@@ -63,6 +63,7 @@ group's ``=<seconds>``), then its new slices are offered as freshly freed ones.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import math
@@ -443,6 +444,10 @@ class SjaEngine:
         self.contested: dict[WindowKind, set[int]] = {}
         """Held slices past their holder's window (``leases.preempts``), by kind: offered, as idle
         free slices are, when a job that may want them changes."""
+        self.held_rank: dict[WindowKind, list[tuple[float, int]]] = {}
+        """The contested slices per kind, most-served holder first: ``(-key, idx)`` sorted, where
+        ``key`` (the holder's service at its window's end, less that end times the kind's compute
+        share) orders them by their holder's service at any instant (``continuation.held_attained``)."""
         self.seq = 0
         self.round_no = 0
         self.now = 0.0
@@ -460,6 +465,8 @@ class SjaEngine:
         }
         self.idle_by_kind: dict[WindowKind, set[int]] = {k: set() for k in self.kinds}
         self.contested = {k: set() for k in self.kinds}
+        self.held_rank = {k: [] for k in self.kinds}
+        self.held_entry: dict[int, tuple[float, int]] = {}
         self.idle_mem = 0.0
         """Memory of free slices that were offered and drew no taker."""
         self.waiting = 0
@@ -581,7 +588,7 @@ class SjaEngine:
         holder = s.run if leases.preempts(s.state, now) else None
         leased = grants.lease(s.state, won)
         grant = grants.grant(won, leased)
-        self.contested[s.kind].discard(s.idx)
+        self._uncontest(s)
         if holder is not None:
             self._yield(s, holder)
         was_waiting = self._is_waiting(job)
@@ -790,7 +797,7 @@ class SjaEngine:
             g = run.grant
             s.state = leases.release(s.state, grant_id=g.grant_id, fence=g.fence, now=self.now)
             s.run = None
-            self.contested[s.kind].discard(s.idx)
+            self._uncontest(s)
             self._set_idle(s, False)
             self.fresh.add(s.idx)
         was_waiting = self._is_waiting(job)
@@ -1021,32 +1028,55 @@ class SjaEngine:
                 # As many as those bidders have room for: the held slices whose holders have had the
                 # most service first (the likeliest taken).
                 takers = sorted((self.jobs[p.job_id].state.attained_gpu_s, p.job_id) for p in props)
-                takeable = sorted(
-                    (-h, i) for i in held if (h := self._takeable(self.slices[i], takers)) is not None
-                )
+                takeable = self._takeable(kind, takers, room - len(take))
                 if takeable:
-                    most = -takeable[0][0]
+                    most = takeable[0][0]
                     can = sum(
                         p.capacity
                         for p in props
                         if continuation.takes_held(self.jobs[p.job_id].state.attained_gpu_s, most)
                     )
-                    take += [self.slices[i] for _, i in takeable[: min(room - len(take), can)]]
+                    take += [self.slices[i] for _, i in takeable[:can]]
             out.extend(take)
             bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
         return out, bids
 
-    def _takeable(self, s: _Slice, takers: list[tuple[float, str]]) -> float | None:
-        """The held slice ``s``'s holder's service now, if one of ``takers`` ((attained service, job
-        id), least first) may bid for it (``jobs.may_bid_on``); else ``None``."""
+    def _held_key(self, s: _Slice) -> float:
         st = s.state
-        held = continuation.held_attained(
-            st.holder_attained_gpu_s, st.contestable_at, st.compute_share, self.now
-        )
-        for attained, job_id in takers[:2]:  # the least served that is not the holder's own job
-            if job_id != st.holder_job:
-                return held if continuation.takes_held(attained, held) else None
-        return None
+        return st.holder_attained_gpu_s - st.contestable_at * st.compute_share
+
+    def _uncontest(self, s: _Slice) -> None:
+        """``s`` is no longer held past its holder's window (granted, or its holder ended)."""
+        if s.idx in self.contested[s.kind]:
+            self.contested[s.kind].discard(s.idx)
+            rank = self.held_rank[s.kind]
+            entry = self.held_entry.pop(s.idx)
+            k = bisect.bisect_left(rank, entry)
+            assert rank[k] == entry
+            del rank[k]
+
+    def _takeable(
+        self, kind: WindowKind, takers: list[tuple[float, str]], most: int
+    ) -> list[tuple[float, int]]:
+        """Up to ``most`` held slices of ``kind`` one of ``takers`` ((attained service, job id), least
+        first) may bid for (``jobs.may_bid_on``), most-served holder first, with their holders'
+        service now."""
+        out: list[tuple[float, int]] = []
+        if not takers:
+            return out
+        share = kind[2]
+        for negkey, idx in self.held_rank[kind]:
+            held = -negkey + self.now * share  # continuation.held_attained, past the window's end
+            holder = self.slices[idx].state.holder_job
+            least = next((a for a, job_id in takers[:2] if job_id != holder), None)
+            if least is None or not continuation.takes_held(least, held):
+                if least is not None and least == takers[0][0]:
+                    break  # the least served taker cannot take this one: nor any after it
+                continue
+            out.append((held, idx))
+            if len(out) >= most:
+                break
+        return out
 
     def _bids_on(self, b: Bid, o: Offer) -> bool:
         job = self.jobs.get(b.proposal.job_id)
@@ -1088,7 +1118,10 @@ class SjaEngine:
             _, _, idx, fence = heapq.heappop(self.contests)
             s = self.slices[idx]
             if s.state.fence == fence and leases.preempts(s.state, self.now):
-                self.contested[s.kind].add(idx)
+                if idx not in self.contested[s.kind]:
+                    self.contested[s.kind].add(idx)
+                    entry = self.held_entry[idx] = (-self._held_key(s), idx)
+                    bisect.insort(self.held_rank[s.kind], entry)
                 self.changed_since.add(s.kind)
 
     def run(self, progress: Progress | None = None) -> SimResult:
