@@ -25,12 +25,11 @@ apply:
    killed ``yield_grace_s`` after the request; what it had not reported is planned again.
 
 A subjob is never asked to yield before its own window is over: the window it won is its to use.
-And a waiting job takes a held slice only when it has had much less service than the holder's job
-(``takes_held``: less than ``1 / TAKE_RATIO`` of it). A newcomer takes a slice from a job that has
-had its window; two long jobs that have had about as much do not swap slices at every window's end
-(each swap costs both a start-up, and sharing time evenly among long jobs finishes none sooner): the
-holder goes on until it has had twice what the waiting job has, so the quantum between two such jobs
-doubles at every swap.
+And a waiting job takes a held slice only from a job that has had more service than it has
+(``takes_held``): a newcomer takes a slice from a job that has had its window, while a job that has
+had more than the holder's job waits for a free slice or a holder that has had more, as the ``fair``
+policy ranks them. Jobs that do not contend keep their slices: a window's end is a decision only
+where a waiting job may take the slice.
 """
 
 from __future__ import annotations
@@ -38,9 +37,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-TAKE_RATIO = 2.0
+TAKE_RATIO = 1.0
 """A waiting job takes a held slice only if the holder's job has attained more than this many times
-the service the waiting job has (``takes_held``)."""
+the service the waiting job has (``takes_held``). Above 1 a holder keeps its slice longer against
+jobs that have had about as much (fewer yields, each a start-up): on cluster04's first 4,000 jobs, 2
+halved the yields and cost 4.5 % of the utilization and 4.7 % of the makespan."""
 
 
 def continuable(yields: bool, params: dict[str, Any] | None = None) -> bool:

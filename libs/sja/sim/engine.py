@@ -1024,7 +1024,7 @@ class SjaEngine:
                 take += [self.slices[i] for i in heapq.nsmallest(room - len(take), idle)]
             if len(take) < room and held:
                 # Only held slices some bidder may take (``jobs.may_bid_on``: not its own, and a holder
-                # with more than twice its service): the others would be rounds without a winner.
+                # that has had more service): the others would be rounds without a winner.
                 # As many as those bidders have room for: the held slices whose holders have had the
                 # most service first (the likeliest taken).
                 takers = sorted((self.jobs[p.job_id].state.attained_gpu_s, p.job_id) for p in props)

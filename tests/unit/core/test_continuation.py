@@ -212,21 +212,21 @@ def test_a_job_does_not_bid_for_the_slice_its_own_open_subjob_holds() -> None:
     assert fw.held_by == ""
 
 
-def test_a_waiting_job_takes_a_held_slice_only_from_a_job_that_has_had_much_more_service() -> None:
+def test_a_waiting_job_takes_a_held_slice_only_from_a_job_that_has_had_more_service() -> None:
     s = busy(NOW - 100)  # its holder's job had 600 GPU-s at its start, and 100 s past its window
     [w] = find_windows([s], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
     assert w.held_attained_gpu_s == pytest.approx(700.0)
     newcomer = new_job("j2", command_spec(90), NOW)
     assert propose(newcomer, offer_for(w, NOW), NOW, LIMITS) is not None
-    # About as much service as the holder's job: no swap at every window's end.
-    alike = msgspec.structs.replace(newcomer, attained_gpu_s=400.0)
-    assert propose(alike, offer_for(w, NOW), NOW, LIMITS) is None
-    # Once the holder has had more than twice as much, the slice is the waiting job's to take.
-    later = NOW + 150
+    # More service than the holder's job: it waits for a free slice or a more-served holder.
+    served = msgspec.structs.replace(newcomer, attained_gpu_s=750.0)
+    assert propose(served, offer_for(w, NOW), NOW, LIMITS) is None
+    # The holder's service grows with the time it holds the slice past its window.
+    later = NOW + 100
     [w2] = find_windows([s], WindowRequest(now=later, horizon_s=600.0, open_ended=True))
-    assert w2.held_attained_gpu_s == pytest.approx(850.0)
-    assert propose(alike, offer_for(w2, later), later, LIMITS) is not None
-    assert continuation.takes_held(0.0, 1.0) and not continuation.takes_held(1.0, 2.0)
+    assert w2.held_attained_gpu_s == pytest.approx(800.0)
+    assert propose(served, offer_for(w2, later), later, LIMITS) is not None
+    assert continuation.takes_held(0.0, 1.0) and not continuation.takes_held(1.0, 1.0)
 
 
 def test_the_clearers_ledger_learns_the_service_held_past_windows() -> None:
@@ -276,7 +276,7 @@ def test_a_job_left_out_of_a_held_window_still_bids_for_free_ones_of_its_shape()
     from sja.core.policies import PolicyConfig
 
     bidder = Bidder(LIMITS, PolicyConfig(horizon_s=600.0))
-    alike = msgspec.structs.replace(new_job("j2", command_spec(90), NOW), attained_gpu_s=400.0)
+    alike = msgspec.structs.replace(new_job("j2", command_spec(90), NOW), attained_gpu_s=800.0)
     bidder.own(alike)
     [held] = find_windows([busy(NOW - 1)], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
     assert bidder.proposals_for(offer_for(held, NOW), NOW, 1, "fair") == []
