@@ -8,7 +8,7 @@ stack:
 
 - ``idle``: alone on a stack with every default (``sja.core.defaults``): the time from submission to
   the job done, against the one-piece run (``ratio``), the subjobs it took, and whether its result
-  equals the one-piece run's. With a start-up of 0 and of 5 s; for PyTorch (``torch``), its own
+  equals the one-piece run's. With a start-up of 0, 5 and 10 s; for PyTorch (``torch``), its own
   start-up (importing torch, building the model), and a result equal when the last step's loss is
   the one-piece run's, bit for bit.
 - ``idle_past_window``: the same with windows shorter than the job (``--short-window-s``), so that
@@ -290,7 +290,7 @@ def run(python: str, short_window_s: float = 20.0) -> dict[str, Any]:
                 "start_overhead_s": defaults.START_OVERHEAD_S,
                 "policy": defaults.POLICY,
             },
-            "idle": idle(python, tmp, units=150, unit_s=0.1, startups=[0.0, 5.0]),
+            "idle": idle(python, tmp, units=150, unit_s=0.1, startups=[0.0, 5.0, 10.0]),
             "idle_past_window": idle_past_window(
                 python, tmp, units=400, unit_s=0.1, startup=5.0, window_s=short_window_s
             ),
