@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import msgspec
-
 from sja.core import jobs as J
 from sja.core.bidbook import BidBook
 from sja.core.planner import PlanLimits
 from sja.core.policies import BID_ORDERS, PolicyConfig, bid_for, likely_winners, shortlist, shortlist_size
+from sja.core.windows import unheld
 from sja.protocol.messages import JobState, Offer, Proposal
 
 PLAN_CACHE_LIMIT = 64
@@ -142,9 +141,7 @@ class Bidder:
         if key in plans:
             p = plans[key]
         else:
-            if offer.window.held_by:  # the answer for the shape, whoever holds this slice
-                free = msgspec.structs.replace(offer.window, held_by="")
-                offer = msgspec.structs.replace(offer, window=free)
+            offer = unheld(offer)  # the answer for the shape, whoever holds this slice
             p = J.propose(
                 state, offer, J.plan_time(now, offer.window.start_s), self.limits, profiles=self.profiles
             )

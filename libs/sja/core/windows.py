@@ -9,9 +9,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+import msgspec
+
 from sja.core.continuation import held_attained as held_attained_now
 from sja.core.continuation import is_contestable
-from sja.protocol.messages import SliceState, Window
+from sja.protocol.messages import Offer, SliceState, Window
 
 
 def leases_preempt(s: SliceState, now: float) -> bool:
@@ -69,6 +71,14 @@ def window_of(
         held_attained_gpu_s=round(held_attained_gpu_s, 3),
         held_tenant=held_tenant,
     )
+
+
+def unheld(offer: Offer) -> Offer:
+    """``offer`` as if its slice were free: what a job's answer for the window's shape depends on
+    (who holds the slice decides only who may bid, ``jobs.may_bid_on``)."""
+    if not offer.window.held_by:
+        return offer
+    return msgspec.structs.replace(offer, window=msgspec.structs.replace(offer.window, held_by=""))
 
 
 def largest_by_pool(slices: Iterable[SliceState]) -> dict[str, int]:

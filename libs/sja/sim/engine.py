@@ -91,7 +91,7 @@ from sja.core.jobs import (
 from sja.core.mig import GpuModel, gpu_model
 from sja.core.policies import POLICIES, REGISTRY, Bid, Ledger, PolicyConfig, clear_batch
 from sja.core.repartition import SliceDemand, layout_value, plan_repartitions
-from sja.core.windows import WindowRequest, find_windows
+from sja.core.windows import WindowRequest, find_windows, unheld
 from sja.protocol.messages import (
     Completion,
     Grant,
@@ -546,8 +546,7 @@ class SjaEngine:
         bids: dict[WindowKind, list[Bid]] = dict(asked or {})
         for o, s in offers:
             if s.kind not in bids:
-                probe = msgspec.structs.replace(o, window=msgspec.structs.replace(o.window, held_by=""))
-                props = self.bidder.proposals_for(probe, self.now, like[s.kind], self.cfg.policy)
+                props = self.bidder.proposals_for(unheld(o), self.now, like[s.kind], self.cfg.policy)
                 bids[s.kind] = [Bid(agent_id="sim", proposal=p) for p in props]
         slice_of = {o.offer_id: s for o, s in offers}
         grants.learn_service(self.ledger, [o for o, _ in offers], (b for bs in bids.values() for b in bs))
@@ -1089,7 +1088,7 @@ class SjaEngine:
         )
         windows = find_windows([s.state], req)
         # What a job bids depends on the window's shape; a held one's holder is checked per offer.
-        return _offer_of(msgspec.structs.replace(windows[0], held_by=""), self.now) if windows else None
+        return unheld(_offer_of(windows[0], self.now)) if windows else None
 
     def _live_events(self) -> bool:
         """Whether an event is pending; completions a yield replaced are dropped from the top on
