@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,23 +135,33 @@ class _Mig:
     compute_slots: int = 1
 
 
+def mig_profile(name: Any) -> str | None:
+    """The GPU instance profile a MIG device or profile name names, or ``None``:
+    ``NVIDIA H100 80GB HBM3 MIG 1g.10gb+me`` gives ``1g.10gb+me``, ``MIG 1c.3g.40gb`` gives ``3g.40gb``."""
+    found = _MIG_NAME.search(_text(name))
+    return found.group(1).lower() if found is not None else None
+
+
+def mig_device_handles(nvml: Any, gpu: Any) -> Iterator[Any]:
+    """The handle of each MIG device of a GPU (one per compute instance)."""
+    for i in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu))):
+        try:
+            yield nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, i)
+        except nvml.NVMLError_NotFound:
+            continue  # an empty index: instances need not be contiguous
+
+
 def _mig_devices(nvml: Any, gpu: Any) -> list[_Mig]:
     """Every MIG device of a GPU, one per GPU instance (the lowest compute instance)."""
     by_gi: dict[int, _Mig] = {}
-    count = nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)
-    for i in range(count):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, i)
-        except nvml.NVMLError_NotFound:
-            continue  # an empty index: instances need not be contiguous
+    for mig in mig_device_handles(nvml, gpu):
         name = _text(nvml.nvmlDeviceGetName(mig))
-        found = _MIG_NAME.search(name)
-        if found is None:
+        profile = mig_profile(name)
+        if profile is None:
             raise InventoryError(f"MIG device name {name!r} names no profile")
         gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
         ci_id = int(nvml.nvmlDeviceGetComputeInstanceId(mig))
         mem_mib = int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // _MIB
-        profile = found.group(1).lower()
         g = int(profile.split("g.")[0])
         entry = _Mig(
             uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
