@@ -14,7 +14,7 @@ import pytest
 
 from sja.core.mig import GpuModel, place_layout
 from sja.inventory.declared import InventoryError
-from sja.inventory.fake_nvml import FakeNvml
+from sja.inventory.fake_nvml import FakeCi, FakeNvml
 from sja.inventory.layout import (
     REASONS,
     CreateStep,
@@ -110,6 +110,25 @@ def test_only_the_gpu_named_is_recut() -> None:
     after = discover(nvml, node="n1").slices
     assert [s for s in after if s.gpu_index != 2] == [s for s in before if s.gpu_index != 2]
     assert [(s.profile, s.placement_start) for s in after if s.gpu_index == 2] == [("7g.40gb", 0)]
+
+
+def test_a_gpu_with_no_instances_or_a_split_one_is_cut_as_sja_cuts() -> None:
+    """MIG on with no GPU instance yet; and the same profiles with one cut into compute instances,
+    which is not the layout SJA holds (one MIG device, one slice, per GPU instance)."""
+    empty = FakeNvml("h100-mig")
+    empty.gpus[0].instances = []
+    assert current_layout(empty, 0) == ()
+    plan = apply_layout(empty, 0, ["4g.40gb", "3g.40gb"])
+    assert (plan.old, plan.destroy) == ((), ())
+    assert slices(empty) == [("4g.40gb", 0), ("3g.40gb", 4)]
+
+    split = FakeNvml("h100-mig")
+    three = split.gpus[0].instances[3]
+    three.cis = [FakeCi(0, 1, "MIG-a"), FakeCi(1, 2, "MIG-b")]
+    plan = apply_layout(split, 0, H100_OLD)
+    assert plan.old == plan.new == H100_OLD and plan.destroy[3].compute_instances == (0, 1)
+    assert [len(gi.cis) for gi in split.gpus[0].instances] == [1, 1, 1, 1]
+    refused("unchanged", plan_layout, split, 0, H100_OLD)
 
 
 # --- the dry run ------------------------------------------------------------------------------------
