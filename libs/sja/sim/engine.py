@@ -52,13 +52,15 @@ only once some job changed since (a completion, an arrival, a grant); a held sli
 window has just ended counts as changed if jobs wait.
 
 **Repartitioning.** A GPU marked repartitionable in the cluster spec may be re-cut into another MIG
-layout, only while every one of its slices is free and was offered without a taker (nothing runs on
-it, and nobody waiting could use what it offers). After the dispatch of an instant, if jobs are
-waiting, the idle repartitionable GPUs and the waiting jobs' demand (``repartition_demand``: one
-slice per subjob a job could still start, as large as its memory quantile for a one-unit subjob
-needs) go to ``core.repartition.plan_repartitions``, which returns the GPUs to re-cut and their new
-layouts. A re-cut GPU offers nothing for its reconfiguration time (``SimConfig.reconfig_s`` or the
-group's ``=<seconds>``), then its new slices are offered as freshly freed ones.
+layout. After the dispatch of an instant, if jobs are waiting (and the idle GPUs or the demand
+changed, or once per window length), the idle repartitionable GPUs and the waiting jobs' demand
+(``repartition_demand``: one slice per subjob a job could still start, of the profiles its planner
+would propose for) go to ``core.repartition.plan_repartitions``, which returns the GPUs to re-cut
+and their new layouts; what they leave goes to ``core.repartition.plan_drains`` with the busy ones.
+A drained GPU offers nothing more; each open holder on it yields at its window's end (as to a
+taker, but nobody takes the slice), a closed one ends as planned, and when the last has ended the
+GPU is re-cut. A re-cut GPU offers nothing for its reconfiguration time (``SimConfig.reconfig_s`` or
+the group's ``=<seconds>``), then its new slices are offered as freshly freed ones.
 """
 
 from __future__ import annotations
@@ -90,7 +92,16 @@ from sja.core.jobs import (
 )
 from sja.core.mig import GpuModel, gpu_model
 from sja.core.policies import POLICIES, REGISTRY, Bid, Ledger, PolicyConfig, clear_batch
-from sja.core.repartition import SliceDemand, layout_value, plan_repartitions
+from sja.core.repartition import (
+    BusyGpu,
+    HeldSlice,
+    SliceDemand,
+    demand_of,
+    layout_value,
+    plan_drains,
+    plan_repartitions,
+    served_value,
+)
 from sja.core.windows import WindowRequest, find_windows, unheld
 from sja.protocol.messages import (
     Completion,
@@ -318,6 +329,14 @@ class _Recut:
 
 
 @dataclass
+class _DrainYield:
+    """The holder of slice ``idx`` (at ``fence``) on a draining GPU reaches its window's end: it yields."""
+
+    idx: int
+    fence: int
+
+
+@dataclass
 class _Rest:
     """A job's back-off after timeouts (``core.jobs.resting``) ends at ``ends``: it bids again."""
 
@@ -388,6 +407,11 @@ class SjaEngine:
                 self.cuts[g.gpu_id] = Cut.of(g, layout, cfg)
         self.recuts: list[_Recut] = []
         """Every re-cut, in order (for checks and plots)."""
+        self.recut_at: dict[str, float] = {}
+        """When each GPU's last re-cut ended."""
+        self.draining: dict[str, tuple[str, ...]] = {}
+        """GPUs being drained (``core.repartition.plan_drains``) and the layout each is re-cut to once
+        nothing runs on it: none of its slices is offered meanwhile."""
         self.demand_epoch = 0
         """Bumped on every arrival (new demand a re-cut may serve)."""
         self.repart_checked: tuple[int, tuple[str, ...], int] | None = None
@@ -435,7 +459,7 @@ class SjaEngine:
         """Kinds of window an idle slice of which some job may take now (a job changed since the
         last batch offered it)."""
         self.by_idx: dict[int, _Job] = {}
-        self.events: list[tuple[float, int, _Running | _Recut | _Rest]] = []
+        self.events: list[tuple[float, int, _Running | _Recut | _Rest | _DrainYield]] = []
         self.contests: list[tuple[float, int, int, int]] = []
         """``(contestable_at, seq, slice idx, fence)`` of every open subjob's slice: from then on
         its slice is offered while its holder runs (``core.continuation``). Looked at only while
@@ -462,6 +486,7 @@ class SjaEngine:
             "repartitions": 0,
             "open_subjobs": 0,
             "yields": 0,
+            "drains": 0,
         }
         self.idle_by_kind: dict[WindowKind, set[int]] = {k: set() for k in self.kinds}
         self.contested = {k: set() for k in self.kinds}
@@ -735,11 +760,12 @@ class SjaEngine:
         checkpoint included: what the executor measures as its duration)."""
         return self.cfg.start_s + units * unit_s + self.cfg.checkpoint_s
 
-    def _yield(self, s: _Slice, run: _Running) -> None:
+    def _yield(self, s: _Slice, run: _Running, *, leaves: bool = False) -> None:
         """Another job won the slice of ``run``, an open subjob past its window: it stops after the
         unit it is doing, checkpoints and completes with the units it did (``yielded``); its
         pending completion is replaced by that one. A holder that runs out of memory before that
-        boundary ends so, as drawn."""
+        boundary ends so, as drawn. ``leaves``: nobody won the slice (its GPU is drained); the
+        holder's lease ends with its yielded completion."""
         cfg = self.cfg
         c = run.completion
         begun = c.started_at + cfg.start_s
@@ -773,7 +799,7 @@ class SjaEngine:
             mem_noise=run.mem_noise,
         )
         run.stale = True
-        s.run = None
+        s.run = yielded if leaves else None
         s.free_at = yielded.completion.finished_at
         self.seq += 1
         heapq.heappush(self.events, (yielded.completion.finished_at, self.seq, yielded))
@@ -798,7 +824,11 @@ class SjaEngine:
             s.run = None
             self._uncontest(s)
             self._set_idle(s, False)
-            self.fresh.add(s.idx)
+            if s.sim.gpu_id not in self.draining:
+                self.fresh.add(s.idx)
+        gpu_id = s.sim.gpu_id
+        if gpu_id in self.draining and self.gpu_busy[gpu_id] == 0:
+            self._start_recut(gpu_id, self.draining.pop(gpu_id))
         was_waiting = self._is_waiting(job)
         state, applied = apply_completion(job.state, c, self.now, profiles=self.profiles)
         assert applied, f"completion {c.subjob_id} not applied"
@@ -841,7 +871,7 @@ class SjaEngine:
         g = s.sim.gpu_id
         self.gpu_busy[g] += delta
         if g in self.cuts:
-            if self.gpu_busy[g] == 0 and not self.cuts[g].reconfiguring:
+            if self.gpu_busy[g] == 0 and not self.cuts[g].reconfiguring and g not in self.draining:
                 self.cut_free.add(g)
             else:
                 self.cut_free.discard(g)
@@ -879,38 +909,44 @@ class SjaEngine:
         limit: int = REPART_DEMAND_ITEMS,
         enough: Callable[[list[SliceDemand]], bool] | None = None,
     ) -> list[SliceDemand]:
-        """What waiting jobs want from a GPU of ``model``, in the policy's natural order: one slice
-        per subjob each could still start (at most 7), of the profiles its planner would propose for
-        (``core.jobs.propose``, memoized like the rounds' proposals), using up to its GPU fraction.
-        Stops early once ``enough(items so far)`` holds."""
-        kinds = self.model_kinds[model]
+        """What waiting jobs want from a GPU of ``model``, in the policy's natural order
+        (``core.repartition.demand_of``): one slice per subjob each could still start, of the
+        profiles its planner would propose for (``core.jobs.propose``, memoized like the rounds'
+        proposals), using up to its GPU fraction. Stops early once ``enough(items so far)`` holds."""
         order = heapq.nsmallest(limit, self.waiting_jobs, key=lambda i: (self._rank(self.by_idx[i]), i))
-        out: list[SliceDemand] = []
-        for i in order:
-            job = self.by_idx[i]
-            profiles = frozenset(k[0] for k in kinds if self._proposal(job, self._kind_offer(k)) is not None)
-            if not profiles:
-                continue
-            room = min(job.state.spec.max_parallel - len(job.state.in_flight), 7)
-            item = SliceDemand(0.0, job.model.fraction, job.state.job_id, profiles)
-            out.extend([item] * max(room, 0))
-            if len(out) >= limit or (enough is not None and enough(out)):
-                break
-        return out[:limit]
+        waiting = [
+            (
+                self.by_idx[i].state.job_id,
+                self.by_idx[i].model.fraction,
+                self.by_idx[i].state.spec.max_parallel - len(self.by_idx[i].state.in_flight),
+            )
+            for i in order
+        ]
+        return demand_of(
+            waiting, lambda job_id: self._profiles(self.jobs[job_id], model), limit=limit, enough=enough
+        )
+
+    def _profiles(self, job: _Job, model: str) -> list[str]:
+        """The profiles of ``model`` the job's planner would propose for."""
+        return [k[0] for k in self.model_kinds[model] if self._proposal(job, self._kind_offer(k)) is not None]
+
+    def _demand_item(self, job: _Job, model: str) -> SliceDemand | None:
+        """A slice of a GPU of ``model`` for ``job`` (a holder a drain would interrupt)."""
+        items = demand_of([(job.state.job_id, job.model.fraction, 1)], lambda _: self._profiles(job, model))
+        return items[0] if items else None
 
     def _repartition(self) -> None:
         """Re-cut the repartitionable GPUs with nothing running that the waiting demand is better
-        served by another layout."""
+        served by another layout; drain busy ones for demand nothing in place can hold, or where a
+        drain pays (``core.repartition.plan_drains``)."""
         idle = tuple(sorted(self.cut_free))
-        if not idle:
-            return
         # Looked at again when the idle GPUs change or a job arrives, and once per window length in
         # any case (calibration may have changed what a waiting job can use).
         key = (self.demand_epoch, idle, int(self.now // self.cfg.horizon_s))
         if key == self.repart_checked:
             return
         self.repart_checked = key
-        for model in sorted({self.cuts[g].gpu.model for g in idle}):
+        for model in sorted({cut.gpu.model for cut in self.cuts.values()}):
             gpus = [
                 (g, gpu_model(model), self.cuts[g].layout) for g in idle if self.cuts[g].gpu.model == model
             ]
@@ -925,10 +961,88 @@ class SjaEngine:
 
             # A GPU holds at most 7 instances: the first 7 per idle GPU (and 7 more) are enough.
             demand = self.repartition_demand(model, min(REPART_DEMAND_ITEMS, 7 * len(gpus) + 7), enough)
-            if not demand or (enough is not None and enough(demand)):
+            if not demand:
                 continue
-            for r in plan_repartitions(gpus, demand):
-                self._start_recut(r.gpu_id, r.new)
+            chosen = {g: layout for g, _, layout in gpus}
+            if gpus and not (enough is not None and enough(demand)):
+                for r in plan_repartitions(gpus, demand):
+                    chosen[r.gpu_id] = r.new
+                    self._start_recut(r.gpu_id, r.new)
+            self._drain(model, chosen)
+
+    def _drain(self, model: str, chosen: Mapping[str, tuple[str, ...]]) -> None:
+        """Drain the busy GPUs of ``model`` that ``plan_drains`` picks for what still waits."""
+        busy: list[BusyGpu] = []
+        in_place: list[tuple[str, ...]] = list(chosen.values())
+        for g, cut in self.cuts.items():
+            if cut.gpu.model != model or g in chosen:
+                continue
+            if cut.reconfiguring:
+                in_place.append(next(r.layout for r in reversed(self.recuts) if r.gpu_id == g))
+            elif g in self.draining:
+                in_place.append(self.draining[g])
+            else:
+                since = self.now - self.recut_at.get(g, -math.inf)
+                busy.append(BusyGpu(g, gpu_model(model), cut.layout, self._held_slices(g), since))
+        if not busy:
+            return
+        demand = self.repartition_demand(model)
+        reconfig = max(self.cuts[b.gpu_id].reconfig_s for b in busy)
+        for r in plan_drains(
+            busy, demand, in_place=in_place, reconfig_s=reconfig, payoff_s=self.cfg.horizon_s
+        ):
+            self._start_drain(r.gpu_id, r.new)
+
+    def _held_slices(self, g: str) -> tuple[HeldSlice, ...]:
+        """The slices of busy GPU ``g`` as a drain sees them (``core.repartition.HeldSlice``)."""
+        out = []
+        model = self.cuts[g].gpu.model
+        for idx in self.gpu_slices[g]:
+            s = self.slices[idx]
+            run = s.run
+            share = s.state.compute_share
+            if run is None:
+                out.append(HeldSlice(s.sim.profile, share, 0.0, max(s.free_at - self.now, 0.0)))
+                continue
+            rate = served_value(s.state.compute_share, run.job.model.fraction)
+            ends = run.completion.finished_at
+            at = s.state.contestable_at
+            if at > 0 and ends > max(at, self.now) + self.cfg.start_s:
+                holder = self._demand_item(run.job, model)
+                out.append(
+                    HeldSlice(s.sim.profile, share, rate, max(at - self.now, 0.0), self.cfg.start_s, holder)
+                )
+            else:
+                out.append(HeldSlice(s.sim.profile, share, rate, max(ends - self.now, 0.0)))
+        return tuple(out)
+
+    def _start_drain(self, g: str, layout: tuple[str, ...]) -> None:
+        """Offer nothing more on ``g``; its open holders yield at their windows' ends; the last slice
+        to free starts the re-cut to ``layout``."""
+        self.draining[g] = layout
+        self.counters["drains"] += 1
+        self.cut_free.discard(g)
+        for idx in self.gpu_slices[g]:
+            s = self.slices[idx]
+            self._uncontest(s)
+            self._set_idle(s, False)
+            self.fresh.discard(idx)
+            run = s.run
+            at = s.state.contestable_at
+            if run is not None and at > 0:
+                self.seq += 1
+                heapq.heappush(self.events, (max(at, self.now), self.seq, _DrainYield(idx, s.state.fence)))
+        if self.gpu_busy[g] == 0:
+            self._start_recut(g, self.draining.pop(g))
+
+    def _drain_yield(self, ev: _DrainYield) -> None:
+        s = self.slices[ev.idx]
+        run = s.run
+        if run is None or run.stale or s.state.fence != ev.fence or s.sim.gpu_id not in self.draining:
+            return
+        if run.completion.finished_at <= self.now + 1e-9:
+            return  # it ends now anyway
+        self._yield(s, run, leaves=True)
 
     def _start_recut(self, gpu_id: str, layout: tuple[str, ...]) -> None:
         for idx in self.gpu_slices[gpu_id]:
@@ -947,6 +1061,7 @@ class SjaEngine:
 
     def _finish_recut(self, recut: _Recut) -> None:
         made = self.cuts[recut.gpu_id].finish(recut.layout)
+        self.recut_at[recut.gpu_id] = self.now
         self.cut_free.add(recut.gpu_id)
         for sim in made:
             st = slice_state(sim, self.gpu_index.get(sim.gpu_id, 0))
@@ -1116,6 +1231,8 @@ class SjaEngine:
         while self.contests and self.contests[0][0] <= self.now:
             _, _, idx, fence = heapq.heappop(self.contests)
             s = self.slices[idx]
+            if s.sim.gpu_id in self.draining:
+                continue  # its holder yields to the drain, not to a taker
             if s.state.fence == fence and leases.preempts(s.state, self.now):
                 if idx not in self.contested[s.kind]:
                     self.contested[s.kind].add(idx)
@@ -1158,6 +1275,9 @@ class SjaEngine:
                         continue
                     if isinstance(item, _Rest):
                         self._end_rest()
+                        continue
+                    if isinstance(item, _DrainYield):
+                        self._drain_yield(item)
                         continue
                     self._complete(item)
                     if item.job.state.status in ("done", "failed", "cancelled"):
@@ -1203,7 +1323,7 @@ class SjaEngine:
             self.bidder.own(job.state)
         self.changed_since.update(self.kinds)
         for s in self.slices:
-            if s.state.status == "free" and not s.retired:
+            if s.state.status == "free" and not s.retired and s.sim.gpu_id not in self.draining:
                 self._set_idle(s, False)
                 self.fresh.add(s.idx)
         self._dispatch()
