@@ -17,6 +17,7 @@ from typing import get_args
 
 from nats.aio.msg import Msg
 
+from services.inventory.recut import Recutter
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings, Nodes
@@ -51,6 +52,13 @@ class InventorySettings(BaseSettings, frozen=True, kw_only=True):
     memory-capped soft slices; ``MIB,MIB,...``: soft slices of these sizes."""
     poll_interval_s: float = 5.0
     """How often NVML is read again (GPUs lost or back)."""
+    repartition: str = "off"
+    """Whether this node's MIG GPUs are re-cut for the work waiting (``services.inventory.recut``):
+    ``off`` (the operator's layouts stay), ``dry-run`` (each re-cut the core would make is planned
+    on the GPU and logged, nothing changes) or ``on`` (drained, re-cut through NVML). NVML sources
+    only; SJA never changes a GPU's MIG mode."""
+    repartition_interval_s: float = 30.0
+    """How often the layouts are looked at again."""
     slice_export_s: float = 5.0
     """How often the slice gauges are refreshed from the bucket: a read of every slice (the inventory
     does not watch the bucket, which would deliver it every change, several per grant). A second
@@ -73,6 +81,7 @@ class InventoryService(Service):
         self.nvml: object | None = None
         """The NVML module read on every poll (kept: a fake's state lives in it)."""
         self.lost: list[str] = []
+        self.recutter = Recutter(self, settings.repartition)
         self.m_slices = self.metrics.gauge(
             "sja_slices", "Slices of this inventory's nodes, by status.", unit="{slice}"
         )
@@ -92,6 +101,8 @@ class InventoryService(Service):
         self.loop(self._export_forever())
         if self.nvml is not None:
             self.loop(self._poll_forever())
+            if self.recutter.mode != "off":
+                self.loop(self._recut_forever())
 
     def discover(self) -> list[SliceState]:
         """The slices of this replica the source sees now; raises ``InventoryError``."""
@@ -126,6 +137,14 @@ class InventoryService(Service):
             await asyncio.sleep(self.cfg.poll_interval_s)
             await self.poll()
 
+    async def _recut_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.repartition_interval_s)
+            try:
+                await self.recutter.tick()
+            except Exception:
+                log.exception("choosing the MIG layouts failed")
+
     async def poll(self) -> None:
         """Read NVML again and publish what changed (lost GPUs' slices offline, returned ones free)."""
         try:
@@ -157,7 +176,10 @@ class InventoryService(Service):
         declared_ids = {s.slice_id for s in self.declared}
         stored = await self.slices.all()
         by_id = {state.slice_id: (state, rev) for state, rev in stored}
+        draining = self.recutter.holding()
         for s in self.declared:
+            if s.gpu_index in draining:
+                continue  # its slices stay out of service until the re-cut
             got = by_id.get(s.slice_id)
             while True:
                 current, rev = got if got is not None else (None, 0)

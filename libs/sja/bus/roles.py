@@ -123,8 +123,10 @@ def service_roles() -> tuple[Role, ...]:
         _service(
             "inventory",
             "declares slices (KV sja-slices), frees slices whose lease ran out, and frees a slice whose "
-            "holder gives its grant back (sja.v1.lease.release, checked by grant and fence).",
-            (*slices, "$KV.sja-slices.>"),
+            "holder gives its grant back (sja.v1.lease.release, checked by grant and fence); with "
+            "re-cutting on, reads the jobs waiting (KV sja-jobs) and asks a drained slice's holder to "
+            "yield (sja.v1.slice.yield).",
+            (*slices, *jobs, "$KV.sja-slices.>", "sja.v1.slice.yield.>"),
             ("sja.v1.lease.release",),
         ),
         _service(

@@ -31,4 +31,8 @@ POLICY = "fair"
 """The clearing policy (``SJA_POLICY``, ``sja simulate --policy sja``)."""
 
 
-__all__ = ["EPS_MEM", "EPS_TIME", "HORIZON_S", "POLICY", "START_OVERHEAD_S"]
+RECONFIG_S = 5.0
+"""Seconds a MIG GPU offers nothing while it is re-cut (its instances destroyed and created again):
+what a re-cut costs in the layout decisions (``core.repartition``) and the simulator's default."""
+
+__all__ = ["EPS_MEM", "EPS_TIME", "HORIZON_S", "POLICY", "RECONFIG_S", "START_OVERHEAD_S"]

@@ -133,7 +133,7 @@ class SimConfig:
     bin_s: float = 3600.0
     """Width of the time bins of the utilization-over-time series."""
     lease_s: float = 30.0
-    reconfig_s: float = 5.0
+    reconfig_s: float = defaults.RECONFIG_S
     """Seconds a repartitionable GPU offers nothing while it is re-cut into another MIG layout
     (destroying and creating MIG instances, which needs the GPU idle, takes seconds; a cluster
     group's ``~repart=<seconds>`` overrides it)."""
