@@ -21,6 +21,7 @@ from sja.core.repartition import (
     HeldSlice,
     Repartition,
     demand_of,
+    held_demand,
     plan_drains,
     plan_repartitions,
     served_value,
@@ -73,11 +74,9 @@ def held_slices(slices: Sequence[SliceState], now: float, restart_s: float) -> t
         if s.status == "free":
             out.append(HeldSlice(s.profile, share, 0.0, 0.0))
         elif s.contestable_at > 0:
-            out.append(
-                HeldSlice(
-                    s.profile, share, served_value(share, 1.0), max(s.contestable_at - now, 0.0), restart_s
-                )
-            )
+            holder = held_demand(s.holder_job, s.mem_mib, 1.0)
+            frees_in = max(s.contestable_at - now, 0.0)
+            out.append(HeldSlice(s.profile, share, served_value(share, 1.0), frees_in, restart_s, holder))
         else:
             ends = s.expected_end or s.lease_until or now
             out.append(HeldSlice(s.profile, share, served_value(share, 1.0), max(ends - now, 0.0)))

@@ -225,7 +225,14 @@ class HeldSlice:
     restart_s: float = 0.0
     """Seconds of start-up its holder pays again when it is interrupted (0 if it ends anyway)."""
     holder: SliceDemand | None = None
-    """What its holder wants, if it would go on running after a yield (it then waits with the rest)."""
+    """What its holder wants, if it would go on running after a yield (it then waits with the rest):
+    ``held_demand``."""
+
+
+def held_demand(job_id: str, mem_mib: float, compute_share: float) -> SliceDemand:
+    """A holder as demand: it runs in ``mem_mib`` now, so any instance at least as large holds it
+    (a job that holds a slice does not bid, so its planner is not asked)."""
+    return SliceDemand(mem_mib, compute_share, job_id)
 
 
 @dataclass(frozen=True)
@@ -277,7 +284,7 @@ def plan_drains(
     the demand after it). Then, any other GPU whose best layout for the remaining demand gains more
     over ``payoff_s`` than its drain costs (see the module docstring).
     """
-    if not busy or not demand:
+    if not busy:
         return []
     gpu = busy[0].model
     layouts = [tuple(layout) for layout in in_place] + [b.layout for b in busy]
@@ -306,8 +313,6 @@ def plan_drains(
     # The GPUs that do least with what they hold first; one such drain per call (the demand is
     # looked at again after it, with the drained GPU's new layout in place).
     for b in sorted(busy, key=lambda b: (b.rate, b.gpu_id)):
-        if not rest:
-            break
         cost = b.drain_cost(reconfig_s)
         if b.since_recut_s < payoff_s or any(r.gpu_id == b.gpu_id for r in out):
             continue
@@ -316,6 +321,8 @@ def plan_drains(
         # Its own holders wait with the rest once they yield: the new layout serves them too.
         holders = [h.holder for h in b.slices if h.holder is not None]
         items = (holders + rest)[:MAX_DEMAND_ITEMS]
+        if not items:
+            continue
         new = best_layout(b.model, items)
         rate, _, served = assign(b.model, new, items)
         if new == b.layout or (rate - b.rate) * payoff_s <= cost:

@@ -52,11 +52,13 @@ only once some job changed since (a completion, an arrival, a grant); a held sli
 window has just ended counts as changed if jobs wait.
 
 **Repartitioning.** A GPU marked repartitionable in the cluster spec may be re-cut into another MIG
-layout. After the dispatch of an instant, if jobs are waiting (and the idle GPUs or the demand
-changed, or once per window length), the idle repartitionable GPUs and the waiting jobs' demand
+layout. Before and after the dispatch of an instant (when the idle GPUs or the demand changed, or
+once per window length), the idle repartitionable GPUs and the waiting jobs' demand
 (``repartition_demand``: one slice per subjob a job could still start, of the profiles its planner
 would propose for) go to ``core.repartition.plan_repartitions``, which returns the GPUs to re-cut
-and their new layouts; what they leave goes to ``core.repartition.plan_drains`` with the busy ones.
+and their new layouts; what they leave goes to ``core.repartition.plan_drains`` with the busy ones
+(whose open holders count as demand too: a job that can use a whole GPU, stuck on a 3g, gets its
+GPU made whole even while nobody waits).
 A drained GPU offers nothing more; each open holder on it yields at its window's end (as to a
 taker, but nobody takes the slice), a closed one ends as planned, and when the last has ended the
 GPU is re-cut. A re-cut GPU offers nothing for its reconfiguration time (``SimConfig.reconfig_s`` or
@@ -97,6 +99,7 @@ from sja.core.repartition import (
     HeldSlice,
     SliceDemand,
     demand_of,
+    held_demand,
     layout_value,
     plan_drains,
     plan_repartitions,
@@ -930,11 +933,6 @@ class SjaEngine:
         """The profiles of ``model`` the job's planner would propose for."""
         return [k[0] for k in self.model_kinds[model] if self._proposal(job, self._kind_offer(k)) is not None]
 
-    def _demand_item(self, job: _Job, model: str) -> SliceDemand | None:
-        """A slice of a GPU of ``model`` for ``job`` (a holder a drain would interrupt)."""
-        items = demand_of([(job.state.job_id, job.model.fraction, 1)], lambda _: self._profiles(job, model))
-        return items[0] if items else None
-
     def _repartition(self) -> None:
         """Re-cut the repartitionable GPUs with nothing running that the waiting demand is better
         served by another layout; drain busy ones for demand nothing in place can hold, or where a
@@ -961,10 +959,8 @@ class SjaEngine:
 
             # A GPU holds at most 7 instances: the first 7 per idle GPU (and 7 more) are enough.
             demand = self.repartition_demand(model, min(REPART_DEMAND_ITEMS, 7 * len(gpus) + 7), enough)
-            if not demand:
-                continue
             chosen = {g: layout for g, _, layout in gpus}
-            if gpus and not (enough is not None and enough(demand)):
+            if gpus and demand and not (enough is not None and enough(demand)):
                 for r in plan_repartitions(gpus, demand):
                     chosen[r.gpu_id] = r.new
                     self._start_recut(r.gpu_id, r.new)
@@ -996,7 +992,6 @@ class SjaEngine:
     def _held_slices(self, g: str) -> tuple[HeldSlice, ...]:
         """The slices of busy GPU ``g`` as a drain sees them (``core.repartition.HeldSlice``)."""
         out = []
-        model = self.cuts[g].gpu.model
         for idx in self.gpu_slices[g]:
             s = self.slices[idx]
             run = s.run
@@ -1008,7 +1003,7 @@ class SjaEngine:
             ends = run.completion.finished_at
             at = s.state.contestable_at
             if at > 0 and ends > max(at, self.now) + self.cfg.start_s:
-                holder = self._demand_item(run.job, model)
+                holder = held_demand(run.job.state.job_id, s.state.mem_mib, run.job.model.fraction)
                 out.append(
                     HeldSlice(s.sim.profile, share, rate, max(at - self.now, 0.0), self.cfg.start_s, holder)
                 )
@@ -1085,7 +1080,7 @@ class SjaEngine:
         take, as one batch; again while a batch starts subjobs (its winners changed). Repartitionable
         GPUs with nothing running are re-cut first if the waiting demand is better served by another
         layout, and again after the batches for what still waits."""
-        if self.cuts and self.waiting > 0:
+        if self.cuts:
             self._repartition()
         fresh = [self.slices[i] for i in sorted(self.fresh) if self.slices[i].state.status == "free"]
         self.fresh.clear()

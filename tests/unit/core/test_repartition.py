@@ -11,6 +11,7 @@ from sja.core.repartition import (
     canonical_layout,
     choose_layout,
     demand_of,
+    held_demand,
     layout_value,
     maximal_layouts,
     plan_drains,
@@ -117,3 +118,23 @@ def test_demand_follows_queue_order_one_item_per_startable_subjob() -> None:
     assert [d.key for d in items] == ["a", "a"] + ["c"] * 7
     assert items[2].profiles == frozenset({"7g.80gb", "4g.40gb"})
     assert len(demand_of([("c", 1.0, 9)], lambda j: profiles[j], limit=3)) == 3
+
+
+def test_a_whole_gpu_job_stuck_on_a_3g_gets_its_gpu_made_whole_with_nobody_waiting() -> None:
+    # Two jobs that can use a whole GPU each, on the 4g and the 3g of one GPU, past their windows:
+    # one of them on a whole GPU is worth more than both on the pieces (the other finds another slice).
+    held = (
+        HeldSlice("4g.40gb", 4 / 7, served_value(4 / 7, 1.0), 0.0, 10.0, held_demand("a", 40_448, 1.0)),
+        HeldSlice("3g.40gb", 3 / 7, served_value(3 / 7, 1.0), 0.0, 10.0, held_demand("b", 40_448, 1.0)),
+    )
+    gpu = BusyGpu("g", A100_80GB, CUT, held)
+    plan = plan_drains([gpu], [], in_place=[], reconfig_s=5.0, payoff_s=600.0)
+    assert [r.new for r in plan] == [("7g.80gb",)]
+    # a holder only ever moves to an instance at least as large as the one it runs in
+    small = (HeldSlice("7g.80gb", 1.0, served_value(1.0, 1 / 7), 0.0, 10.0, held_demand("s", 80_640, 1 / 7)),)
+    assert (
+        plan_drains(
+            [BusyGpu("w", A100_80GB, ("7g.80gb",), small)], [], in_place=[], reconfig_s=5.0, payoff_s=600.0
+        )
+        == []
+    )
