@@ -92,6 +92,10 @@ class ExecutorService(Service):
         """Holders asked to yield (another job won their slice)."""
         self.started_fences: dict[str, int] = {}
         """The highest fence a run was admitted at, per slice (``slicelease.start``)."""
+        self.slots: dict[str, int] = {}
+        """slice id -> its sandbox slot (uid ``uid_base + slot``): never reused by another slice."""
+        self.ray_slices: set[str] = set()
+        """Slices whose Ray resource (``sja_slice:<id>``) the cluster declares."""
         self.ran = 0
         self.pin_node = True
         """Whether actors also take a share of the node's resource (``sja_node:<node>``)."""
@@ -126,6 +130,8 @@ class ExecutorService(Service):
         else:
             log.info("%s", sbx.describe(self.cfg.sandbox, len(self.slice_info)))
         await asyncio.to_thread(self._init_ray)
+        have = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        self.ray_slices = {sid for sid in self.slice_info if slice_resource(sid) in have}
         self.hidden = self._hidden_paths()
         for s in self.slice_info.values():
             self.actors[s.slice_id] = self._new_actor(s)
@@ -142,6 +148,7 @@ class ExecutorService(Service):
         )
         await self.subscribe(subjects.slice_yield(self.cfg.node), self._yield_requested)
         self.loop(self._pull_forever())
+        self.loop(self._refresh_forever())
         self.loop(watch_consumers(self.jetstream, [(subjects.STREAM_SUBJOBS.name, durable)], self.metrics))
 
     async def on_stop(self) -> None:
@@ -159,6 +166,7 @@ class ExecutorService(Service):
             states = [s for s, _ in await self.slices.all() if s.node == self.cfg.node]
             if states:
                 self.slice_info = {s.slice_id: s for s in states}
+                self.slots = {sid: i for i, sid in enumerate(sorted(self.slice_info))}
                 # Grants made before this process started (a restart) may have had runs it does not
                 # remember: their subjobs are admitted by compare-and-set, never without a write.
                 self.started_fences = {s.slice_id: s.fence for s in states}
@@ -166,6 +174,57 @@ class ExecutorService(Service):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no slices for node {self.cfg.node!r} in the inventory")
             await asyncio.sleep(0.2)
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.slice_refresh_s)
+            try:
+                await self.refresh_slices()
+            except Exception:
+                log.exception("reading the node's slices again failed")
+
+    async def refresh_slices(self) -> None:
+        """Follow the node's slices (a MIG re-cut by the inventory destroys some and makes others):
+        a new slice, or one back from offline, gets an actor; one offline loses its actor once
+        nothing runs on it; one whose device changed (a MIG instance made again, same placement)
+        gets a new actor for the new device. A slice's Ray actor can be placed only where Ray can
+        pin it: on a cluster that declares neither the slice's resource nor the node's, a new slice
+        is left alone and the operator told."""
+        assert self.slices is not None
+        states = [s for s, _ in await self.slices.all() if s.node == self.cfg.node]
+        new: list[Any] = []
+        for s in states:
+            sid = s.slice_id
+            old = self.slice_info.get(sid)
+            busy = sid in self.holders
+            if s.status == "offline":
+                if sid in self.actors and not busy:
+                    with contextlib.suppress(Exception):
+                        ray.kill(self.actors.pop(sid), no_restart=True)
+                    log.info("slice %s is offline: its actor stopped", sid)
+                continue
+            moved = old is not None and old.gpu_uuid != s.gpu_uuid
+            if sid in self.actors and not moved:
+                continue
+            if busy:
+                continue  # its holder still runs on the old device: replaced once it has ended
+            if sid not in self.ray_slices and not self.pin_node:
+                log.error(
+                    "slice %s appeared on node %s, but the Ray cluster declares neither its resource "
+                    "nor the node's: restart the node's Ray with `sja inventory --ray-resources`",
+                    sid,
+                    self.cfg.node,
+                )
+                continue
+            self.slice_info[sid] = s
+            self.started_fences.setdefault(sid, s.fence)
+            if sid in self.actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(self.actors.pop(sid), no_restart=True)
+            self.actors[sid] = actor = self._new_actor(s)
+            new.append(actor)
+            log.info("slice %s (%s, %s): actor started", sid, s.profile, s.gpu_uuid or "emulated")
+        await asyncio.gather(*(self._ready(a) for a in new))
 
     def _join_ray(self) -> None:
         raylife.join_ray(self.cfg.ray_address)
@@ -189,11 +248,16 @@ class ExecutorService(Service):
         return tuple(paths)
 
     def _slot(self, slice_id: str) -> int:
-        """The slice's index among the node's slices: its sandbox uid is ``uid_base + index``."""
-        return sorted(self.slice_info).index(slice_id)
+        """The slice's sandbox slot: its index among the node's slices at start, the next unused
+        one for a slice adopted later (``uid_base + slot`` is its subjobs' uid)."""
+        if slice_id not in self.slots:
+            self.slots[slice_id] = max(self.slots.values(), default=-1) + 1
+        return self.slots[slice_id]
 
     def _new_actor(self, s: SliceState) -> Any:
-        resources = {slice_resource(s.slice_id): 1.0}
+        # Pinned by the slice's own Ray resource where the cluster declares it, else (a slice a
+        # re-cut made after Ray started) by the node's.
+        resources = {slice_resource(s.slice_id): 1.0} if s.slice_id in self.ray_slices else {}
         if self.pin_node:
             resources[node_resource(self.cfg.node)] = NODE_SHARE
         return SliceActor.options(  # type: ignore[attr-defined]
@@ -255,6 +319,8 @@ class ExecutorService(Service):
                 await holder.done.wait()
             finally:
                 keepalive.cancel()
+        if sj.slice_id not in self.actors:
+            await self.refresh_slices()  # a slice a re-cut made since the last read
         admitted = await slicelease.start(
             self.slices,
             sj,

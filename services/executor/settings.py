@@ -19,6 +19,9 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     kill_margin_s: float = 0.5
     """How far past its time cap a subjob may run before it is stopped and reported ``timeout``."""
     wait_for_slices_s: float = 30.0
+    slice_refresh_s: float = 5.0
+    """How often the node's slices are read again: a slice a re-cut made (or one back from offline)
+    gets an actor, one gone offline loses its idle actor, one whose MIG device changed gets a new one."""
     preload: str = ""
     """Modules every slice actor imports when it starts (``torch`` on GPU nodes), so that a
     framework's start-up does not count against the first subjob's window."""

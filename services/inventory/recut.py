@@ -34,10 +34,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from sja.bus.codec import encode
 from sja.core import defaults, leases
 from sja.core.explain import queue_order
 from sja.core.jobs import ProfileCache, propose
+from sja.core.mig import CATALOGUE
 from sja.core.node_layouts import plan_node
 from sja.core.planner import PlanLimits
 from sja.core.repartition import Repartition
@@ -81,6 +84,14 @@ class Recutter:
         self.planned: list[tuple[Repartition, LayoutPlan | str]] = []
         """The last pass's re-cuts, each with NVML's plan or the reason it would be refused (dry run)."""
         self.recuts = 0
+
+    def marked(self, s: SliceState) -> SliceState:
+        """``s`` with the memory a re-cut of its GPU can reach (``SliceState.recut_mib``) when this
+        inventory re-cuts: what the gateway admits a job against and the offers' largest slice."""
+        model = CATALOGUE.get(s.gpu_model)
+        if self.mode != "on" or s.source != "nvml" or model is None:
+            return s
+        return msgspec.structs.replace(s, recut_mib=max(p.mem_mib for p in model.profiles))
 
     def holding(self) -> set[int]:
         """GPU indices whose slices the inventory's polls must leave as they are (being drained)."""

@@ -121,7 +121,7 @@ class InventoryService(Service):
                 log.error("GPU %s: its slices go offline", gpu)
             self.lost = list(found.lost)
         wanted = set(self.cfg.nodes)
-        mine = [s for s in found.slices if not wanted or s.node in wanted]
+        mine = [self.recutter.marked(s) for s in found.slices if not wanted or s.node in wanted]
         for s in mine:
             self.known[s.slice_id] = s
         return mine

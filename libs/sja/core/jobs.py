@@ -25,6 +25,7 @@ from sja.core.planner import (
 )
 from sja.core.policies import window_cost
 from sja.core.profiles import JobProfile
+from sja.core.windows import reachable_mib
 from sja.protocol.messages import (
     Completion,
     Grant,
@@ -188,14 +189,15 @@ def never_fits(
         return None
     profile = profile_of(state, profiles)
     need = profile.mem_ceiling(state.spec.min_units)
-    largest = max(live, key=lambda s: (s.mem_mib, s.compute_share, s.slice_id))
-    usable = largest.mem_mib - limits.mem_reserve_mib
+    largest = max(live, key=lambda s: (reachable_mib(s), s.compute_share, s.slice_id))
+    reach = reachable_mib(largest)
+    usable = reach - limits.mem_reserve_mib
     if need <= usable:
         return None
     return (
         f"the job's smallest subjob ({state.spec.min_units} unit(s)) declares a peak of {need:,.0f} MiB, "
         f"and the largest slice ({largest.profile} on {largest.gpu_model}, {largest.slice_id}) holds "
-        f"{usable:,.0f} MiB usable ({largest.mem_mib:,} MiB less the {limits.mem_reserve_mib:,.0f} MiB "
+        f"{usable:,.0f} MiB usable ({reach:,} MiB less the {limits.mem_reserve_mib:,.0f} MiB "
         f"reserve): declare less memory per subjob (memory, min_units) or run it where a larger slice is"
     )
 

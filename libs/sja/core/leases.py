@@ -170,6 +170,7 @@ def merge_declared(current: SliceState | None, declared: SliceState, now: float)
         compute_share=declared.compute_share,
         placement_start=declared.placement_start,
         source=declared.source,
+        recut_mib=declared.recut_mib,
     )
     if static.status == "offline":
         static = _freed(static, now)

@@ -81,12 +81,20 @@ def unheld(offer: Offer) -> Offer:
     return msgspec.structs.replace(offer, window=msgspec.structs.replace(offer.window, held_by=""))
 
 
+def reachable_mib(s: SliceState) -> int:
+    """The most memory a slice's GPU can give one instance: the slice's own, or what a re-cut of
+    its GPU would make (``SliceState.recut_mib``)."""
+    return max(s.mem_mib, s.recut_mib)
+
+
 def largest_by_pool(slices: Iterable[SliceState]) -> dict[str, int]:
-    """pool -> memory of its largest slice that is not offline."""
+    """pool -> memory of its largest slice that is not offline (or of the largest instance a re-cut
+    of its GPU would make)."""
     out: dict[str, int] = {}
     for s in slices:
-        if s.status != "offline" and s.mem_mib > out.get(s.pool, 0):
-            out[s.pool] = s.mem_mib
+        mib = reachable_mib(s)
+        if s.status != "offline" and mib > out.get(s.pool, 0):
+            out[s.pool] = mib
     return out
 
 

@@ -140,6 +140,10 @@ class SliceState(Message, Tokens, tag="sja.slice_state.v1", frozen=True, kw_only
     """The holder's job's attained service (GPU-seconds) when its subjob started, its window
     included (``Subjob.attained_gpu_s``): with the time held past the window, what a waiting job
     must be well below to take the slice (``core.continuation.takes_held``)."""
+    recut_mib: NonNegInt = 0
+    """Memory of the largest instance a re-cut of this slice's GPU can make, when its inventory
+    re-cuts MIG GPUs for the work waiting (``SJA_REPARTITION=on``); 0: the layout stays. A job that
+    only a re-cut GPU holds is admitted and waits for it (``windows.reachable_mib``)."""
     updated_at: float = 0.0
 
 

@@ -21,7 +21,7 @@ from sja.client import SjaClient
 from sja.core import jobs as J
 from sja.inventory.fake_nvml import FakeNvml
 from sja.inventory.nvml import discover
-from sja.protocol.messages import JobSpec, SliceState
+from sja.protocol.messages import JobSpec, MemoryDecl, SliceState
 from sja.workloads import checkpoint as ckpt
 from sja.workloads import run_in_one_piece
 from tests.integration.waits import until_state, wait_until
@@ -158,3 +158,58 @@ async def test_jobs_run_on_nvml_slices_through_the_stack(nats_url: str, tmp_path
             blob = await store.get(ref.name)
             assert ckpt.digest(blob.data) == ref.sha256 and ref.size > 10_000
             assert infer.result == run_in_one_piece("torch-infer", infer_params)
+
+
+async def test_a_job_no_mig_instance_holds_runs_after_the_gpu_is_re_cut(
+    nats_url: str, tmp_path: Path, nc
+) -> None:
+    """With re-cutting on, a job whose subjobs need 60 GB (no instance of the H100's 2g+1g+1g+3g
+    layout holds them) gets the GPU re-cut whole through NVML; the executor follows the node's
+    slices (the old instances' actors stop, the new 7g.80gb gets one, pinned to its new MIG
+    device) and the job runs there to the right answer."""
+    c = lambda name: common(nats_url, tmp_path, name)  # noqa: E731
+    inventory = InventoryService(
+        InventorySettings(
+            **c("inventory-t"),
+            inventory_source="fake-nvml:h100-mig",
+            node="local",
+            repartition="on",
+            repartition_interval_s=0.5,
+        )
+    )
+    executor = ExecutorService(
+        ExecutorSettings(**c("executor-t"), node="local", ray_num_cpus=2, slice_refresh_s=0.5)
+    )
+    services = [
+        inventory,
+        GatewayService(GatewaySettings(**c("gateway-t"))),
+        ClearerService(ClearerSettings(**c("clearer-t"))),
+        AgentService(AgentSettings(**c("agent-t"), horizon_s=6.0)),
+        executor,
+        AdvertiserService(AdvertiserSettings(**c("advertiser-t"), horizon_s=6.0)),
+    ]
+    async with running(*services):
+        before = await slices_of(nc)
+        assert sorted(s.profile for s in before.values()) == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+        client = SjaClient(nc)
+        params = {"units": 8, "samples_per_unit": 2_000, "seed": 9}
+        spec = JobSpec(
+            name="big",
+            tenant="t",
+            workload="montecarlo",
+            params=params,
+            memory=MemoryDecl(base_mib=60_000, per_unit_mib=0, rel_sd=0.0),
+        )
+        job_id = (await client.submit(spec)).job_id
+        state = await until_state(client, job_id, J.is_terminal, 150, "the big job to end")
+        assert state.status == "done", (state.status, state.error)
+        assert state.result == run_in_one_piece("montecarlo", params)
+        after = await slices_of(nc)
+        whole = [s for s in after.values() if s.profile == "7g.80gb"]
+        assert len(whole) == 1 and whole[0].status == "free"
+        assert {s.status for sid, s in after.items() if sid in before} == {"offline"}
+        assert inventory.recutter.recuts == 1
+        assert {sid for _, sid, _ in executor.placements} == {whole[0].slice_id}
+        assert set(executor.actors) == {whole[0].slice_id}, "the old instances' actors stopped"
+        info = await asyncio.wrap_future(executor.actors[whole[0].slice_id].info.remote().future())
+        assert info["cuda_visible_devices"] == whole[0].gpu_uuid
