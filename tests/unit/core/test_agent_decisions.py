@@ -7,21 +7,9 @@ from collections import Counter
 
 import msgspec
 
-from sja.core.jobs import (
-    bidding_expired,
-    claim,
-    heir,
-    is_owned_by,
-    materialize,
-    new_job,
-    overdue,
-    past_due,
-    plan_time,
-    propose,
-    request_cancel,
-    sits_out,
-    takeover,
-)
+from sja.core.bidding import bidding_expired, plan_time, propose, sits_out
+from sja.core.jobs import materialize, new_job, request_cancel
+from sja.core.ownership import claim, heir, is_owned_by, overdue, past_due, takeover
 from sja.core.planner import PlanLimits
 from sja.protocol.messages import Grant, JobSpec, JobState, Offer, Window
 

@@ -9,29 +9,26 @@ import msgspec
 import pytest
 
 from sja.core.bidder import Bidder
+from sja.core.bidding import propose, resting
 from sja.core.jobs import (
     MAX_CONSECUTIVE_FAILURES,
     MAX_CONSECUTIVE_TIMEOUTS,
-    ProfileCache,
     apply_completion,
     can_take_more,
     give_up,
     hopeless,
-    lost_completion,
     materialize,
     new_job,
     next_range,
-    overdue,
-    profile_of,
-    propose,
     request_cancel,
-    resting,
     settle,
     timeout_backoff_s,
     validate_spec,
 )
+from sja.core.ownership import lost_completion, overdue
 from sja.core.planner import PlanLimits
 from sja.core.policies import PolicyConfig
+from sja.core.profile_cache import ProfileCache, profile_of
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import (
     Completion,
