@@ -49,15 +49,10 @@ from sja.accel import use_compiled_core
 
 use_compiled_core()  # before the decision core is imported
 
-from sja.core.jobs import (
-    ProfileCache,
-    apply_completion,
-    materialize,
-    new_job,
-    profile_of,
-    propose,
-)
+from sja.core.bidding import propose
+from sja.core.jobs import apply_completion, materialize, new_job
 from sja.core.planner import PlanLimits
+from sja.core.profile_cache import ProfileCache, profile_of
 from sja.execution.program import run_program
 from sja.execution.runner import completion_of, run_subjob
 from sja.execution.sandbox import Sandbox, SandboxSettings, environment

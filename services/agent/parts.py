@@ -15,9 +15,9 @@ from services.agent.spans import JobSpans
 from sja.bus.jetstream import JetStream
 from sja.bus.persist import DeferredWriter
 from sja.bus.store import KvStore
-from sja.core import jobs as J
 from sja.core import proofs
 from sja.core.planner import PlanLimits
+from sja.core.profile_cache import ProfileCache
 from sja.protocol.messages import Completion, InFlight, JobState, SliceState
 
 
@@ -29,7 +29,7 @@ class Agent(Protocol):
     limits: PlanLimits
     owned: dict[str, tuple[JobState, int]]
     """job id -> (state, revision) of the jobs it owns."""
-    profiles: J.ProfileCache
+    profiles: ProfileCache
     spans: JobSpans
     slices: KvStore[SliceState] | None
     jobs: KvStore[JobState] | None

@@ -1,7 +1,7 @@
 """What an agent gives up on its own, every ``reap_every_s``: subjobs that will never complete
-(``J.overdue``: no completion two leases past their time cap, their slice moved on), whose units go
-back to their jobs as if reported lost; and jobs that can never run again (``J.hopeless``, judged
-against the largest window offered since start), which fail instead of waiting forever."""
+(``ownership.overdue``: no completion two leases past their time cap, their slice moved on), whose
+units go back to their jobs as if reported lost; and jobs that can never run again (``J.hopeless``,
+judged against the largest window offered since start), which fail instead of waiting forever."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from sja.core import jobs as J
+from sja.core import ownership
 from sja.protocol.messages import Completion, InFlight, JobState, Offer, Window
 
 if TYPE_CHECKING:
@@ -47,15 +48,15 @@ class Reaper:
                 log.exception("reaping overdue subjobs failed")
 
     async def reap(self, now: float) -> int:
-        """Give up in-flight subjobs that will never complete (see ``J.overdue``): their units go
-        back to their jobs, like a subjob reported lost. Returns how many."""
+        """Give up in-flight subjobs that will never complete (see ``ownership.overdue``): their
+        units go back to their jobs, like a subjob reported lost. Returns how many."""
         agent = self.agent
         assert agent.slices is not None
         lease_s = agent.cfg.lease_s
         suspects = [
             (job_id, f)
             for job_id, (state, _) in list(agent.owned.items())
-            for f in J.past_due(state, now, lease_s)
+            for f in ownership.past_due(state, now, lease_s)
         ]
         reaped = 0
         holders: dict[str, str | None] = {}
@@ -72,8 +73,8 @@ class Reaper:
                 ) -> JobState | None:
                     made.clear()
                     new = state
-                    for f in J.overdue(state, holders, now, lease_s):
-                        c = J.lost_completion(state, f, now, "no completion, and its slice moved on")
+                    for f in ownership.overdue(state, holders, now, lease_s):
+                        c = ownership.lost_completion(state, f, now, "no completion, and its slice moved on")
                         new, ok = J.apply_completion(new, c, now, profiles=agent.profiles)
                         if ok:
                             made.append((c, f))

@@ -30,10 +30,11 @@ from sja.bus.persist import DeferredWriter
 from sja.bus.service import Service
 from sja.bus.tracing import child_span, extract, inject, is_sampled, item_contexts, publish
 from sja.core import jobs as J
-from sja.core import leases, proofs
+from sja.core import leases, ownership, proofs
 from sja.core.bidder import Bidder
 from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES, PolicyConfig
+from sja.core.profile_cache import ProfileCache
 from sja.protocol import subjects
 from sja.protocol.messages import (
     BatchReply,
@@ -80,7 +81,7 @@ class AgentService(Service):
         )
         self.owned: dict[str, tuple[JobState, int]] = {}
         self.policy_config = PolicyConfig(horizon_s=settings.horizon_s)
-        self.profiles = J.ProfileCache()
+        self.profiles = ProfileCache()
         """The profiles of the jobs this agent plans for (dropped when it no longer does)."""
         self.bidder = Bidder(self.limits, self.policy_config, self.profiles)
         """What the jobs this agent owns bid (``core.bidder``): memoized plans, shortlists, the jobs
@@ -237,7 +238,7 @@ class AgentService(Service):
         return J.apply_completion(state, c, time.time(), profiles=self.profiles)[0]
 
     def _mine(self, state: JobState) -> bool:
-        return J.is_owned_by(state, self.agent_id)
+        return ownership.is_owned_by(state, self.agent_id)
 
     def _lost(self, job_id: str, state: JobState | None) -> None:
         if state is not None:
@@ -295,7 +296,7 @@ class AgentService(Service):
         if got is not None:
             state, rev = got
             assert isinstance(state, JobState)
-            claimed = J.claim(state, self.agent_id, time.time())
+            claimed = ownership.claim(state, self.agent_id, time.time())
             if claimed is not None:
                 new_rev = await self.jobs.cas(state.job_id, claimed, rev)
                 if new_rev is not None:

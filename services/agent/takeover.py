@@ -1,7 +1,7 @@
 """Liveness between agents: each heartbeats (``AgentHeartbeat``); the jobs of an agent not heard
-from for ``takeover_after_s`` are taken over by the live ones (``J.takeover`` decides which agent is
-heir to which job; each job moves by compare-and-set on its revision, so one agent gets it), and the
-completions that reached the new owner before the job was its own are read back."""
+from for ``takeover_after_s`` are taken over by the live ones (``ownership.takeover`` decides which
+agent is heir to which job; each job moves by compare-and-set on its revision, so one agent gets
+it), and the completions that reached the new owner before the job was its own are read back."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.completions import iter_completions
 from sja.core import jobs as J
-from sja.core import proofs
+from sja.core import ownership, proofs
 from sja.protocol import subjects
 from sja.protocol.messages import AgentHeartbeat, Completion, JobHead, JobState
 
@@ -82,10 +82,10 @@ class Takeover:
                 next_scan = now + cfg.takeover_scan_s
 
     async def take_over(self, now: float) -> int:
-        """Take over the jobs of agents silent for longer than ``takeover_after_s`` (``J.takeover``:
-        this agent takes the ones it is heir to at once, any after twice the bound), each by
-        compare-and-set on its revision; returns how many. An agent silent that long with no job
-        left is forgotten."""
+        """Take over the jobs of agents silent for longer than ``takeover_after_s``
+        (``ownership.takeover``: this agent takes the ones it is heir to at once, any after twice
+        the bound), each by compare-and-set on its revision; returns how many. An agent silent that
+        long with no job left is forgotten."""
         agent = self.agent
         jobs = agent.jobs
         assert jobs is not None
@@ -125,7 +125,7 @@ class Takeover:
             except DecodeError as e:
                 log.warning("job %s unreadable, not taken over: %s", head.job_id, e)
                 continue
-            new = J.takeover(state, agent.agent_id, seen, now, liveness_s, live_agents=live)
+            new = ownership.takeover(state, agent.agent_id, seen, now, liveness_s, live_agents=live)
             if new is None:
                 still_owning.add(owner)
                 continue
@@ -170,7 +170,7 @@ class Takeover:
             except DecodeError as e:
                 log.warning("job %s unreadable, not taken back: %s", job_id, e)
                 return False
-            if state is None or not J.is_owned_by(state, agent.agent_id) or J.is_terminal(state):
+            if state is None or not ownership.is_owned_by(state, agent.agent_id) or J.is_terminal(state):
                 return False
             state = agent.writer.refolded(job_id, state)
             log.warning(

@@ -38,11 +38,12 @@ import msgspec
 
 from sja.bus.codec import encode
 from sja.core import defaults, leases
+from sja.core.bidding import propose
 from sja.core.explain import queue_order
-from sja.core.jobs import ProfileCache, propose
 from sja.core.mig import CATALOGUE
 from sja.core.node_layouts import plan_node
 from sja.core.planner import PlanLimits
+from sja.core.profile_cache import ProfileCache
 from sja.core.repartition import Repartition
 from sja.inventory.layout import LayoutPlan, LayoutRefused, apply_layout, plan_layout
 from sja.protocol import subjects

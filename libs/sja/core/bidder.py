@@ -3,15 +3,15 @@
 A ``Bidder`` holds a set of jobs (their latest states) and answers offers for them:
 
 1. each job's proposal is planned once per (job state, window shape, policy) and remembered
-   (``jobs.propose``, cut by ``policies.bid_for`` to the candidate the pool's policy would take);
+   (``bidding.propose``, cut by ``policies.bid_for`` to the candidate the pool's policy would take);
 2. a job sits out while the grants it holds fill its capacity, or while it is likely to win in a
-   batch not yet cleared (``jobs.sits_out``);
+   batch not yet cleared (``bidding.sits_out``);
 3. only the bids that could win one of ``like_offers`` windows of a shape are sent
    (``policies.shortlist``), kept ranked between batches for a policy whose order does not depend
    on time (``BidBook``), so a batch costs the jobs that changed since the last one;
 4. after a batch is answered, its likely winners (``policies.likely_winners``) are held back until
-   its outcome comes, or ``jobs.BIDDING_TIMEOUT_S`` after;
-5. a job backing off after timeouts (``jobs.resting``) sends no bid until its back-off ends, and is
+   its outcome comes, or ``bidding.BIDDING_TIMEOUT_S`` after;
+5. a job backing off after timeouts (``bidding.resting``) sends no bid until its back-off ends, and is
    ranked again then (``wake``).
 
 The agent service moves messages around it; the simulator drives it in virtual time, so what is
@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sja.core import jobs as J
 from sja.core.bidbook import BidBook
+from sja.core.bidding import bidding_expired, may_bid_on, plan_time, propose, resting, sits_out
 from sja.core.planner import PlanLimits
 from sja.core.policies import BID_ORDERS, PolicyConfig, bid_for, likely_winners, shortlist, shortlist_size
+from sja.core.profile_cache import ProfileCache
 from sja.core.windows import unheld
 from sja.protocol.messages import JobState, Offer, Proposal
 
@@ -48,11 +49,11 @@ class Bidder:
     """The bids of a set of jobs (see the module docstring)."""
 
     def __init__(
-        self, limits: PlanLimits, config: PolicyConfig, profiles: J.ProfileCache | None = None
+        self, limits: PlanLimits, config: PolicyConfig, profiles: ProfileCache | None = None
     ) -> None:
         self.limits = limits
         self.config = config
-        self.profiles = profiles if profiles is not None else J.ProfileCache()
+        self.profiles = profiles if profiles is not None else ProfileCache()
         """The jobs' profiles, shared with the owner's other uses of them (materializing, calibrating)."""
         self.states: dict[str, JobState] = {}
         self.plans: dict[str, dict[tuple[object, ...], Proposal | None]] = {}
@@ -117,9 +118,9 @@ class Bidder:
     ) -> Proposal | None:
         """The job's answer for windows shaped like ``offer`` (memoized), or ``None`` when it has
         none, sits out, or does not bid for this window (a slice held past its window,
-        ``J.may_bid_on``)."""
+        ``bidding.may_bid_on``)."""
         state = self.states.get(job_id)
-        if state is None or not J.may_bid_on(state, offer.window):
+        if state is None or not may_bid_on(state, offer.window):
             return None
         return self._shaped(job_id, offer, now, policy, shape)
 
@@ -131,7 +132,7 @@ class Bidder:
         state = self.states.get(job_id)
         if state is None:
             return None
-        if J.resting(state, now):
+        if resting(state, now):
             self.resting[job_id] = state.bids_again_at
             return None
         plans = self.plans.get(job_id)
@@ -142,15 +143,15 @@ class Bidder:
             p = plans[key]
         else:
             offer = unheld(offer)  # the answer for the shape, whoever holds this slice
-            p = J.propose(
-                state, offer, J.plan_time(now, offer.window.start_s), self.limits, profiles=self.profiles
+            p = propose(
+                state, offer, plan_time(now, offer.window.start_s), self.limits, profiles=self.profiles
             )
             if p is not None and policy:
                 p = bid_for(policy, offer, p, self.config)
             if len(plans) >= PLAN_CACHE_LIMIT:
                 plans.clear()
             plans[key] = p
-        if p is not None and J.sits_out(p, self.granted.get(job_id, 0), self.likely.get(job_id, 0)):
+        if p is not None and sits_out(p, self.granted.get(job_id, 0), self.likely.get(job_id, 0)):
             return None
         return p
 
@@ -165,13 +166,13 @@ class Bidder:
         def proposal_of(job_id: str) -> Proposal | None:
             return self._shaped(job_id, offer, now, policy, shape)
 
-        # A held slice is bid for by fewer jobs than a free one of its shape (``J.may_bid_on``): those
+        # A held slice is bid for by fewer jobs than a free one of its shape (``bidding.may_bid_on``): those
         # are dropped from the shape's answer, not from what the books keep for the shape.
         held = offer.window.held_by
 
         def mine(p: Proposal) -> bool:
             state = self.states.get(p.job_id)
-            return not held or (state is not None and J.may_bid_on(state, offer.window))
+            return not held or (state is not None and may_bid_on(state, offer.window))
 
         order = BID_ORDERS.get(policy)
         if order is not None and order.static:
@@ -223,6 +224,6 @@ class Bidder:
         """Batches whose outcome never came (lost, or not for this bidder) stop holding jobs back."""
         while self.bidding:
             key, (at, _) = next(iter(self.bidding.items()))
-            if not J.bidding_expired(at, now):
+            if not bidding_expired(at, now):
                 break
             self.cleared(key)

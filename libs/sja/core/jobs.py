@@ -1,12 +1,15 @@
-"""A job's life as pure transitions: propose for an offer, materialize a subjob for a grant, apply a
-completion (calibrating the profiles), finish or fail. The agent service only moves these states
-between NATS and the KV store.
+"""A job's life as pure transitions: admit its spec, materialize a subjob for a grant, apply a
+completion (calibrating the profiles), finish, fail or cancel; and the unit ranges its subjobs take.
+The agent service only moves these states between NATS and the KV store.
+
+What a job bids for an offer is ``sja.core.bidding``; which agent owns it, and which of its subjobs
+are given up for lost, ``sja.core.ownership``; the profiles a process holds for its jobs
+``sja.core.profile_cache``.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -20,10 +23,10 @@ from sja.core.planner import (
     first_unit_s,
     largest_safe_size,
     materialize_size,
-    plan_candidates,
     plan_length,
 )
 from sja.core.policies import window_cost
+from sja.core.profile_cache import ProfileCache, profile_of
 from sja.core.profiles import JobProfile
 from sja.core.windows import reachable_mib
 from sja.protocol.messages import (
@@ -33,9 +36,6 @@ from sja.protocol.messages import (
     JobSpec,
     JobState,
     MemoryDecl,
-    Offer,
-    ProfileState,
-    Proposal,
     SliceState,
     Subjob,
     SubjobSummary,
@@ -64,9 +64,6 @@ SUMMARY_ERROR_CHARS = 300
 HISTORY_LIMIT = 500
 DECLINED_KEPT = 16
 """Grants a job remembers declining (``JobState.declined_grants``)."""
-
-BIDDING_TIMEOUT_S = 1.0
-"""How long a job likely to win in a batch sits out later batches when no outcome comes."""
 
 
 def validate_spec(spec: JobSpec) -> tuple[JobSpec, int]:
@@ -202,160 +199,6 @@ def never_fits(
     )
 
 
-def claim(state: JobState, agent_id: str, now: float) -> JobState | None:
-    """The job taken on by ``agent_id``, or ``None`` when it already has an owner, is over, or is not
-    a state the gateway could have written (no profile, inconsistent counters)."""
-    if state.owner_agent or is_terminal(state) or not is_consistent(state):
-        return None
-    return settle(msgspec.structs.replace(state, owner_agent=agent_id), now)
-
-
-def heir(job_id: str, agents: Iterable[str]) -> str:
-    """The agent among ``agents`` first in line to take the job over (rendezvous hashing): every
-    agent computes the same answer from the same set, and a dead owner's jobs spread evenly over
-    the agents alive. ``""`` if there is none."""
-    best, best_key = "", b""
-    for agent in agents:
-        key = hashlib.blake2b(f"{job_id}\x00{agent}".encode(), digest_size=8).digest()
-        if key > best_key or (key == best_key and agent < best):
-            best, best_key = agent, key
-    return best
-
-
-def takeover(
-    state: JobState,
-    new_agent: str,
-    owner_last_seen: float,
-    now: float,
-    liveness_s: float,
-    *,
-    live_agents: Iterable[str] = (),
-) -> JobState | None:
-    """The job taken over by ``new_agent`` from an owner silent for longer than ``liveness_s``, or
-    ``None`` when it stays where it is (its owner may be alive, it has none, it is over, or it is
-    not a state this code could have written).
-
-    ``owner_last_seen`` is when the owner was last known alive: its last heartbeat, or, for an owner
-    never heard of, when the caller first found it owning a job (it may have just started, its
-    first heartbeat still on its way: it gets a full ``liveness_s`` too). ``live_agents`` (the
-    agents heard from lately, the caller included) spreads a dead owner's jobs: only the job's
-    ``heir`` among them takes it at once, any of them after twice ``liveness_s`` (the heir may be
-    dead too).
-
-    The caller writes the result by compare-and-set on the job's revision, so two agents never
-    both take one job. Subjobs in flight stay in flight: their completions reach the new owner (it
-    reads back from the stream those it had dropped as another agent's), or they are given up
-    (``overdue``) and their units planned again."""
-    owner = state.owner_agent
-    if not owner or owner == new_agent or is_terminal(state) or not is_consistent(state):
-        return None
-    silent_s = now - owner_last_seen
-    if silent_s <= liveness_s:
-        return None
-    heirs = {a for a in live_agents if a != owner} | {new_agent}
-    if silent_s <= 2 * liveness_s and heir(state.job_id, heirs) != new_agent:
-        return None
-    return settle(msgspec.structs.replace(state, owner_agent=new_agent), now)
-
-
-def is_owned_by(state: JobState, agent_id: str) -> bool:
-    """Whether ``agent_id`` owns the job: an agent that finds another owner in the store (the job was
-    taken over while it was silent) disowns it, and writes nothing more to it."""
-    return state.owner_agent == agent_id
-
-
-def plan_time(now: float, window_start_s: float) -> float:
-    """The moment a proposal is planned from: the window's start as offered, or now if that is
-    earlier (so that an answer does not change with the offer's delay)."""
-    return min(now, window_start_s)
-
-
-def sits_out(proposal: Proposal, grants_in_hand: int, likely_wins: int) -> bool:
-    """Whether a job holds back a proposal it could make: the grants it holds and is still
-    materializing use up what it can take (``proposal.capacity``), or it is likely to win in
-    ``likely_wins`` batches still being cleared (its bid would only take a better one's place)."""
-    return grants_in_hand >= proposal.capacity or likely_wins > 0
-
-
-def bidding_expired(answered_at: float, now: float, timeout_s: float = BIDDING_TIMEOUT_S) -> bool:
-    """Whether a batch answered at ``answered_at`` whose outcome never came stops holding its likely
-    winners back (the outcome was lost, or was not for this agent)."""
-    return now - answered_at >= timeout_s
-
-
-def is_consistent(state: JobState) -> bool:
-    """Whether a job state is one this code could have produced (checked on what arrives from the bus)."""
-    try:
-        _, total = validate_spec(state.spec)
-    except SpecError:
-        return False
-    return (
-        state.profile is not None
-        and total == state.total_units
-        and state.units_done <= state.total_units
-        and state.next_unit <= state.total_units
-    )
-
-
-class ProfileCache:
-    """Job profiles rebuilt from their states, one held per job: a process passes its own to the
-    functions below (the agent and the simulator one each, for as long as they run).
-
-    Rebuilding a profile refits both of its regressions; held here, it is rebuilt once per profile
-    state, not once per offer, grant and completion. Job states are immutable, so a profile state's
-    identity is its content while it is held. One profile is held per job, its latest state's: a
-    calibration replaces it, so the cache holds as many profiles as its owner has jobs, not every
-    one since it started (they were a large part of what the cycle collector went through), and at
-    most ``limit`` (past that it starts again empty). Profiles handed out are to read (plan with),
-    not to change: to update one, ``JobProfile.from_state`` makes one of your own."""
-
-    def __init__(self, limit: int = 20_000) -> None:
-        self.limit = limit
-        self._held: dict[str, tuple[ProfileState, JobProfile]] = {}
-
-    def __len__(self) -> int:
-        return len(self._held)
-
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._held
-
-    def of(self, state: JobState) -> JobProfile:
-        """The profile of ``state.profile``: the one held when it is that state's, else rebuilt and held."""
-        ps = state.profile
-        assert ps is not None
-        got = self._held.get(state.job_id)
-        if got is not None and got[0] is ps:
-            return got[1]
-        profile = JobProfile.from_state(ps)
-        self.keep(state.job_id, ps, profile)
-        return profile
-
-    def held(self, job_id: str) -> ProfileState | None:
-        """The profile state whose profile is held for the job, if any."""
-        got = self._held.get(job_id)
-        return None if got is None else got[0]
-
-    def keep(self, job_id: str, ps: ProfileState, profile: JobProfile) -> None:
-        """Hold ``profile`` as the job's, that of ``ps`` (it must be what ``JobProfile.from_state(ps)``
-        gives): read-only from now on, its predictions remembered (``JobProfile.freeze``)."""
-        if job_id not in self._held and len(self._held) >= self.limit:
-            self._held.clear()
-        self._held[job_id] = (ps, profile.freeze())
-
-    def forget(self, job_id: str) -> None:
-        """Drop the profile held for a job its owner no longer plans for (finished, or not its own)."""
-        self._held.pop(job_id, None)
-
-
-def profile_of(state: JobState, profiles: ProfileCache | None = None) -> JobProfile:
-    """The job's profile, to read and not to change: held in ``profiles`` when given (see
-    ``ProfileCache``), else rebuilt for this one use."""
-    if profiles is not None:
-        return profiles.of(state)
-    assert state.profile is not None
-    return JobProfile.from_state(state.profile).freeze()
-
-
 TERMINAL = frozenset(("done", "failed", "cancelled"))
 """The statuses a job never leaves."""
 
@@ -398,12 +241,6 @@ def timeout_backoff_s(timeouts_in_row: int) -> float:
     return min(TIMEOUT_BACKOFF_S * 2.0 ** (timeouts_in_row - 2), MAX_TIMEOUT_BACKOFF_S)
 
 
-def resting(state: JobState, now: float) -> bool:
-    """Whether the job is waiting out its back-off after timeouts (it sends no bid until
-    ``state.bids_again_at``; ``Bidder`` holds it back and lets it bid again then)."""
-    return now < state.bids_again_at
-
-
 def can_take_more(state: JobState) -> bool:
     return (
         not is_terminal(state)
@@ -422,59 +259,6 @@ def plan_request(state: JobState, offer_window: Any, now: float, max_units: int)
         max_units=max_units,
         min_units=min(state.spec.min_units, max_units),
         remaining_units=units_remaining(state),
-    )
-
-
-def expected_remaining_s(state: JobState, profile: JobProfile) -> float:
-    left = units_remaining(state)
-    return profile.duration_mean(left, "7g", 1.0) if left else 0.0
-
-
-def may_bid_on(state: JobState, window: Window) -> bool:
-    """Whether the job bids for ``window`` at all: a slice held past its window by an open subjob
-    (``Window.held_by``) only when it is another job's and that job has had much more service
-    (``continuation.takes_held``); its own goes on there without a bid."""
-    if not window.held_by:
-        return True
-    return window.held_by != state.job_id and continuation.takes_held(
-        state.attained_gpu_s, window.held_attained_gpu_s
-    )
-
-
-def propose(
-    state: JobState, offer: Offer, now: float, limits: PlanLimits, *, profiles: ProfileCache | None = None
-) -> Proposal | None:
-    """The job's reply to an offer, or ``None`` when it cannot fit anything there (or the window is
-    the slice its own open subjob holds: it goes on there without a bid)."""
-    if not can_take_more(state) or not may_bid_on(state, offer.window):
-        return None
-    rng = next_range(state)
-    assert rng is not None
-    profile = profile_of(state, profiles)
-    req = plan_request(state, offer.window, now, balanced_units(state, rng[1]))
-    cands = plan_candidates(profile, req, limits, state.spec.mode)
-    if not cands:
-        return None
-    share = offer.window.compute_share
-    cands = [
-        msgspec.structs.replace(c, bid=round(state.spec.bid_per_gpu_s * c.duration_mean_s * share, 6))
-        for c in cands
-    ]
-    deadline = state.submitted_at + state.spec.deadline_s if state.spec.deadline_s else None
-    return Proposal(
-        job_id=state.job_id,
-        tenant=state.spec.tenant,
-        mode=state.spec.mode,
-        candidates=cands[: 1 if state.spec.mode == "sja" else 8],
-        submitted_at=state.submitted_at,
-        remaining_units=units_remaining(state),
-        total_units=state.total_units,
-        priority=state.spec.priority,
-        deadline_at=deadline,
-        expected_remaining_s=round(expected_remaining_s(state, profile), 6),
-        capacity=state.spec.max_parallel - len(state.in_flight),
-        grants_seen=state.grants_seen,
-        attained_gpu_s=state.attained_gpu_s,
     )
 
 
@@ -916,41 +700,3 @@ def request_cancel(state: JobState, now: float) -> JobState:
     if is_terminal(state):
         return state
     return settle(msgspec.structs.replace(state, cancel_requested=True), now)
-
-
-def overdue(state: JobState, holders: Mapping[str, str | None], now: float, lease_s: float) -> list[InFlight]:
-    """In-flight subjobs given up for lost: no completion long after they could have finished
-    (dispatch + their time cap + two leases) and their slice no longer holds their grant
-    (``holders``: slice id -> the grant it holds now, ``None`` if none or no such slice). A subjob
-    whose dispatch never reached an executor ends here; a late real completion is then ignored
-    (``apply_completion`` only applies what is in flight)."""
-    return [f for f in past_due(state, now, lease_s) if holders.get(f.slice_id) != f.grant_id]
-
-
-def past_due(state: JobState, now: float, lease_s: float) -> list[InFlight]:
-    """In-flight subjobs with no completion two leases past their time cap: the ones ``overdue``
-    may give up, once the holders of their slices are known (a caller reads only those slices)."""
-    return [f for f in state.in_flight if now > f.dispatched_at + f.time_cap_s + 2 * lease_s]
-
-
-def lost_completion(state: JobState, flight: InFlight, now: float, why: str) -> Completion:
-    """The completion that gives an overdue subjob's units back to the job (status ``lost``)."""
-    return Completion(
-        subjob_id=flight.subjob_id,
-        job_id=state.job_id,
-        grant_id=flight.grant_id,
-        fence=0,
-        slice_id=flight.slice_id,
-        status="lost",
-        unit_start=flight.unit_start,
-        units=flight.units,
-        units_done=0,
-        peak_mem_mib=0.0,
-        duration_s=0.0,
-        mem_cap_mib=0,
-        time_cap_s=flight.time_cap_s,
-        started_at=flight.dispatched_at,
-        finished_at=now,
-        error=why,
-        executor_id="",
-    )

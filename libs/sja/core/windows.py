@@ -75,7 +75,7 @@ def window_of(
 
 def unheld(offer: Offer) -> Offer:
     """``offer`` as if its slice were free: what a job's answer for the window's shape depends on
-    (who holds the slice decides only who may bid, ``jobs.may_bid_on``)."""
+    (who holds the slice decides only who may bid, ``bidding.may_bid_on``)."""
     if not offer.window.held_by:
         return offer
     return msgspec.structs.replace(offer, window=msgspec.structs.replace(offer.window, held_by=""))

@@ -82,18 +82,11 @@ import msgspec
 from sja import workloads
 from sja.core import continuation, grants, leases
 from sja.core.bidder import Bidder
-from sja.core.jobs import (
-    ProfileCache,
-    apply_completion,
-    can_take_more,
-    hopeless,
-    materialize,
-    may_bid_on,
-    new_job,
-    propose,
-)
+from sja.core.bidding import may_bid_on, propose
+from sja.core.jobs import apply_completion, can_take_more, hopeless, materialize, new_job
 from sja.core.mig import GpuModel, gpu_model
 from sja.core.policies import POLICIES, REGISTRY, Bid, Ledger, PolicyConfig, clear_batch
+from sja.core.profile_cache import ProfileCache
 from sja.core.repartition import (
     BusyGpu,
     HeldSlice,
@@ -341,7 +334,7 @@ class _DrainYield:
 
 @dataclass
 class _Rest:
-    """A job's back-off after timeouts (``core.jobs.resting``) ends at ``ends``: it bids again."""
+    """A job's back-off after timeouts (``core.bidding.resting``) ends at ``ends``: it bids again."""
 
     job_id: str
     ends: float
@@ -581,7 +574,7 @@ class SjaEngine:
         held_bids: dict[str, list[Bid]] = {}
         for o, s in offers:
             if o.window.held_by:
-                # A held slice: only the bids of jobs that bid for it (``jobs.may_bid_on``).
+                # A held slice: only the bids of jobs that bid for it (``bidding.may_bid_on``).
                 held_bids[o.offer_id] = [b for b in bids[s.kind] if self._bids_on(b, o)]
 
         decisions = clear_batch(
@@ -914,7 +907,7 @@ class SjaEngine:
     ) -> list[SliceDemand]:
         """What waiting jobs want from a GPU of ``model``, in the policy's natural order
         (``core.repartition.demand_of``): one slice per subjob each could still start, of the
-        profiles its planner would propose for (``core.jobs.propose``, memoized like the rounds'
+        profiles its planner would propose for (``core.bidding.propose``, memoized like the rounds'
         proposals), using up to its GPU fraction. Stops early once ``enough(items so far)`` holds."""
         order = heapq.nsmallest(limit, self.waiting_jobs, key=lambda i: (self._rank(self.by_idx[i]), i))
         waiting = [
@@ -1132,7 +1125,7 @@ class SjaEngine:
             if len(take) < room and idle:
                 take += [self.slices[i] for i in heapq.nsmallest(room - len(take), idle)]
             if len(take) < room and held:
-                # Only held slices some bidder may take (``jobs.may_bid_on``: not its own, and a holder
+                # Only held slices some bidder may take (``bidding.may_bid_on``: not its own, and a holder
                 # that has had more service): the others would be rounds without a winner.
                 # As many as those bidders have room for: the held slices whose holders have had the
                 # most service first (the likeliest taken).
@@ -1168,7 +1161,7 @@ class SjaEngine:
         self, kind: WindowKind, takers: list[tuple[float, str]], most: int
     ) -> list[tuple[float, int]]:
         """Up to ``most`` held slices of ``kind`` one of ``takers`` ((attained service, job id), least
-        first) may bid for (``jobs.may_bid_on``), most-served holder first, with their holders'
+        first) may bid for (``bidding.may_bid_on``), most-served holder first, with their holders'
         service now."""
         out: list[tuple[float, int]] = []
         if not takers:

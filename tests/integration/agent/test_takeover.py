@@ -19,7 +19,7 @@ from sja.bus.codec import encode
 from sja.bus.store import stores
 from sja.bus.streams import ensure_jetstream
 from sja.core import jobs as J
-from sja.core import proofs
+from sja.core import ownership, proofs
 from sja.protocol import subjects
 from sja.protocol.messages import Completion, InFlight, JobSpec, JobState
 from sja.workloads import workload
@@ -37,7 +37,7 @@ def settings(nats_url: str, tmp_path: Path, name: str, **kw: object) -> AgentSet
 
 def owned_job(job_id: str, owner: str) -> JobState:
     spec = JobSpec(name=job_id, tenant="t", workload="montecarlo", params={"units": 8})
-    state = J.claim(J.new_job(job_id, spec, time.time()), owner, time.time())
+    state = ownership.claim(J.new_job(job_id, spec, time.time()), owner, time.time())
     assert state is not None
     return state
 

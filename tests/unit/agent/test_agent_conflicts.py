@@ -16,8 +16,8 @@ from opentelemetry import context as otel_context
 from services.agent.service import AgentService, AgentSettings
 from sja.bus.codec import encode
 from sja.bus.store import MemoryStore
+from sja.core import bidding, leases, ownership, proofs
 from sja.core import jobs as J
-from sja.core import leases, proofs
 from sja.core.planner import PlanLimits
 from sja.protocol.messages import Completion, Grant, JobSpec, JobState, Offer, SliceState, Window
 from sja.workloads import workload
@@ -34,7 +34,7 @@ def owned_job(job_id: str = "j1", owner: str = ME, units: int = 400) -> JobState
         params={"units": units, "samples_per_unit": 10},
         max_parallel=2,
     )
-    state = J.claim(J.new_job(job_id, spec, T0), owner, T0)
+    state = ownership.claim(J.new_job(job_id, spec, T0), owner, T0)
     assert state is not None
     return state
 
@@ -78,7 +78,7 @@ def grant_for(state: JobState, grant_id: str, now: float) -> Grant:
         reply_to="sja.v1.offer.replied.local",
     )
     # Proposed as with nothing in flight: a grant may come for a job that has since filled up.
-    proposal = J.propose(msgspec.structs.replace(state, in_flight=[]), offer, now, PlanLimits())
+    proposal = bidding.propose(msgspec.structs.replace(state, in_flight=[]), offer, now, PlanLimits())
     assert proposal is not None
     leased = leases.grant(
         s, offered_fence=s.fence, job_id=state.job_id, grant_id=grant_id, now=now, lease_s=5.0
@@ -278,7 +278,7 @@ async def test_an_owner_whose_job_was_taken_over_lets_it_go_without_writing() ->
 
     async def taken_over(key: str) -> None:
         current, _ = await stored(store, key)
-        taken = J.takeover(current, "agent-b", T0 - 100, T0, 10.0)
+        taken = ownership.takeover(current, "agent-b", T0 - 100, T0, 10.0)
         assert taken is not None
         await store.put(key, taken)
 

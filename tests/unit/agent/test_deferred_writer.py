@@ -14,6 +14,7 @@ from sja.bus import persist
 from sja.bus.persist import DeferredWriter
 from sja.bus.store import MemoryStore
 from sja.core import jobs as J
+from sja.core import ownership
 from sja.protocol.messages import JobSpec, JobState
 
 OWNER = "agent-a"
@@ -21,7 +22,7 @@ OWNER = "agent-a"
 
 def job(job_id: str = "j1", owner: str = OWNER) -> JobState:
     spec = JobSpec(name=job_id, tenant="t", workload="montecarlo", params={"units": 8})
-    state = J.claim(J.new_job(job_id, spec, 1000.0), owner, 1000.0)
+    state = ownership.claim(J.new_job(job_id, spec, 1000.0), owner, 1000.0)
     assert state is not None
     return state
 
@@ -57,7 +58,7 @@ class Harness:
             lambda: self.store,
             self.held,
             refold=tagged,
-            still_mine=lambda s: J.is_owned_by(s, OWNER),
+            still_mine=lambda s: ownership.is_owned_by(s, OWNER),
             on_saved=self.saved,
             on_reloaded=self.reloaded,
             on_lost=self.on_lost,
@@ -195,7 +196,7 @@ async def test_a_key_taken_by_another_owner_is_let_go_unwritten_and_its_deferred
 
     async def takeover(key: str) -> int:
         stored, _ = await h.stored(key)
-        taken = J.takeover(stored, "agent-b", 0.0, 1000.0, 10.0)
+        taken = ownership.takeover(stored, "agent-b", 0.0, 1000.0, 10.0)
         assert taken is not None
         return await h.store.put(key, taken)
 

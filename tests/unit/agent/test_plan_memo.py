@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 
 from services.agent.service import AgentService, AgentSettings
-from sja.core.jobs import claim, new_job
+from sja.core.jobs import new_job
+from sja.core.ownership import claim
 from sja.protocol.messages import JobSpec, JobState, Offer, Window
 
 

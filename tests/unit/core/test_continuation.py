@@ -7,7 +7,8 @@ import msgspec
 import pytest
 
 from sja.core import continuation, leases
-from sja.core.jobs import apply_completion, claim_units, contiguous_from, materialize, new_job, propose
+from sja.core.bidding import propose
+from sja.core.jobs import apply_completion, claim_units, contiguous_from, materialize, new_job
 from sja.core.planner import PlanLimits
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import Completion, JobSpec, MemoryDecl, SliceState, Subjob, TimeDecl, UnitRange

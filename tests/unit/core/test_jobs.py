@@ -8,189 +8,44 @@ from typing import Any
 import msgspec
 import pytest
 
-from sja.core.bidder import Bidder
+from sja.core.bidding import propose, resting
 from sja.core.jobs import (
     MAX_CONSECUTIVE_FAILURES,
     MAX_CONSECUTIVE_TIMEOUTS,
-    ProfileCache,
     apply_completion,
     can_take_more,
     give_up,
     hopeless,
-    lost_completion,
     materialize,
     new_job,
     next_range,
-    overdue,
-    profile_of,
-    propose,
     request_cancel,
-    resting,
     settle,
     timeout_backoff_s,
     validate_spec,
 )
 from sja.core.planner import PlanLimits
-from sja.core.policies import PolicyConfig
-from sja.core.profiles import JobProfile
 from sja.protocol.messages import (
-    Completion,
-    Grant,
-    JobSpec,
-    JobState,
     MemoryDecl,
-    Offer,
-    Proposal,
-    Subjob,
     TimeDecl,
-    Window,
 )
-from sja.workloads import SpecError, run_in_one_piece, workload
+from sja.workloads import SpecError, run_in_one_piece
+from tests.unit.core._jobs_in_process import (
+    LIMITS,
+    MM_PARAMS,
+    T0,
+    assert_covers_exactly,
+    execute,
+    grant_for,
+    offer_for,
+    ok_ranges,
+    run_to_completion,
+    spec,
+    win_window,
+    window,
+)
 
-LIMITS = PlanLimits(start_overhead_s=0.3)
-T0 = 1_000.0
-BASE_MIB = 100.0
-PER_UNIT_MIB = 200.0
-
-
-def true_peak(units: int) -> float:
-    return BASE_MIB + PER_UNIT_MIB * units
-
-
-MM_PARAMS = {"rows": 48, "inner": 16, "cols": 16, "seed": 11}
 MC_PARAMS = {"units": 40, "samples_per_unit": 500, "seed": 5}
-
-
-def spec(**overrides: Any) -> JobSpec:
-    fields: dict[str, Any] = dict(
-        name="mm",
-        tenant="alice",
-        workload="matmul",
-        params=dict(MM_PARAMS),
-        mode="sja",
-        # big enough per unit that a 1g.5gb slice (4608 MiB usable) holds only ~20 rows
-        memory=MemoryDecl(base_mib=BASE_MIB, per_unit_mib=PER_UNIT_MIB, rel_sd=0.1),
-        time=TimeDecl(warmup_s=0.1, per_unit_s=0.01, rel_sd=0.3),
-    )
-    fields.update(overrides)
-    return JobSpec(**fields)
-
-
-def window(
-    now: float,
-    mem_mib: int = 4864,
-    profile: str = "1g.5gb",
-    share: float = 1 / 7,
-    length_s: float = 30.0,
-    slice_id: str = "local-g0-1g.5gb-2",
-) -> Window:
-    return Window(
-        slice_id=slice_id,
-        node="local",
-        pool="local",
-        gpu_model="A100-40GB",
-        profile=profile,
-        mem_mib=mem_mib,
-        compute_share=share,
-        start_s=now,
-        end_s=now + length_s,
-    )
-
-
-_counter = {"n": 0}
-
-
-def offer_for(w: Window, now: float) -> Offer:
-    _counter["n"] += 1
-    return Offer(
-        offer_id=f"o-{_counter['n']}",
-        round=_counter["n"],
-        window=w,
-        slice_fence=0,
-        slice_revision=0,
-        issued_at=now,
-        reply_by=now + 0.5,
-        reply_to="_INBOX.x",
-    )
-
-
-def grant_for(state: JobState, offer: Offer, proposal: Proposal, now: float) -> Grant:
-    return Grant(
-        grant_id=f"g-{offer.offer_id}",
-        offer_id=offer.offer_id,
-        round=offer.round,
-        job_id=state.job_id,
-        tenant=state.spec.tenant,
-        agent_id="agent-1",
-        window=offer.window,
-        candidate=proposal.candidates[0],
-        fence=offer.slice_fence + 1,
-        lease_until=now + 10.0,
-        policy="fair",
-        granted_at=now,
-    )
-
-
-def win_window(state: JobState, now: float, w: Window | None = None) -> tuple[JobState, Subjob]:
-    """Offer a window, let the job propose, grant it, materialize the subjob."""
-    offer = offer_for(w or window(now), now)
-    proposal = propose(state, offer, now, LIMITS)
-    assert proposal is not None, "the job should want this window"
-    mat = materialize(state, grant_for(state, offer, proposal, now), now + 0.1, LIMITS, "agent-1")
-    assert mat.subjob is not None, mat.reason
-    assert mat.subjob.units <= proposal.candidates[0].size
-    return mat.state, mat.subjob
-
-
-def execute(sj: Subjob, now: float, status: str = "ok", peak: float | None = None) -> Completion:
-    """Run a subjob locally with its workload, as an executor would."""
-    out = b""
-    if status == "ok":
-        out = workload(sj.workload).run(sj.params, sj.unit_start, sj.units, sj.input_checkpoint)
-    return Completion(
-        subjob_id=sj.subjob_id,
-        job_id=sj.job_id,
-        grant_id=sj.grant_id,
-        fence=sj.fence,
-        slice_id=sj.slice_id,
-        status=status,  # type: ignore[arg-type]
-        unit_start=sj.unit_start,
-        units=sj.units,
-        units_done=sj.units if status == "ok" else 0,
-        peak_mem_mib=true_peak(sj.units) if peak is None else peak,
-        duration_s=0.5,
-        mem_cap_mib=sj.mem_cap_mib,
-        time_cap_s=sj.time_cap_s,
-        started_at=now,
-        finished_at=now + 0.5,
-        output_checkpoint=out,
-        error="" if status == "ok" else f"subjob {status}",
-    )
-
-
-def run_to_completion(
-    state: JobState, now: float, max_rounds: int = 50, **window_kw: Any
-) -> tuple[JobState, float]:
-    for _ in range(max_rounds):
-        if state.status == "done":
-            return state, now
-        state, sj = win_window(state, now, window(now, **window_kw))
-        state, applied = apply_completion(state, execute(sj, now + 0.2), now + 1.0)
-        assert applied
-        now += 1.0
-    raise AssertionError(f"job not done after {max_rounds} rounds: {state.status}")
-
-
-def ok_ranges(state: JobState) -> list[tuple[int, int]]:
-    return sorted((h.unit_start, h.units) for h in state.history if h.status == "ok")
-
-
-def assert_covers_exactly(state: JobState) -> None:
-    pos = 0
-    for start, units in ok_ranges(state):
-        assert start == pos, ok_ranges(state)
-        pos += units
-    assert pos == state.total_units
 
 
 # --- the happy path ------------------------------------------------------------------------------
@@ -233,26 +88,6 @@ def test_job_cut_into_subjobs_gives_the_one_piece_result(
     for h in state.history:
         assert h.peak_mem_mib <= h.mem_cap_mib
     assert state.profile is not None and state.profile.observations == len(oks)
-
-
-def test_proposal_describes_the_job() -> None:
-    state = new_job("j1", spec(deadline_s=60.0, priority=3, max_parallel=2), T0)
-    offer = offer_for(window(T0), T0)
-    p = propose(state, offer, T0, LIMITS)
-    assert p is not None
-    assert (p.job_id, p.tenant, p.mode, p.priority) == ("j1", "alice", "sja", 3)
-    assert p.deadline_at == T0 + 60.0
-    assert p.remaining_units == p.total_units == 48
-    assert p.capacity == 2
-    assert len(p.candidates) == 1
-    assert 1 <= p.candidates[0].size < 48
-    assert p.candidates[0].mem_q_mib <= 4864 - LIMITS.mem_reserve_mib
-
-
-def test_no_proposal_for_a_window_too_small() -> None:
-    state = new_job("j1", spec(), T0)
-    tiny = window(T0, mem_mib=300)
-    assert propose(state, offer_for(tiny, T0), T0, LIMITS) is None
 
 
 def test_materialize_never_exceeds_the_granted_candidate() -> None:
@@ -333,73 +168,6 @@ def test_completion_from_a_stale_grant_is_ignored() -> None:
     stale = msgspec.structs.replace(execute(sj, T0), grant_id="g-someone-else")
     after, applied = apply_completion(state, stale, T0 + 1.0)
     assert not applied and after == state
-
-
-def test_a_profile_is_rebuilt_once_per_profile_state_and_calibration_leaves_it_alone() -> None:
-    profiles = ProfileCache()
-    state = new_job("j1", spec(), T0)
-    state, sj = win_window(state, T0)
-    before = profile_of(state, profiles)
-    assert profile_of(state, profiles) is before  # the same profile state: not refit
-    q = before.mem_quantile(sj.units, 0.95)
-    after, applied = apply_completion(
-        state, execute(sj, T0 + 0.2, peak=sj.planned_mem_q_mib * 3), T0 + 1.0, profiles=profiles
-    )
-    assert applied and after.profile != state.profile
-    # The completion calibrated a copy: the profile of the state it came from is what it was.
-    assert before.mem_quantile(sj.units, 0.95) == q
-    # The calibrated profile is kept as the new state's (the job's one profile held now), and is
-    # what rebuilding it gives.
-    assert profiles.held("j1") is after.profile
-    kept = profile_of(after, profiles)
-    assert profile_of(after, profiles) is kept and kept.mem_quantile(sj.units, 0.95) > q
-    assert kept == JobProfile.from_state(after.profile)
-    # The older state's profile, asked for again, is rebuilt as it was.
-    assert (
-        profile_of(state, profiles) == before
-        and profile_of(state, profiles).mem_quantile(sj.units, 0.95) == q
-    )
-    # A state equal in content but not the same object gets a profile equal in what it says.
-    twin = msgspec.convert(msgspec.to_builtins(state.profile), type(state.profile))
-    assert twin is not state.profile
-    assert (
-        profile_of(msgspec.structs.replace(state, profile=twin), profiles).mem_quantile(sj.units, 0.95) == q
-    )
-
-
-def test_without_a_cache_nothing_is_held_and_the_profile_is_the_same() -> None:
-    profiles = ProfileCache()
-    state = new_job("j1", spec(), T0)
-    assert profile_of(state) == profile_of(state, profiles)
-    assert profile_of(state) is not profile_of(state)  # rebuilt for each use
-    state, sj = win_window(state, T0)
-    cached, _ = apply_completion(state, execute(sj, T0 + 0.2), T0 + 1.0, profiles=profiles)
-    uncached, _ = apply_completion(state, execute(sj, T0 + 0.2), T0 + 1.0)
-    assert cached == uncached
-
-
-def test_one_profile_is_held_per_job_and_a_forgotten_job_holds_none() -> None:
-    profiles = ProfileCache()
-    other = ProfileCache()
-    state = new_job("j-held", spec(), T0)
-    for _ in range(3):
-        state, sj = win_window(state, T0)
-        profile_of(state, profiles)
-        state, applied = apply_completion(state, execute(sj, T0 + 0.2), T0 + 1.0, profiles=profiles)
-        assert applied
-        profile_of(state, profiles)
-    assert profiles.held("j-held") is state.profile
-    assert len(profiles) == 1  # three calibrations, one profile held
-    assert len(other) == 0  # caches are their owners': nothing shared through the process
-    profiles.forget("j-held")
-    assert "j-held" not in profiles and len(profiles) == 0
-
-
-def test_a_full_cache_starts_again_empty() -> None:
-    profiles = ProfileCache(limit=2)
-    for i in range(3):
-        profile_of(new_job(f"j{i}", spec(), T0), profiles)
-    assert len(profiles) == 1 and "j2" in profiles
 
 
 # --- failures --------------------------------------------------------------------------------------
@@ -576,25 +344,6 @@ def test_work_done_resets_the_timeouts_and_the_back_off() -> None:
     assert state.status == "running" and state.timeouts_in_row == 1
 
 
-def test_a_job_backing_off_sends_no_bid_until_its_back_off_ends() -> None:
-    """The agent's and the simulator's bidder hold a resting job back, and let it bid once its
-    back-off ends (ranked again: its earlier answer is not kept)."""
-    state = new_job("j1", spec(), T0)
-    now = T0
-    for _ in range(2):
-        state, sj = win_window(state, now)
-        now += 1.0
-        state, _ = apply_completion(state, execute(sj, now, status="timeout"), now)
-    assert resting(state, now) and state.bids_again_at == now + timeout_backoff_s(2)
-    bidder = Bidder(LIMITS, PolicyConfig())
-    bidder.own(state)
-    offer = offer_for(window(now), now)
-    assert bidder.proposals_for(offer, now, 1, "fair") == []
-    assert bidder.proposals_for(offer, state.bids_again_at - 0.01, 1, "fair") == []
-    bids = bidder.proposals_for(offer, state.bids_again_at, 1, "fair")
-    assert [p.job_id for p in bids] == ["j1"]
-
-
 # --- cancel and parallelism -----------------------------------------------------------------------
 
 
@@ -686,26 +435,6 @@ def test_bad_specs_raise_spec_error_naming_the_field(overrides: dict[str, Any], 
 def test_min_units_equal_to_total_is_accepted() -> None:
     _, total = validate_spec(spec(params={"rows": 10}, min_units=10))
     assert total == 10
-
-
-def test_a_subjob_with_no_completion_whose_slice_moved_on_is_given_up() -> None:
-    state = new_job("j1", spec(), T0)
-    state, sj = win_window(state, T0)
-    (flight,) = state.in_flight
-    late = flight.dispatched_at + flight.time_cap_s + 2 * 5.0 + 0.1
-    # Too early, or the slice still holds the grant (running, or its completion is on its way).
-    assert overdue(state, {sj.slice_id: None}, late - 1.0, lease_s=5.0) == []
-    assert overdue(state, {sj.slice_id: sj.grant_id}, late, lease_s=5.0) == []
-    for holder in (None, "g-someone-else"):
-        assert overdue(state, {sj.slice_id: holder}, late, lease_s=5.0) == [flight]
-    lost, applied = apply_completion(state, lost_completion(state, flight, late, "gone"), late)
-    assert applied and not lost.in_flight and lost.units_done == 0
-    assert [(r.start, r.count) for r in lost.retry] == [(sj.unit_start, sj.units)]
-    # The real completion turning up afterwards is not applied: the units are done once.
-    after, applied_late = apply_completion(lost, execute(sj, late + 1), late + 2)
-    assert not applied_late and after == lost
-    done, _ = run_to_completion(lost, late + 3)
-    assert_covers_exactly(done)
 
 
 def test_a_job_whose_smallest_subjob_failed_and_fits_no_window_offered_fails_with_the_reason() -> None:

@@ -14,7 +14,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sja.core.jobs import new_job, propose
+from sja.core.bidding import propose
+from sja.core.jobs import new_job
 from sja.core.mig import CATALOGUE
 from sja.core.planner import PlanLimits, PlanRequest, largest_safe_size, plan_candidates
 from sja.core.profiles import JobProfile

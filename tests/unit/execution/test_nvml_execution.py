@@ -14,6 +14,7 @@ import pytest
 
 from sja.core import jobs as J
 from sja.core.planner import PlanLimits, plan_candidates
+from sja.core.profile_cache import profile_of
 from sja.execution.actor import actor_env, cuda_visible_devices, node_resource, node_resources, slice_resource
 from sja.execution.meters import NvmlProcessMeter, RssMeter
 from sja.execution.runner import is_oom, run_subjob, run_workload
@@ -333,7 +334,7 @@ def test_gpu_jobs_are_declared_at_a_gpu_rate_and_can_start_on_a_quarter_of_a_gpu
             spec = JobSpec(name="g", tenant="t", workload=name, params={**params, "device": device})
             state = J.new_job("g-1", spec, now, window_s=limits.horizon_s - limits.start_overhead_s)
             req = J.plan_request(state, window, now, state.total_units)
-            assert plan_candidates(J.profile_of(state), req, limits, "jasda"), (name, device)
+            assert plan_candidates(profile_of(state), req, limits, "jasda"), (name, device)
         gpu = w.declared_time(w.validate({**params, "device": "cuda"}))
         cpu = w.declared_time(w.validate({**params, "device": "cpu"}))
         assert cpu.per_unit_s >= 100 * gpu.per_unit_s, (name, cpu, gpu)

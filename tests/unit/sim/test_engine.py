@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from sja.core.jobs import propose
+from sja.core.bidding import propose
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import Offer
 from sja.sim.cluster import parse_cluster

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sja.bus.codec import encode
+from sja.core.bidding import propose
 from sja.core.jobs import (
     MAX_CONSECUTIVE_FAILURES,
     apply_completion,
     materialize,
     new_job,
-    propose,
     request_cancel,
     validate_spec,
 )

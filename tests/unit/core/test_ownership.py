@@ -1,5 +1,5 @@
-"""The agent's decisions in the core: taking over a silent agent's jobs, which jobs sit out a round,
-when a batch stops holding jobs back, which in-flight subjobs are past due."""
+"""Who holds a job: taking over a silent agent's jobs (its heir first, any live agent later), and
+which in-flight subjobs are past due or given up for lost."""
 
 from __future__ import annotations
 
@@ -7,23 +7,13 @@ from collections import Counter
 
 import msgspec
 
-from sja.core.jobs import (
-    bidding_expired,
-    claim,
-    heir,
-    is_owned_by,
-    materialize,
-    new_job,
-    overdue,
-    past_due,
-    plan_time,
-    propose,
-    request_cancel,
-    sits_out,
-    takeover,
-)
+from sja.core.bidding import propose
+from sja.core.jobs import apply_completion, materialize, new_job, request_cancel
+from sja.core.ownership import claim, heir, is_owned_by, lost_completion, overdue, past_due, takeover
 from sja.core.planner import PlanLimits
 from sja.protocol.messages import Grant, JobSpec, JobState, Offer, Window
+from tests.unit.core._jobs_in_process import assert_covers_exactly, execute, run_to_completion, win_window
+from tests.unit.core._jobs_in_process import spec as job_spec
 
 T0 = 10_000.0
 LIVENESS_S = 10.0
@@ -160,30 +150,6 @@ def test_the_heir_is_the_same_whatever_the_order_and_never_the_dead_owner() -> N
     assert takers == [heir("job-7", agents[1:])]
 
 
-# --- bidding -----------------------------------------------------------------------------------------
-
-
-def test_a_job_sits_out_while_its_grants_fill_its_capacity_or_it_is_likely_to_win() -> None:
-    state = owned_job(max_parallel=2)
-    p = propose(state, offer(T0), T0, LIMITS)
-    assert p is not None and p.capacity == 2
-    assert not sits_out(p, grants_in_hand=0, likely_wins=0)
-    assert not sits_out(p, grants_in_hand=1, likely_wins=0)
-    assert sits_out(p, grants_in_hand=2, likely_wins=0)
-    assert sits_out(p, grants_in_hand=0, likely_wins=1)
-
-
-def test_a_batch_stops_holding_jobs_back_after_the_bidding_timeout() -> None:
-    assert not bidding_expired(T0, T0 + 0.5, timeout_s=1.0)
-    assert bidding_expired(T0, T0 + 1.0, timeout_s=1.0)
-    assert bidding_expired(T0, T0 + 3.0)
-
-
-def test_a_proposal_is_planned_from_the_windows_start_unless_the_offer_came_early() -> None:
-    assert plan_time(T0 + 2.0, T0) == T0, "a late offer is answered as of the window's start"
-    assert plan_time(T0, T0 + 2.0) == T0, "a window starting later is planned from now"
-
-
 # --- reaping -----------------------------------------------------------------------------------------
 
 
@@ -198,3 +164,23 @@ def test_past_due_is_overdues_time_test_alone() -> None:
     assert overdue(state, {f.slice_id: f.grant_id}, due + 0.01, lease_s) == []
     assert overdue(state, {f.slice_id: None}, due + 0.01, lease_s) == [f]
     assert overdue(state, {f.slice_id: None}, due - 0.01, lease_s) == []
+
+
+def test_a_subjob_with_no_completion_whose_slice_moved_on_is_given_up() -> None:
+    state = new_job("j1", job_spec(), T0)
+    state, sj = win_window(state, T0)
+    (flight,) = state.in_flight
+    late = flight.dispatched_at + flight.time_cap_s + 2 * 5.0 + 0.1
+    # Too early, or the slice still holds the grant (running, or its completion is on its way).
+    assert overdue(state, {sj.slice_id: None}, late - 1.0, lease_s=5.0) == []
+    assert overdue(state, {sj.slice_id: sj.grant_id}, late, lease_s=5.0) == []
+    for holder in (None, "g-someone-else"):
+        assert overdue(state, {sj.slice_id: holder}, late, lease_s=5.0) == [flight]
+    lost, applied = apply_completion(state, lost_completion(state, flight, late, "gone"), late)
+    assert applied and not lost.in_flight and lost.units_done == 0
+    assert [(r.start, r.count) for r in lost.retry] == [(sj.unit_start, sj.units)]
+    # The real completion turning up afterwards is not applied: the units are done once.
+    after, applied_late = apply_completion(lost, execute(sj, late + 1), late + 2)
+    assert not applied_late and after == lost
+    done, _ = run_to_completion(lost, late + 3)
+    assert_covers_exactly(done)
