@@ -130,8 +130,6 @@ class ExecutorService(Service):
         else:
             log.info("%s", sbx.describe(self.cfg.sandbox, len(self.slice_info)))
         await asyncio.to_thread(self._init_ray)
-        have = ray.cluster_resources()  # type: ignore[no-untyped-call]
-        self.ray_slices = {sid for sid in self.slice_info if slice_resource(sid) in have}
         self.hidden = self._hidden_paths()
         for s in self.slice_info.values():
             self.actors[s.slice_id] = self._new_actor(s)
@@ -199,8 +197,7 @@ class ExecutorService(Service):
             busy = sid in self.holders
             if s.status == "offline":
                 if sid in self.actors and not busy:
-                    with contextlib.suppress(Exception):
-                        ray.kill(self.actors.pop(sid), no_restart=True)
+                    self._stop_actor(self.actors.pop(sid))
                     log.info("slice %s is offline: its actor stopped", sid)
                 continue
             moved = old is not None and old.gpu_uuid != s.gpu_uuid
@@ -219,8 +216,7 @@ class ExecutorService(Service):
             self.slice_info[sid] = s
             self.started_fences.setdefault(sid, s.fence)
             if sid in self.actors:
-                with contextlib.suppress(Exception):
-                    ray.kill(self.actors.pop(sid), no_restart=True)
+                self._stop_actor(self.actors.pop(sid))
             self.actors[sid] = actor = self._new_actor(s)
             new.append(actor)
             log.info("slice %s (%s, %s): actor started", sid, s.profile, s.gpu_uuid or "emulated")
@@ -236,6 +232,13 @@ class ExecutorService(Service):
             self.cfg.ray_num_cpus,
             node_resources(self.cfg.node, self.slice_info),
         )
+        have = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        self.ray_slices = {sid for sid in self.slice_info if slice_resource(sid) in have}
+
+    def _stop_actor(self, actor: Any) -> None:
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
 
     def _hidden_paths(self) -> tuple[str, ...]:
         """What every sandbox hides besides the executor's HOME and ``/root``: the stack's output
