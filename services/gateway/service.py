@@ -118,14 +118,40 @@ class GatewayService(Service):
         """The stored states read last (object name -> bytes; ``STATES_KEPT``)."""
         self.slice_view: KvView[SliceState] | None = None
         """Every slice (the inventory's bucket), to refuse a job that none can ever hold."""
+        self._fit_keys: dict[str, tuple[bool, int, int, float, str, str, str]] = {}
+        """``J.fit_key`` of every slice in the view: most of the bucket's changes are leases, which
+        leave the largest slice as it was."""
+        self._largest: SliceState | None = None
+        self._largest_stale = True
+        """``_largest`` (``J.largest_live`` of the view) is to be worked out again: a slice came,
+        went or changed what ``J.fit_key`` reads of it."""
         self.m_submitted = self.metrics.counter(
             "sja_jobs_submitted", "Jobs accepted by the gateway (not counting duplicates).", unit="{job}"
         )
 
     async def on_start(self) -> None:
         assert self.js is not None
-        self.slice_view = KvView(self.js, subjects.BUCKET_SLICES, SliceState)
+        self._fit_keys.clear()
+        self._largest, self._largest_stale = None, True
+        self.slice_view = KvView(self.js, subjects.BUCKET_SLICES, SliceState, on_change=self._slice_changed)
         await self.slice_view.start()
+
+    async def _slice_changed(self, key: str, value: SliceState | None, revision: int) -> None:
+        fit = J.fit_key(value) if value is not None else None
+        if self._fit_keys.get(key) != fit:
+            if fit is None:
+                self._fit_keys.pop(key, None)
+            else:
+                self._fit_keys[key] = fit
+            self._largest_stale = True
+
+    def largest_slice(self) -> SliceState | None:
+        """The largest slice not offline (``J.largest_live``), scanned again only after a change
+        that can move it: a submission does not go over every slice."""
+        if self._largest_stale and self.slice_view is not None:
+            self._largest = J.largest_live(s for s, _ in self.slice_view.entries.values())
+            self._largest_stale = False
+        return self._largest
 
     async def on_stop(self) -> None:
         if self.slice_view is not None:
@@ -167,8 +193,8 @@ class GatewayService(Service):
         missing = await self._missing_code(state.spec)
         if missing is not None:
             return missing
-        slices = [s for s, _ in self.slice_view.entries.values()] if self.slice_view is not None else []
-        why = J.never_fits(state, slices, self.limits)
+        largest = self.largest_slice()
+        why = J.never_fits(state, [largest] if largest is not None else [], self.limits)
         if why is not None:
             return ErrorReply(code="bad_request", message=why, field="spec.memory")
         assert self.jobs is not None

@@ -174,6 +174,31 @@ def new_job(job_id: str, spec: JobSpec, now: float, *, window_s: float | None = 
     )
 
 
+def largest_live(slices: Iterable[SliceState]) -> SliceState | None:
+    """The slice ``never_fits`` measures a job against: the largest not offline (by the memory its
+    GPU can give one instance, then compute share, then id), or ``None``. ``never_fits`` of it alone
+    answers as of them all."""
+    return max(
+        (s for s in slices if s.status != "offline"),
+        key=lambda s: (reachable_mib(s), s.compute_share, s.slice_id),
+        default=None,
+    )
+
+
+def fit_key(s: SliceState) -> tuple[bool, int, int, float, str, str, str]:
+    """What ``largest_live`` and ``never_fits`` read of a slice: a change that leaves it alone (a
+    lease, its holder, its times) changes neither's answer."""
+    return (
+        s.status == "offline",
+        s.mem_mib,
+        s.recut_mib,
+        s.compute_share,
+        s.slice_id,
+        s.profile,
+        s.gpu_model,
+    )
+
+
 def never_fits(
     state: JobState, slices: Iterable[SliceState], limits: PlanLimits, *, profiles: ProfileCache | None = None
 ) -> str | None:
@@ -181,12 +206,11 @@ def never_fits(
 
     Only a ceiling the job vouches for (its declared peak at ``min_units``) can say so: a job with
     no declaration measures first, and an empty inventory (none published yet) refuses nothing."""
-    live = [s for s in slices if s.status != "offline"]
-    if not live:
+    largest = largest_live(slices)
+    if largest is None:
         return None
     profile = profile_of(state, profiles)
     need = profile.mem_ceiling(state.spec.min_units)
-    largest = max(live, key=lambda s: (reachable_mib(s), s.compute_share, s.slice_id))
     reach = reachable_mib(largest)
     usable = reach - limits.mem_reserve_mib
     if need <= usable:

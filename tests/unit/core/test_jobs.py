@@ -14,9 +14,12 @@ from sja.core.jobs import (
     MAX_CONSECUTIVE_TIMEOUTS,
     apply_completion,
     can_take_more,
+    fit_key,
     give_up,
     hopeless,
+    largest_live,
     materialize,
+    never_fits,
     new_job,
     next_range,
     request_cancel,
@@ -27,6 +30,7 @@ from sja.core.jobs import (
 from sja.core.planner import PlanLimits
 from sja.protocol.messages import (
     MemoryDecl,
+    SliceState,
     TimeDecl,
 )
 from sja.workloads import SpecError, run_in_one_piece
@@ -476,3 +480,63 @@ def test_a_job_whose_smallest_subjob_timed_out_gets_a_longer_window_and_never_fa
     assert proposal is not None and proposal.candidates[0].size == 48
     granted = materialize(state, grant_for(state, offer, proposal, T0 + 6), T0 + 6, short_horizon, "a")
     assert granted.subjob is not None and granted.subjob.time_cap_s > sj.time_cap_s
+
+
+def a_slice(slice_id: str, profile: str, mem_mib: int, share: float, **fields: Any) -> SliceState:
+    return SliceState(
+        slice_id=slice_id,
+        node="n",
+        pool="n",
+        gpu_index=0,
+        gpu_model="A100-40GB",
+        profile=profile,
+        mem_mib=mem_mib,
+        compute_slots=max(1, round(7 * share)),
+        compute_share=share,
+        **fields,
+    )
+
+
+def test_never_fits_answers_of_the_largest_live_slice_alone_as_of_every_slice() -> None:
+    """The gateway keeps ``largest_live`` and asks ``never_fits`` of it alone: the same answer."""
+    small = a_slice("s-1g", "1g.5gb", 4864, 1 / 7)
+    mid = a_slice("s-3g", "3g.20gb", 19968, 3 / 7)
+    big = a_slice("s-7g", "7g.40gb", 40192, 1.0)
+    twin = a_slice("s-7g-b", "7g.40gb", 40192, 1.0)
+    recuttable = a_slice("s-1g-r", "1g.5gb", 4864, 1 / 7, recut_mib=40192)
+    offline_big = msgspec.structs.replace(big, status="offline")
+    inventories = [
+        [],
+        [small],
+        [small, mid],
+        [small, mid, big],
+        [small, mid, offline_big],
+        [offline_big],
+        [big, twin, small],
+        [small, recuttable, mid],
+    ]
+    jobs = [
+        new_job(f"j{mib}", spec(memory=MemoryDecl(base_mib=mib, per_unit_mib=0.0)), T0)
+        for mib in (100.0, 4000.0, 10_000.0, 30_000.0, 60_000.0)
+    ]
+    jobs.append(new_job("j-unknown", spec(memory=None), T0))
+    for slices in inventories:
+        largest = largest_live(slices)
+        for state in jobs:
+            alone = never_fits(state, [largest] if largest is not None else [], LIMITS)
+            assert alone == never_fits(state, slices, LIMITS), ([s.slice_id for s in slices], state.job_id)
+    assert largest_live([small, mid, offline_big]) is mid
+    assert largest_live([offline_big]) is None
+    assert largest_live([twin, big]) is twin  # ties broken by id, whatever the order
+    assert largest_live([small, recuttable, mid]) is recuttable
+
+
+def test_a_lease_leaves_what_never_fits_reads_of_a_slice_as_it_was() -> None:
+    free = a_slice("s-7g", "7g.40gb", 40192, 1.0)
+    leased = msgspec.structs.replace(
+        free, status="busy", fence=4, holder_job="j1", grant_id="g-4", lease_until=T0 + 60, updated_at=T0
+    )
+    assert fit_key(leased) == fit_key(free)
+    assert fit_key(msgspec.structs.replace(free, status="offline")) != fit_key(free)
+    assert fit_key(msgspec.structs.replace(free, mem_mib=19968, profile="3g.20gb")) != fit_key(free)
+    assert fit_key(msgspec.structs.replace(free, recut_mib=81920)) != fit_key(free)
