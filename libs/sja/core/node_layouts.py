@@ -26,7 +26,7 @@ from sja.core.repartition import (
     plan_repartitions,
     served_value,
 )
-from sja.core.windows import WindowRequest, find_windows
+from sja.core.windows import WindowRequest, find_windows, probe_offer
 from sja.protocol.messages import JobState, Offer, SliceState
 
 
@@ -52,16 +52,7 @@ def probe_offers(node: str, model: GpuModel, now: float) -> dict[str, Offer]:
             now=now, horizon_s=defaults.HORIZON_S, open_ended=True, largest_mib={node: largest}
         )
         window = find_windows([st], req)[0]
-        out[p.name] = Offer(
-            offer_id="repartition",
-            round=0,
-            window=window,
-            slice_fence=0,
-            slice_revision=0,
-            issued_at=now,
-            reply_by=now,
-            reply_to="inventory",
-        )
+        out[p.name] = probe_offer(window, now, offer_id="repartition", reply_to="inventory")
     return out
 
 

@@ -232,3 +232,19 @@ class OfferPacer:
                 self._last[w.slice_id] = (fence, now + backoff, backoff, now)
                 out.append(w)
         return out
+
+
+def probe_offer(window: Window, now: float, *, offer_id: str, reply_to: str, round_no: int = 0) -> Offer:
+    """An offer of ``window`` that is no round: what a job is asked, to learn whether (and with
+    what) it would bid for a window of that shape (the simulator's probes, the re-cut decisions'
+    demand)."""
+    return Offer(
+        offer_id=offer_id,
+        round=round_no,
+        window=window,
+        slice_fence=0,
+        slice_revision=0,
+        issued_at=now,
+        reply_by=now,
+        reply_to=reply_to,
+    )

@@ -98,7 +98,7 @@ from sja.core.repartition import (
     plan_repartitions,
     served_value,
 )
-from sja.core.windows import WindowRequest, find_windows, unheld
+from sja.core.windows import WindowRequest, find_windows, probe_offer, unheld
 from sja.protocol.messages import (
     Completion,
     Grant,
@@ -887,15 +887,8 @@ class SjaEngine:
             now=self.now, horizon_s=self.cfg.horizon_s, open_ended=True, largest_mib=self.largest_by_pool
         )
         window = find_windows([st], req)[0]
-        offers[kind] = Offer(
-            offer_id="repartition",
-            round=self.round_no,
-            window=window,
-            slice_fence=0,
-            slice_revision=0,
-            issued_at=self.now,
-            reply_by=self.now,
-            reply_to="sim",
+        offers[kind] = probe_offer(
+            window, self.now, offer_id="repartition", reply_to="sim", round_no=self.round_no
         )
         return offers[kind]
 
@@ -1355,16 +1348,7 @@ def _grant_id(offer: Offer) -> str:
 
 
 def _offer_of(window: Window, now: float) -> Offer:
-    return Offer(
-        offer_id="check",
-        round=0,
-        window=window,
-        slice_fence=0,
-        slice_revision=0,
-        issued_at=now,
-        reply_by=now,
-        reply_to="sim",
-    )
+    return probe_offer(window, now, offer_id="check", reply_to="sim")
 
 
 def run_sja(
