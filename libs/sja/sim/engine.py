@@ -13,12 +13,15 @@ and no wall clock.
 
 What the simulator models, and the live stack measures:
 
-- **work**: a trace job is ``total_units = ceil(duration x GPUs / unit_s)`` units, one unit being an
+- **work**: a trace job is ``total_units = ceil(work x GPUs / unit_s)`` units, its work being its
+  recorded duration less one start-up and one checkpoint (``JobModel.start_s``: the recorded run
+  paid them once, as a rigid scheduler's run does), one unit being an
   equal share (at most ``unit_s`` seconds) of the job's own runtime on what it asked for, so cutting
   it adds no work (``f`` times that in GPU-seconds for a job asking for a fraction ``f`` of a GPU).
   A piece progresses at rate ``min(speed of the slice, f)``: a slice larger than the job's fraction
   does not speed it up.
-- **cost of atomization**: every subjob pays ``start_s`` before and ``checkpoint_s`` after its work,
+- **cost of atomization**: every subjob pays ``start_s`` before and ``checkpoint_s`` after its work
+  (one subjob for the whole job costs what the recorded run took),
   on the slice, counted as overhead. The job declares both as its program's start-up
   (``TimeDecl.warmup_s``), as a user declares a program's, and a subjob's measured duration includes
   them; the planner takes only the stack's own ``start_overhead_s`` off the window, as it does live.
@@ -199,7 +202,7 @@ def job_spec(m: JobModel, cfg: SimConfig) -> JobSpec:
         # start-up, as a user declares a program's; the planner takes only the stack's own
         # ``start_overhead_s`` off the window.
         time=TimeDecl(
-            warmup_s=cfg.start_s + cfg.checkpoint_s, per_unit_s=cfg.unit_s, rel_sd=cfg.decl_time_rel_sd
+            warmup_s=m.start_s + m.checkpoint_s, per_unit_s=cfg.unit_s, rel_sd=cfg.decl_time_rel_sd
         ),
     )
 
@@ -627,7 +630,7 @@ class SjaEngine:
         self.recorder.add_plan_check(
             mem_violated=run.real_peak_mib > sj.planned_mem_q_mib,
             time_violated=run.completion.status == "ok"
-            and self._program_s(run.unit_s, sj.units) > sj.planned_duration_q_s,
+            and self._program_s(job.model, run.unit_s, sj.units) > sj.planned_duration_q_s,
         )
         self._slice_busy(s, +1)
         contestable = continuation.contestable_at(start, sj.time_cap_s, sj.max_units, sj.units)
@@ -682,7 +685,7 @@ class SjaEngine:
         peak = self._peak(m, units, noise)
         # The program's time: the time cap less what the planner kept for the stack itself.
         cap = max(sj.time_cap_s - self.limits.start_overhead_s, 0.0)
-        fixed = cfg.start_s + cfg.checkpoint_s
+        fixed = m.start_s + m.checkpoint_s
         useful = 0.0
         oom_at = 0
         status: SubjobStatus
@@ -694,14 +697,14 @@ class SjaEngine:
             status = "oom"
             before = (oom_at - 1) * unit_s if oom_at else 0.0
             ran = before + min(unit_s if oom_at else units * unit_s, cfg.oom_detect_s)
-            held = cfg.start_s + ran
-            overhead = cfg.start_s
+            held = m.start_s + ran
+            overhead = m.start_s
             units_done = 0
             peak = max(peak, self._peak(m, oom_at, noise)) if oom_at else peak
         elif reach > units or fixed + units * unit_s <= cap:
             status = "ok"
             units_done = reach
-            held = self._program_s(unit_s, reach)
+            held = self._program_s(m, unit_s, reach)
             overhead = fixed
             useful = reach * m.unit_run_s * m.fraction
             peak = self._peak(m, reach, noise)
@@ -717,7 +720,7 @@ class SjaEngine:
         else:
             status = "timeout"
             held = cap
-            overhead = cfg.start_s
+            overhead = m.start_s
             units_done = 0
         completion = Completion(
             subjob_id=sj.subjob_id,
@@ -751,10 +754,11 @@ class SjaEngine:
             oom_at=oom_at,
         )
 
-    def _program_s(self, unit_s: float, units: int) -> float:
+    @staticmethod
+    def _program_s(m: JobModel, unit_s: float, units: int) -> float:
         """Seconds a subjob's program runs to do ``units`` units of ``unit_s`` (start-up and
         checkpoint included: what the executor measures as its duration)."""
-        return self.cfg.start_s + units * unit_s + self.cfg.checkpoint_s
+        return m.start_s + units * unit_s + m.checkpoint_s
 
     def _yield(self, s: _Slice, run: _Running, *, leaves: bool = False) -> None:
         """Another job won the slice of ``run``, an open subjob past its window: it stops after the
@@ -762,15 +766,14 @@ class SjaEngine:
         pending completion is replaced by that one. A holder that runs out of memory before that
         boundary ends so, as drawn. ``leaves``: nobody won the slice (its GPU is drained); the
         holder's lease ends with its yielded completion."""
-        cfg = self.cfg
         c = run.completion
-        begun = c.started_at + cfg.start_s
+        begun = c.started_at + run.job.model.start_s
         done = max(1, math.ceil((self.now - begun) / run.unit_s - 1e-9))
         done = min(done, run.reach)
         self.counters["yields"] += 1
         if run.oom_at and done >= run.oom_at:
             return  # out of memory during the unit it was finishing: the drawn OOM stands
-        held = self._program_s(run.unit_s, done)
+        held = self._program_s(run.job.model, run.unit_s, done)
         peak = self._peak(run.job.model, done, run.mem_noise)
         m = run.job.model
         yielded = _Running(
@@ -787,7 +790,7 @@ class SjaEngine:
                 yielded=True,
             ),
             held_from=run.held_from,
-            overhead_s=cfg.start_s + cfg.checkpoint_s,
+            overhead_s=m.start_s + m.checkpoint_s,
             useful_gpu_s=done * m.unit_run_s * m.fraction,
             real_peak_mib=min(peak, float(c.mem_cap_mib)),
             unit_s=run.unit_s,
@@ -988,11 +991,10 @@ class SjaEngine:
             rate = served_value(s.state.compute_share, run.job.model.fraction)
             ends = run.completion.finished_at
             at = s.state.contestable_at
-            if at > 0 and ends > max(at, self.now) + self.cfg.start_s:
+            restart = run.job.model.start_s
+            if at > 0 and ends > max(at, self.now) + restart:
                 holder = held_demand(run.job.state.job_id, s.state.mem_mib, run.job.model.fraction)
-                out.append(
-                    HeldSlice(s.sim.profile, share, rate, max(at - self.now, 0.0), self.cfg.start_s, holder)
-                )
+                out.append(HeldSlice(s.sim.profile, share, rate, max(at - self.now, 0.0), restart, holder))
             else:
                 out.append(HeldSlice(s.sim.profile, share, rate, max(ends - self.now, 0.0)))
         return tuple(out)

@@ -198,6 +198,12 @@ class JobModel:
 
     beta: float
     """Share of the peak that grows with the piece's size (``SimConfig.mem_per_unit_frac``)."""
+    start_s: float = 0.0
+    """Start-up of one run of the job's program (``SimConfig.start_s``, less for a job too short to
+    hold it): the trace's duration includes one, so its work is the duration less it."""
+    checkpoint_s: float = 0.0
+    """What one run of its program spends saving its state at the end (``SimConfig.checkpoint_s``,
+    scaled as ``start_s``): the trace's run saved its result once too."""
 
     def true_peak(self, units: int) -> float:
         """Mean real peak memory of a piece of ``units`` units (before noise)."""
@@ -209,8 +215,17 @@ class JobModel:
 
 
 def job_model(tj: TraceJob, cfg: SimConfig) -> JobModel:
+    """The work of a trace job. Its recorded duration is one run of its program: one start-up, its
+    work, one save of its result. So its work is the duration less ``start_s`` and
+    ``checkpoint_s``, which every subjob pays again (a rigid scheduler runs the job once and pays
+    them once, inside the duration). A job shorter than twice that has them scaled down to half its
+    duration."""
     fraction = min(max(tj.gpu_fraction, 1e-3), 1.0)
-    runtime = max(tj.duration_s, 0.0) * max(tj.num_gpus, 1)
+    duration = max(tj.duration_s, 0.0)
+    fixed = cfg.start_s + cfg.checkpoint_s
+    scale = min(1.0, 0.5 * duration / fixed) if fixed > 0 else 0.0
+    start_s, checkpoint_s = cfg.start_s * scale, cfg.checkpoint_s * scale
+    runtime = (duration - start_s - checkpoint_s) * max(tj.num_gpus, 1)
     units = max(1, math.ceil(runtime / cfg.unit_s))
     decl = tj.mem_mib if tj.mem_mib is not None else cfg.default_mem_mib
     true = tj.true_mem_mib if tj.true_mem_mib is not None else decl
@@ -225,6 +240,8 @@ def job_model(tj: TraceJob, cfg: SimConfig) -> JobModel:
         k_ref=k_ref,
         unit_run_s=runtime / units,
         beta=min(max(cfg.mem_per_unit_frac, 0.0), 1.0),
+        start_s=start_s,
+        checkpoint_s=checkpoint_s,
     )
 
 

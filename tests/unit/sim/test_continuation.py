@@ -72,6 +72,20 @@ def test_an_uncontested_long_job_runs_as_one_subjob_with_one_start() -> None:
     assert st.history[0].finished_at - st.history[0].started_at > 10 * CFG.horizon_s
 
 
+@pytest.mark.parametrize("duration_s", [4 * 3600.0, 600.0, 40.0, 12.0])
+def test_an_uncontested_job_takes_what_its_trace_run_took(duration_s: float) -> None:
+    # The trace's duration is one run of the program, one start-up and one save included: a job
+    # nobody contends with runs as one subjob and finishes in that time, as under a rigid
+    # scheduler (a job too short for a whole start-up has a shorter one).
+    cfg = dataclasses.replace(CFG, time_noise_sd=0.0)
+    engine = run([job("one", 0.0, duration_s)], cfg=cfg)
+    rec = engine.recorder.jobs["one"]
+    assert rec.finish_s - rec.submit_s == pytest.approx(duration_s)
+    assert summarize(engine.recorder)["subjobs"] == 1
+    model = engine.models[0]
+    assert model.start_s + model.checkpoint_s <= duration_s / 2 + 1e-9
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_a_long_open_subjob_varies_as_many_window_long_pieces_do(seed: int) -> None:
     # The time noise is a window-long piece's: a 4-hour run is not 10 % off on one draw.
