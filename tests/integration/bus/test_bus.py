@@ -446,3 +446,24 @@ async def test_views_of_a_process_watch_a_bucket_once_for_all_its_holders(nats_u
         assert views._shared == {}, "the last holder gone, the view is stopped and forgotten"
     finally:
         await other.close()
+
+
+async def test_store_get_reads_the_headers_of_an_entry_as_nats_py_does(nc) -> None:
+    """A read entry's headers come through the client's header parser (``sja.bus.jetstream``): an
+    entry written by compare-and-set (which carries a header) reads back whole, a deleted or purged
+    one reads as absent, and the stream message's headers are those written."""
+    store = await _bucket(nc, "get-headers")
+    s = load_declared(None)[0]
+    rev = await store.create(s.slice_id, s)
+    assert rev is not None
+    leased = msgspec.structs.replace(s, status="leased", fence=1, grant_id="g-1")
+    rev2 = await store.cas(s.slice_id, leased, rev)
+    assert await store.get(s.slice_id) == (leased, rev2)
+    raw = await store.js.get_msg(store.stream, subject=f"$KV.{store.bucket}.{s.slice_id}")
+    assert raw.headers == {"Nats-Expected-Last-Subject-Sequence": str(rev)}
+    await store.kv.delete(s.slice_id)
+    assert await store.get(s.slice_id) is None
+    await store.put(s.slice_id, s)
+    await store.kv.purge(s.slice_id)
+    assert await store.get(s.slice_id) is None
+    assert await store.get("never-written") is None
