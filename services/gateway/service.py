@@ -37,7 +37,7 @@ from sja.bus.completions import iter_completions
 from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
 from sja.bus.settings import BaseSettings
-from sja.bus.watch import KvView
+from sja.bus.watch import View
 from sja.core import defaults
 from sja.core import explain as E
 from sja.core import jobs as J
@@ -116,7 +116,7 @@ class GatewayService(Service):
         """The object store ``sja-code`` (``_code_store``)."""
         self._states: dict[str, bytes] = {}
         """The stored states read last (object name -> bytes; ``STATES_KEPT``)."""
-        self.slice_view: KvView[SliceState] | None = None
+        self.slice_view: View[SliceState] | None = None
         """Every slice (the inventory's bucket), to refuse a job that none can ever hold."""
         self._fit_keys: dict[str, tuple[bool, int, int, float, str, str, str]] = {}
         """``J.fit_key`` of every slice in the view: most of the bucket's changes are leases, which
@@ -133,8 +133,7 @@ class GatewayService(Service):
         assert self.js is not None
         self._fit_keys.clear()
         self._largest, self._largest_stale = None, True
-        self.slice_view = KvView(self.js, subjects.BUCKET_SLICES, SliceState, on_change=self._slice_changed)
-        await self.slice_view.start()
+        self.slice_view = await self.watch(subjects.BUCKET_SLICES, SliceState, self._slice_changed)
 
     async def _slice_changed(self, key: str, value: SliceState | None, revision: int) -> None:
         fit = J.fit_key(value) if value is not None else None

@@ -45,7 +45,8 @@ from sja.bus.settings import BaseSettings
 from sja.bus.store import KvStore, stores
 from sja.bus.streams import ensure_jetstream
 from sja.bus.tasks import cancel_all
-from sja.protocol.messages import JobState, SliceState
+from sja.bus.watch import Change, KvView, View, Views
+from sja.protocol.messages import JobState, Message, SliceState
 from sja.telemetry.metrics import MetricsEndpoint, ServiceMetrics, flush_metrics, serve_metrics, setup_metrics
 from sja.telemetry.setup import flush_tracing, setup_tracing
 
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 LOOP_LAG_PROBE_S = 0.1
 """How often a service times its event loop's lag (``sja_event_loop_lag_seconds``)."""
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 Handler = Callable[[Msg], Awaitable[None]]
 
@@ -83,6 +85,9 @@ class Service:
         self.metrics = ServiceMetrics(self.name)
         """This service's instruments (no-ops until ``start()`` installs the meter provider)."""
         self._metrics_endpoint: MetricsEndpoint | None = None
+        self.views: Views | None = None
+        """The views of KV buckets shared with the services co-hosted in this process
+        (``run_services``), or ``None``: each view of this service is its own (``watch``)."""
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -218,6 +223,17 @@ class Service:
             sub = await self.bus.subscribe(subject, queue=queue, cb=cb, pending_msgs_limit=1_000_000)
         self._subs.append(sub)
         return sub
+
+    async def watch(self, bucket: str, typ: type[M], on_change: Change[M]) -> View[M]:
+        """A live view of ``bucket`` (``sja.bus.watch``), started: this process's shared one when
+        services are co-hosted (``views``; see ``Views``), else one of this service's own. Either
+        way ``on_change`` sees every entry as it stands, then every change, in the stream's order;
+        ``stop()`` on the view lets go of it."""
+        if self.views is not None:
+            return await self.views.view(self.jetstream, bucket, typ, on_change)
+        view = KvView(self.jetstream, bucket, typ, on_change=on_change)
+        await view.start()
+        return view
 
     def run_eagerly(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` now, up to its first wait; if it waits, the rest runs as a tracked task.
@@ -361,6 +377,10 @@ async def run_services(services: Sequence[Service], ready: Callable[[], None] | 
         name = "sja-" + "+".join(s.name for s in services)
         setup_tracing(name, out_dir=services[0].settings.out_dir)
         setup_metrics(name)
+        # A bucket two of them watch (the slices: the gateway and the advertiser) is watched once.
+        views = Views()
+        for service in services:
+            service.views = views
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     async with AsyncExitStack() as stack:

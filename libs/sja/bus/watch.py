@@ -162,3 +162,158 @@ class KvView(Generic[M]):
 
     def values(self) -> list[M]:
         return [v for v, _ in self.entries.values()]
+
+
+Change = Callable[[str, M | None, int], Awaitable[None]]
+
+
+class SharedView(Generic[M]):
+    """One holder's share of a view of a bucket kept once for its process (``Views``): the view's
+    entries, and its own ``on_change``. ``stop`` lets go of it."""
+
+    def __init__(self, shared: _Shared[M], js: JetStreamContext) -> None:
+        self._shared = shared
+        self.js = js
+        self.stopped = False
+
+    @property
+    def entries(self) -> dict[str, tuple[M, int]]:
+        return self._shared.view.entries
+
+    @property
+    def ready(self) -> asyncio.Event:
+        return self._shared.view.ready
+
+    @property
+    def watching(self) -> bool:
+        return not self.stopped and self._shared.view.watching
+
+    def values(self) -> list[M]:
+        return self._shared.view.values()
+
+    async def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            await self._shared.detach(self)
+
+
+class _Shared(Generic[M]):
+    """A bucket's view and the holders it is handed to, change by change in the stream's order."""
+
+    def __init__(self, views: Views, bucket: str, typ: type[M]) -> None:
+        self.views = views
+        self.bucket = bucket
+        self.typ = typ
+        self.holders: list[tuple[SharedView[M], Change[M]]] = []
+        self.view: KvView[M] = self._new_view(None)  # replaced with the first holder's (``attach``)
+        """The view whose entries the holders read."""
+        self.live: KvView[M] | None = None
+        """The view whose changes are handed out (``None`` while one is being replaced)."""
+        self.started = asyncio.Event()
+        self.lock = asyncio.Lock()
+        """Held while a change is handed out and while a holder joins (its catching up and the next
+        change are never interleaved)."""
+
+    def _new_view(self, js: JetStreamContext | None) -> KvView[M]:
+        view: KvView[M] = KvView(js, self.bucket, self.typ)  # type: ignore[arg-type]
+        view.on_change = lambda key, value, rev: self._dispatch(view, key, value, rev)
+        return view
+
+    async def _dispatch(self, source: KvView[M], key: str, value: M | None, revision: int) -> None:
+        if source is not self.live:
+            return  # a view being replaced, or its replacement catching up (``detach``)
+        async with self.lock:
+            await self._hand_out(list(self.holders), key, value, revision)
+
+    async def _hand_out(
+        self, holders: list[tuple[SharedView[M], Change[M]]], key: str, value: M | None, revision: int
+    ) -> None:
+        for _, on_change in holders:
+            try:
+                await on_change(key, value, revision)
+            except Exception:
+                log.exception("change handler failed for %s", key)
+
+    async def attach(self, js: JetStreamContext, on_change: Change[M]) -> SharedView[M]:
+        holder = SharedView(self, js)
+        if not self.holders and not self.started.is_set():
+            # The first holder: the view is started on its connection, and every entry as it stood
+            # reaches it as it would from a view of its own.
+            self.holders.append((holder, on_change))
+            self.view = self.live = self._new_view(js)
+            try:
+                await self.view.start()
+            except BaseException:
+                self.holders.remove((holder, on_change))
+                self.views.forget(self)
+                raise
+            self.started.set()
+            return holder
+        await self.started.wait()
+        # A later holder catches up on every entry as it stands, then follows the changes.
+        async with self.lock:
+            entries = list(self.view.entries.items())
+            for key, (value, revision) in entries:
+                await self._hand_out([(holder, on_change)], key, value, revision)
+            self.holders.append((holder, on_change))
+        return holder
+
+    async def detach(self, holder: SharedView[M]) -> None:
+        self.holders = [(h, cb) for h, cb in self.holders if h is not holder]
+        old = self.view
+        if not self.holders:
+            self.views.forget(self)
+            await old.stop()
+            return
+        if holder.js is not old.js:
+            return
+        # The view ran on the connection of the holder leaving (which closes it): it is made again
+        # on another holder's, and the holders are told what changed in between.
+        self.live = None  # neither view's deliveries are handed out until the new one has caught up
+        before = dict(old.entries)
+        new = self._new_view(self.holders[0][0].js)
+        await old.stop()
+        try:
+            await new.start()
+        except Exception:
+            log.exception("watch of %s: could not be made again on another connection", self.bucket)
+            return
+        now = dict(new.entries)
+        self.view = self.live = new
+        async with self.lock:
+            holders = list(self.holders)
+            for key, (value, revision) in now.items():
+                if before.get(key, (None, -1))[1] != revision:
+                    await self._hand_out(holders, key, value, revision)
+            for key, (_, revision) in before.items():
+                if key not in now:
+                    await self._hand_out(holders, key, None, revision)
+
+
+class Views:
+    """The KV views of the services run in one process (``run_services``): one view per bucket,
+    whatever the number of co-hosted services watching it, so each change of the bucket is sent to
+    the process and decoded once. The view runs on the connection of the first service to ask for
+    it; a later one catches up on the entries as they stand (each handed to its ``on_change``) and
+    then follows the changes. When the service whose connection carries the view lets go of it
+    first, the view is made again on another's connection, and the others are told of the entries
+    that changed in between."""
+
+    def __init__(self) -> None:
+        self._shared: dict[tuple[str, type[Any]], _Shared[Any]] = {}
+
+    async def view(
+        self, js: JetStreamContext, bucket: str, typ: type[M], on_change: Change[M]
+    ) -> SharedView[M]:
+        shared = self._shared.get((bucket, typ))
+        if shared is None:
+            shared = self._shared[(bucket, typ)] = _Shared(self, bucket, typ)
+        return await shared.attach(js, on_change)
+
+    def forget(self, shared: _Shared[Any]) -> None:
+        if self._shared.get((shared.bucket, shared.typ)) is shared:
+            del self._shared[(shared.bucket, shared.typ)]
+
+
+View = KvView[M] | SharedView[M]
+"""A service's view of a bucket: its own, or its share of its process's (``Service.watch``)."""

@@ -13,7 +13,7 @@ from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.store import Store, stores
 from sja.bus.streams import ensure_jetstream
 from sja.bus.tracing import extract, publish
-from sja.bus.watch import KvView
+from sja.bus.watch import KvView, Views
 from sja.inventory.declared import load_declared
 from sja.protocol import subjects
 from sja.protocol.messages import JobCancel, SliceState
@@ -391,3 +391,79 @@ async def test_memory_store_answers_as_the_bucket_does(nc) -> None:
     in_memory = await _contract(MemoryStore(SliceState))
     assert on_bus == in_memory
     assert on_bus[:5] == [True, None, True, None, None]
+
+
+async def test_views_of_a_process_watch_a_bucket_once_for_all_its_holders(nats_url, nc) -> None:
+    """Co-hosted services share one view per bucket: a later holder catches up on the entries as
+    they stand, every holder sees every change in order, and when the holder whose connection
+    carries the view lets go first, the view goes on over another's, which is told what changed."""
+    from sja.bus.connection import connect
+
+    store = await _bucket(nc, "view-shared")
+    declared = load_declared(None)[:4]
+    for s in declared[:2]:
+        await store.put(s.slice_id, s)
+    other = await connect(nats_url, "test-other")
+    views = Views()
+    seen_a: list[tuple[str, str | None]] = []
+    seen_b: list[tuple[str, str | None]] = []
+
+    def recorder(seen: list[tuple[str, str | None]]):  # type: ignore[no-untyped-def]
+        async def on_change(key: str, value: SliceState | None, rev: int) -> None:
+            seen.append((key, value.status if value else None))
+
+        return on_change
+
+    try:
+        a = await asyncio.wait_for(views.view(nc.jetstream(), store.bucket, SliceState, recorder(seen_a)), 10)
+        b = await asyncio.wait_for(
+            views.view(other.jetstream(), store.bucket, SliceState, recorder(seen_b)), 10
+        )
+        assert a.entries is b.entries and len(a.entries) == 2
+        assert sorted(seen_a) == sorted(seen_b) == sorted((s.slice_id, "free") for s in declared[:2])
+        seen_a.clear()
+        seen_b.clear()
+        await store.put(declared[2].slice_id, declared[2])
+        await store.kv.delete(declared[0].slice_id)
+        want = [(declared[2].slice_id, "free"), (declared[0].slice_id, None)]
+        await wait_until(lambda: seen_b == want, "both changes seen by the later holder", 4.0)
+        assert seen_a == want
+        # The first holder's connection carries the view: it lets go, and the view is made again
+        # on the other's; a change made meanwhile reaches the holder left.
+        seen_b.clear()
+        await a.stop()
+        assert not a.watching and b.watching
+        leased = msgspec.structs.replace(declared[1], status="leased", fence=1, grant_id="g-1")
+        await store.put(declared[1].slice_id, leased)
+        await store.put(declared[3].slice_id, declared[3])
+        await wait_until(
+            lambda: (declared[3].slice_id, "free") in seen_b, "a change after the hand-over seen", 6.0
+        )
+        assert (declared[1].slice_id, "leased") in seen_b
+        assert b.entries[declared[1].slice_id][0] == leased and declared[0].slice_id not in b.entries
+        await b.stop()
+        assert not b.watching
+        assert views._shared == {}, "the last holder gone, the view is stopped and forgotten"
+    finally:
+        await other.close()
+
+
+async def test_store_get_reads_the_headers_of_an_entry_as_nats_py_does(nc) -> None:
+    """A read entry's headers come through the client's header parser (``sja.bus.jetstream``): an
+    entry written by compare-and-set (which carries a header) reads back whole, a deleted or purged
+    one reads as absent, and the stream message's headers are those written."""
+    store = await _bucket(nc, "get-headers")
+    s = load_declared(None)[0]
+    rev = await store.create(s.slice_id, s)
+    assert rev is not None
+    leased = msgspec.structs.replace(s, status="leased", fence=1, grant_id="g-1")
+    rev2 = await store.cas(s.slice_id, leased, rev)
+    assert await store.get(s.slice_id) == (leased, rev2)
+    raw = await store.js.get_msg(store.stream, subject=f"$KV.{store.bucket}.{s.slice_id}")
+    assert raw.headers == {"Nats-Expected-Last-Subject-Sequence": str(rev)}
+    await store.kv.delete(s.slice_id)
+    assert await store.get(s.slice_id) is None
+    await store.put(s.slice_id, s)
+    await store.kv.purge(s.slice_id)
+    assert await store.get(s.slice_id) is None
+    assert await store.get("never-written") is None
