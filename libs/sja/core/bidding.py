@@ -56,7 +56,8 @@ def may_bid_on(state: JobState, window: Window) -> bool:
     if not window.held_by:
         return True
     return window.held_by != state.job_id and continuation.takes_held(
-        state.attained_gpu_s, window.held_attained_gpu_s
+        continuation.service_key(state.attained_gpu_s, state.submitted_at),
+        continuation.service_key(window.held_attained_gpu_s, window.held_submitted_at),
     )
 
 

@@ -409,6 +409,7 @@ def materialize(
         first_unit_s=round(max(first_unit, 0.0), 6),
         max_units=max_units,
         attained_gpu_s=round(state.attained_gpu_s + window_cost(window, grant.candidate), 6),
+        submitted_at=state.submitted_at,
     )
     flight = InFlight(
         subjob_id=subjob.subjob_id,

@@ -38,6 +38,7 @@ def grant(
         contestable_at=0.0,
         holder_attained_gpu_s=0.0,
         holder_tenant="",
+        holder_submitted_at=0.0,
         updated_at=now,
     )
 
@@ -83,6 +84,7 @@ def start(
     contestable_at: float = 0.0,
     holder_attained_gpu_s: float = 0.0,
     holder_tenant: str = "",
+    holder_submitted_at: float = 0.0,
 ) -> SliceState:
     """The slice busy with the grant's subjob until its time cap and grace. ``contestable_at``: an
     open subjob's slice is offered again from then on (``core.continuation``), its holder's job
@@ -97,6 +99,7 @@ def start(
         contestable_at=contestable_at,
         holder_attained_gpu_s=max(0.0, holder_attained_gpu_s) if contestable_at > 0 else 0.0,
         holder_tenant=holder_tenant if contestable_at > 0 else "",
+        holder_submitted_at=max(0.0, holder_submitted_at) if contestable_at > 0 else 0.0,
         updated_at=now,
     )
 
@@ -145,6 +148,7 @@ def _freed(s: SliceState, now: float) -> SliceState:
         contestable_at=0.0,
         holder_attained_gpu_s=0.0,
         holder_tenant="",
+        holder_submitted_at=0.0,
         updated_at=now,
     )
 

@@ -89,6 +89,7 @@ async def _start(
             contestable_at=continuation.contestable_at(at, sj.time_cap_s, sj.max_units, sj.units),
             holder_attained_gpu_s=sj.attained_gpu_s,
             holder_tenant=sj.tenant,
+            holder_submitted_at=sj.submitted_at,
         )
 
     at = time.time() if now is None else now

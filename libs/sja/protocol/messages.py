@@ -140,6 +140,9 @@ class SliceState(Message, Tokens, tag="sja.slice_state.v1", frozen=True, kw_only
     """The holder's job's attained service (GPU-seconds) when its subjob started, its window
     included (``Subjob.attained_gpu_s``): with the time held past the window, what a waiting job
     must be well below to take the slice (``core.continuation.takes_held``)."""
+    holder_submitted_at: NonNegFloat = 0.0
+    """When the holder's job was submitted, while ``contestable_at`` is set: a job's place in the
+    order of service counts its age too (``core.continuation.service_key``)."""
     recut_mib: NonNegInt = 0
     """Memory of the largest instance a re-cut of this slice's GPU can make, when its inventory
     re-cuts MIG GPUs for the work waiting (``SJA_REPARTITION=on``); 0: the layout stays. A job that
@@ -168,6 +171,8 @@ class Window(Tokens, frozen=True, kw_only=True, gc=False):
     makes it yield. That job does not bid for it. Empty for a free slice."""
     held_attained_gpu_s: NonNegFloat = 0.0
     """With ``held_by``: the holder's attained service now (``core.continuation.held_attained``)."""
+    held_submitted_at: NonNegFloat = 0.0
+    """With ``held_by``: when the holder's job was submitted (``core.continuation.service_key``)."""
     held_tenant: str = ""
     """With ``held_by``: its tenant (a clearer charges the holder's service past its window to it,
     ``grants.learn_service``)."""
@@ -533,6 +538,9 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     attained_gpu_s: NonNegFloat = 0.0
     """The job's attained service (GPU-seconds) with this subjob's window charged
     (``JobState.attained_gpu_s``): the slice carries it while the subjob holds it past its window."""
+    submitted_at: NonNegFloat = 0.0
+    """When its job was submitted (``JobState.submitted_at``): the slice carries it with
+    ``attained_gpu_s``."""
 
 
 class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=True):

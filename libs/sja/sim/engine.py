@@ -644,6 +644,7 @@ class SjaEngine:
             grace_s=self.cfg.lease_s,
             contestable_at=contestable,
             holder_attained_gpu_s=sj.attained_gpu_s,
+            holder_submitted_at=sj.submitted_at,
             holder_tenant=sj.tenant,
         )
         s.run = run
@@ -1124,23 +1125,27 @@ class SjaEngine:
                 # that has had more service): the others would be rounds without a winner.
                 # As many as those bidders have room for: the held slices whose holders have had the
                 # most service first (the likeliest taken).
-                takers = sorted((self.jobs[p.job_id].state.attained_gpu_s, p.job_id) for p in props)
+                keys = {p.job_id: self._service_key(self.jobs[p.job_id].state) for p in props}
+                takers = sorted((k, job_id) for job_id, k in keys.items())
                 takeable = self._takeable(kind, takers, room - len(take))
                 if takeable:
                     most = takeable[0][0]
-                    can = sum(
-                        p.capacity
-                        for p in props
-                        if continuation.takes_held(self.jobs[p.job_id].state.attained_gpu_s, most)
-                    )
+                    can = sum(p.capacity for p in props if continuation.takes_held(keys[p.job_id], most))
                     take += [self.slices[i] for _, i in takeable[:can]]
             out.extend(take)
             bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
         return out, bids
 
+    @staticmethod
+    def _service_key(state: JobState) -> float:
+        return continuation.service_key(state.attained_gpu_s, state.submitted_at)
+
     def _held_key(self, s: _Slice) -> float:
+        """The holder's ``service_key`` less its growth with ``now`` (``continuation.held_attained``):
+        the same order at every instant."""
         st = s.state
-        return st.holder_attained_gpu_s - st.contestable_at * st.compute_share
+        key = continuation.service_key(st.holder_attained_gpu_s, st.holder_submitted_at)
+        return key - st.contestable_at * st.compute_share
 
     def _uncontest(self, s: _Slice) -> None:
         """``s`` is no longer held past its holder's window (granted, or its holder ended)."""

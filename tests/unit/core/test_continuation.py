@@ -126,7 +126,7 @@ def test_contiguous_and_claimed_ranges() -> None:
     assert retry == [UnitRange(start=10, count=2), UnitRange(start=40, count=5)] and nxt == 30
 
 
-def busy(contestable_at: float) -> SliceState:
+def busy(contestable_at: float, submitted_at: float = NOW) -> SliceState:
     return SliceState(
         slice_id="local-g0-7g.40gb-0",
         node="local",
@@ -144,6 +144,7 @@ def busy(contestable_at: float) -> SliceState:
         lease_until=NOW + 100,
         contestable_at=contestable_at,
         holder_attained_gpu_s=600.0,
+        holder_submitted_at=submitted_at,
     )
 
 
@@ -228,6 +229,32 @@ def test_a_waiting_job_takes_a_held_slice_only_from_a_job_that_has_had_more_serv
     assert w2.held_attained_gpu_s == pytest.approx(800.0)
     assert propose(served, offer_for(w2, later), later, LIMITS) is not None
     assert continuation.takes_held(0.0, 1.0) and not continuation.takes_held(1.0, 1.0)
+
+
+def test_a_job_in_the_system_longer_is_forgiven_service_for_its_age() -> None:
+    # The holder's job (submitted now) has had 700 GPU-s; a job with 750 submitted earlier goes
+    # before it once its age makes up the 50 (continuation.AGEING per second), not before.
+    s = busy(NOW - 100)
+    [w] = find_windows([s], WindowRequest(now=NOW, horizon_s=600.0, open_ended=True))
+    assert w.held_submitted_at == NOW
+    gap = 50.0 / continuation.AGEING
+    for earlier, takes in ((gap + 10, True), (gap - 10, False)):
+        older = msgspec.structs.replace(new_job("j2", command_spec(90), NOW - earlier), attained_gpu_s=750.0)
+        assert (propose(older, offer_for(w, NOW), NOW, LIMITS) is not None) is takes, earlier
+    # The same order is fair's within a tenant, and it does not change with the clock.
+    a = continuation.service_key(750.0, NOW - gap - 10)
+    assert a < continuation.service_key(700.0, NOW)
+    # A slice carries its holder's submission from the lease's start to its release.
+    free = msgspec.structs.replace(s, status="free", holder_job="", grant_id="", contestable_at=0.0)
+    started = leases.start(
+        leases.grant(free, offered_fence=free.fence, job_id="j3", grant_id="g-9", now=NOW, lease_s=30.0),
+        grant_id="g-9", fence=free.fence + 1, now=NOW, time_cap_s=600.0, expected_s=600.0, grace_s=30.0,
+        contestable_at=NOW + 600, holder_attained_gpu_s=5.0, holder_submitted_at=NOW - 60,
+    )  # fmt: skip
+    assert started.holder_submitted_at == NOW - 60
+    assert (
+        leases.release(started, grant_id="g-9", fence=free.fence + 1, now=NOW + 1).holder_submitted_at == 0.0
+    )
 
 
 def test_the_clearers_ledger_learns_the_service_held_past_windows() -> None:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sja.core import jobs as J
+from sja.core.continuation import AGEING
 from sja.core.explain import (
     NoBidKind,
     deadline_note,
@@ -116,10 +117,19 @@ def queue_order_before(policy: str, jobs: Sequence[JobState]) -> tuple[list[JobS
         tenant_gpu_s: dict[str, float] = {}
         for s in jobs:
             tenant_gpu_s[s.spec.tenant] = tenant_gpu_s.get(s.spec.tenant, 0.0) + s.attained_gpu_s
-        waiting.sort(key=lambda s: (tenant_gpu_s[s.spec.tenant], s.attained_gpu_s, s.submitted_at, s.job_id))
+        # fair's order within a tenant has since counted a job's age (continuation.service_key)
+        waiting.sort(
+            key=lambda s: (
+                tenant_gpu_s[s.spec.tenant],
+                s.attained_gpu_s + AGEING * s.submitted_at,
+                s.submitted_at,
+                s.job_id,
+            )
+        )
         return waiting, (
             "fair: the tenant with the least GPU-seconds first (shares taken as equal), then its job "
-            "with the least, then the earliest submitted"
+            f"with the least, less {AGEING:g} GPU-s per second since its submission, then the earliest"
+            " submitted"
         )
     if policy == "sla":
 

@@ -1,10 +1,12 @@
-"""``fair``: least attained service normalized by the tenant's share; within a tenant, least
-attained job."""
+"""``fair``: least attained service normalized by the tenant's share; within a tenant, the job first
+in the order of service (``continuation.service_key``: least attained service, less ``AGEING`` for
+the time it has been in the system)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from sja.core.continuation import AGEING, service_key
 from sja.core.policies.base import Bid, BidOrder, Keyed, PolicyConfig, Ranked
 from sja.core.policies.batch import Group
 from sja.core.policies.defaults import MonotonePolicy
@@ -14,14 +16,15 @@ from sja.protocol.messages import JobState, Offer, Proposal
 
 
 def fair_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
-    # The clearer's key within a tenant is (job attained, submitted_at): the agent counts the same
-    # GPU-seconds for its job (``JobState.attained_gpu_s``).
-    return (p.attained_gpu_s, p.submitted_at, p.job_id)
+    # The clearer's key within a tenant is the job's service key, then submitted_at: the agent counts
+    # the same GPU-seconds for its job (``JobState.attained_gpu_s``).
+    return (service_key(p.attained_gpu_s, p.submitted_at), p.submitted_at, p.job_id)
 
 
 class Fair(MonotonePolicy):
     """The tenant part of the key is its normalized attained service, the bid's part the job's own
-    attained service, then its age. A bid is explained by its tenant alone."""
+    service key (attained service less ``continuation.AGEING`` per second in the system), then its
+    submission. A bid is explained by its tenant alone."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -29,7 +32,10 @@ class Fair(MonotonePolicy):
             BidOrder(per_tenant=True, key=fair_order, static=True),
             explains_by_tenant=True,
             by_tenant=True,
-            tie_break="the job's own attained GPU-seconds, then submission time",
+            tie_break=(
+                f"the job's own attained GPU-seconds less {AGEING:g} per second since its submission,"
+                " then submission time"
+            ),
         )
 
     def key(self, offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid], Keyed]:
@@ -37,7 +43,7 @@ class Fair(MonotonePolicy):
             p = b.proposal
             cand = best_candidate(offer, p, cfg.horizon_s)
             norm = ledger.normalized(p.tenant)
-            job = ledger.job_attained.get(p.job_id, 0.0)
+            job = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at)
             why = (
                 f"tenant {p.tenant} attained {ledger.tenant_attained.get(p.tenant, 0.0):.2f} GPU-s"
                 f" / share {ledger.share(p.tenant):g} = {norm:.2f}"
@@ -51,9 +57,8 @@ class Fair(MonotonePolicy):
 
     def rank(self, offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig) -> Ranked:
         p = b.proposal
-        return (ledger.job_attained.get(p.job_id, 0.0), p.submitted_at), best_candidate(
-            offer, p, cfg.horizon_s
-        )
+        key = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at)
+        return (key, p.submitted_at), best_candidate(offer, p, cfg.horizon_s)
 
     def partition_key(
         self, part: str, scratch: Ledger, cfg: PolicyConfig, tenants: Sequence[str]
@@ -63,7 +68,7 @@ class Fair(MonotonePolicy):
     def queue_key(self, job: JobState, ledger: Ledger) -> tuple[float, ...]:
         return (
             ledger.normalized(job.spec.tenant),
-            ledger.job_attained.get(job.job_id, 0.0),
+            service_key(ledger.job_attained.get(job.job_id, 0.0), job.submitted_at),
             job.submitted_at,
         )
 
@@ -71,7 +76,7 @@ class Fair(MonotonePolicy):
         # where ``sja explain`` shows it, the ledger holds the jobs' own service and no shares
         return (
             "the tenant with the least GPU-seconds first (shares taken as equal), then its job with the "
-            "least, then the earliest submitted"
+            f"least, less {AGEING:g} GPU-s per second since its submission, then the earliest submitted"
         )
 
     def lost_in_batch(self, b: Bid, why: str, g: Group, scratch: Ledger) -> str:
@@ -81,6 +86,7 @@ class Fair(MonotonePolicy):
             attained = scratch.job_attained.get(p.job_id, 0.0)
             return (
                 f"lost to better-ranked bids: jobs of its own tenant {p.tenant}, which fair "
-                f"serves least-attained first (this job: {attained:.2f} GPU-s)"
+                f"serves least-attained first, older jobs forgiven {AGEING:g} GPU-s a second"
+                f" (this job: {attained:.2f} GPU-s)"
             )
         return super().lost_in_batch(b, why, g, scratch)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from sja.core.continuation import AGEING, service_key  # fair: the order of service, kept in step
 from sja.protocol.messages import Candidate, Offer, Proposal, RoundRecord, Verdict, Window
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -291,7 +292,10 @@ Keyed = tuple[tuple[float, ...], Candidate, str]
 
 
 TIE_BREAKS = {
-    "fair": "the job's own attained GPU-seconds, then submission time",
+    "fair": (
+        f"the job's own attained GPU-seconds less {AGEING:g} per second since its submission,"
+        " then submission time"
+    ),
 }
 """What decides between bids a policy explains alike (default: submission time, then job id)."""
 
@@ -378,7 +382,7 @@ def _fair_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid]
         p = b.proposal
         cand = _best_candidate(offer, p, cfg.horizon_s)
         norm = ledger.normalized(p.tenant)
-        job = ledger.job_attained.get(p.job_id, 0.0)
+        job = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at)
         why = (
             f"tenant {p.tenant} attained {ledger.tenant_attained.get(p.tenant, 0.0):.2f} GPU-s"
             f" / share {ledger.share(p.tenant):g} = {norm:.2f}"
@@ -638,7 +642,7 @@ def _eff_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ..
 def _fair_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
     # The clearer's key within a tenant is (job attained, submitted_at): the agent counts the same
     # GPU-seconds for its job (``JobState.attained_gpu_s``).
-    return (p.attained_gpu_s, p.submitted_at, p.job_id)
+    return (service_key(p.attained_gpu_s, p.submitted_at), p.submitted_at, p.job_id)
 
 
 def _sla_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
@@ -968,7 +972,8 @@ class _Group:
                     attained = scratch.job_attained.get(p.job_id, 0.0)
                     reason = (
                         f"lost to better-ranked bids: jobs of its own tenant {p.tenant}, which fair "
-                        f"serves least-attained first (this job: {attained:.2f} GPU-s)"
+                        f"serves least-attained first, older jobs forgiven {AGEING:g} GPU-s a second"
+                        f" (this job: {attained:.2f} GPU-s)"
                     )
                 elif self.won:
                     reason = f"lost to better-ranked bids: {why} vs {self.last_win_why}"
@@ -994,7 +999,8 @@ def _fair_rank(
     offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig
 ) -> tuple[tuple[float, ...], Candidate]:
     p = b.proposal
-    return (ledger.job_attained.get(p.job_id, 0.0), p.submitted_at), _best_candidate(offer, p, cfg.horizon_s)
+    key = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at)
+    return (key, p.submitted_at), _best_candidate(offer, p, cfg.horizon_s)
 
 
 def _sla_rank(offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig) -> tuple[tuple[float, ...], Candidate]:
