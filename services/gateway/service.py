@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -32,13 +30,13 @@ import nats.js.errors
 from nats.js.api import ObjectMeta, ObjectStoreConfig
 from nats.micro.request import Request
 
+from services.gateway.records import job_id_for, stored_states, subjob_seq
+from services.gateway.settings import GatewaySettings
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.completions import iter_completions
 from sja.bus.rounds import iter_rounds
 from sja.bus.service import Service
-from sja.bus.settings import BaseSettings
 from sja.bus.watch import View
-from sja.core import defaults
 from sja.core import explain as E
 from sja.core import jobs as J
 from sja.core.planner import PlanLimits
@@ -69,34 +67,8 @@ from sja.protocol.messages import (
 from sja.redaction import OTHER, anonymize_round, redacted
 from sja.workloads import SpecError, codepack
 from sja.workloads import checkpoint as ckpt
-from sja.workloads.command import parts as command_parts
 
 log = logging.getLogger(__name__)
-
-
-class GatewaySettings(BaseSettings, frozen=True, kw_only=True):
-    horizon_s: float = defaults.HORIZON_S
-    """The planning window the advertiser offers (same ``SJA_HORIZON_S``): new jobs' priors are
-    scaled to what fits one window."""
-    start_overhead_s: float = defaults.START_OVERHEAD_S
-    mem_reserve_mib: float = 256.0
-    """Driver/context memory of every slice (same ``SJA_MEM_RESERVE_MIB`` as the agents): a job whose
-    smallest subjob declares more than the largest slice less this is refused at submission, and
-    ``explain`` plans with it to say why a job sent no bid."""
-    code_max_mib: float = 64.0
-    """The largest code archive a job may upload (``sja submit --code DIR``, packed)."""
-    code_unpacked_max_mib: float = 512.0
-    """The most a code archive may hold once unpacked (what each node's disk gets)."""
-    code_store_max_mib: float = 8192.0
-    """The object store ``sja-code`` is created with this size limit (its ``max_bytes``); 0: none."""
-
-
-def job_id_for(spec_name: str, tenant: str, request_id: str) -> str:
-    """Deterministic for a client request id (so a retried submit is the same job), else unique."""
-    if request_id:
-        digest = hashlib.sha256(f"{tenant}/{request_id}".encode()).hexdigest()[:12]
-        return f"{spec_name}-{digest}"
-    return f"{spec_name}-{uuid.uuid4().hex[:12]}"
 
 
 class GatewayService(Service):
@@ -440,7 +412,7 @@ class GatewayService(Service):
             return ErrorReply(
                 code="not_found", message=f"no completed subjob {wanted} of job {q.job_id}", field="subjob"
             )
-        order = sorted(found.values(), key=lambda s: (_seq(s.subjob_id), s.finished_at))
+        order = sorted(found.values(), key=lambda s: (subjob_seq(s.subjob_id), s.finished_at))
         over = E.memory_overrun(got[0])
         return LogsView(job_id=q.job_id, subjobs=order[-200:], notes=[over.text] if over is not None else [])
 
@@ -513,35 +485,11 @@ ROUNDS_CLOCK_SKEW_S = 5.0
 this long after its end (stamped by its agent), against the times the server stored the records."""
 
 
-def _seq(subjob_id: str) -> int:
-    """A subjob's number in its job (``JOB.s12`` is 12)."""
-    tail = subjob_id.rpartition(".s")[2]
-    return int(tail) if tail.isdigit() else 0
-
-
 STATE_CHUNK_HEADROOM = 16 * 1024
 """Bytes of a reply left for its envelope when a stored state is cut to the server's ``max_payload``."""
 
 STATES_KEPT = 4
 """Stored states the gateway keeps read while a client fetches them in chunks."""
-
-
-def stored_states(state: JobState) -> set[str]:
-    """The object names in ``sja-checkpoints`` that the job's state refers to: its accumulator (a
-    sequential job's final state) or each of its parts (an independent job's)."""
-    raws = [state.accumulator]
-    if state.accumulator and not ckpt.is_ref(state.accumulator) and state.spec.workload == "command":
-        try:
-            raws = [raw for _, raw in command_parts(state.accumulator)]
-        except (msgspec.DecodeError, ValueError):
-            raws = []
-    names: set[str] = set()
-    for raw in raws:
-        if ckpt.is_ref(raw):
-            ref = ckpt.unpack_ref(raw)
-            if ref.bucket == ckpt.BUCKET:
-                names.add(ref.name)
-    return names
 
 
 def _typed(handler: Any, service: Service | None = None, subject: str = "") -> Any:

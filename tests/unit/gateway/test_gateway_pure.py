@@ -6,7 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.gateway.service import GatewaySettings, _seq, job_id_for, stored_states
+from services.gateway.records import job_id_for, stored_states, subjob_seq
+from services.gateway.settings import GatewaySettings
 from sja.core import defaults
 from sja.core.jobs import new_job
 from sja.protocol.messages import JobSpec, JobState
@@ -28,7 +29,7 @@ def test_a_retried_submission_is_the_same_job_and_only_for_the_same_tenant() -> 
     ("subjob_id", "seq"), [("job-1.s0", 0), ("job-1.s12", 12), ("a.s.b.s7", 7), ("job-1", 0), ("j.sx", 0)]
 )
 def test_a_subjobs_number_is_read_from_its_id(subjob_id: str, seq: int) -> None:
-    assert _seq(subjob_id) == seq
+    assert subjob_seq(subjob_id) == seq
 
 
 def ref(name: str, bucket: str = ckpt.BUCKET) -> bytes:
