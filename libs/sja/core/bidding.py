@@ -51,8 +51,8 @@ def expected_remaining_s(state: JobState, profile: JobProfile) -> float:
 
 def may_bid_on(state: JobState, window: Window) -> bool:
     """Whether the job bids for ``window`` at all: a slice held past its window by an open subjob
-    (``Window.held_by``) only when it is another job's and that job has had much more service
-    (``continuation.takes_held``); its own goes on there without a bid."""
+    (``Window.held_by``) only when it is another job's and that job comes after this one in the
+    order of service (``continuation.takes_held``); its own goes on there without a bid."""
     if not window.held_by:
         return True
     return window.held_by != state.job_id and continuation.takes_held(

@@ -1122,9 +1122,9 @@ class SjaEngine:
                 take += [self.slices[i] for i in heapq.nsmallest(room - len(take), idle)]
             if len(take) < room and held:
                 # Only held slices some bidder may take (``bidding.may_bid_on``: not its own, and a holder
-                # that has had more service): the others would be rounds without a winner.
-                # As many as those bidders have room for: the held slices whose holders have had the
-                # most service first (the likeliest taken).
+                # after it in the order of service): the others would be rounds without a winner.
+                # As many as those bidders have room for: the held slices whose holders come last in
+                # that order first (the likeliest taken).
                 keys = {p.job_id: self._service_key(self.jobs[p.job_id].state) for p in props}
                 takers = sorted((k, job_id) for job_id, k in keys.items())
                 takeable = self._takeable(kind, takers, room - len(take))

@@ -7,7 +7,7 @@ and its explanation, registered once, below (``registry.register``); ``clear`` a
 - ``efficiency`` — most useful work per slice-second, best fit (time and memory fill of the window,
   weighted by the odds of fitting).
 - ``fair`` — least attained service normalized by the tenant's share; within a tenant, least
-  attained job.
+  attained job, each forgiven ``continuation.AGEING`` GPU-seconds per second since its submission.
 - ``sla`` — least slack to deadline (deadline minus now minus expected remaining work); jobs without
   a deadline come after, by submission time.
 - ``auction`` — sealed-bid second price with per-tenant budgets: the highest affordable bid wins and
