@@ -497,6 +497,11 @@ class SjaEngine:
         """Jobs with work not yet handed out and room for another subjob (for fragmentation)."""
         self.waiting_jobs: set[int] = set()
         """Their indices (the demand a re-cut serves)."""
+        self.least_served: list[tuple[float, int]] = []
+        """``(attained service, idx)`` of the waiting jobs, a heap: the least served on top. An entry
+        whose job no longer waits or has been served since (``served``) is dropped when met."""
+        self.served: dict[int, float] = {}
+        """The attained service of each waiting job as entered in ``least_served``."""
 
     # --- bidder queues ---------------------------------------------------------------------------
 
@@ -852,8 +857,33 @@ class SjaEngine:
         self.waiting += int(now) - int(was)
         if now:
             self.waiting_jobs.add(job.idx)
+            attained = job.state.attained_gpu_s
+            if self.served.get(job.idx) != attained:
+                self.served[job.idx] = attained
+                heapq.heappush(self.least_served, (attained, job.idx))
         else:
             self.waiting_jobs.discard(job.idx)
+            self.served.pop(job.idx, None)
+
+    def _least_served(self) -> float:
+        """The attained service of the least served waiting job (``inf``: none waits)."""
+        heap = self.least_served
+        while heap:
+            attained, idx = heap[0]
+            if self.served.get(idx) == attained:
+                return attained
+            heapq.heappop(heap)
+        return math.inf
+
+    def _none_takes(self, kind: WindowKind) -> bool:
+        """Whether no waiting job may take any held slice of ``kind`` (``continuation.takes_held``):
+        not even the least served one, the most served holder's. Every bidder is a waiting job, so
+        the bidder need not be asked."""
+        rank = self.held_rank[kind]
+        if not rank:
+            return True
+        most = -rank[0][0] + self.now * kind[2]  # as ``_takeable`` reads it
+        return not continuation.takes_held(self._least_served(), most)
 
     def _set_idle(self, s: _Slice, idle: bool) -> None:
         if idle == s.idle:
@@ -1103,9 +1133,16 @@ class SjaEngine:
                 by_kind.setdefault(kind, [])
         out: list[_Slice] = []
         bids: dict[WindowKind, list[Bid]] = {}
+        unasked: list[WindowKind] = []
         for kind in sorted(by_kind):
             new = by_kind[kind]
             idle, held = (self.idle_by_kind[kind], self.contested[kind]) if kind in kinds else (set(), set())
+            if not new and not idle and self._none_takes(kind):
+                # Only held slices, and no waiting job may take one: nothing of this kind is offered.
+                # Its bids matter only to a batch of other kinds (``_unasked``); asked for then.
+                unasked.append(kind)
+                bids[kind] = []
+                continue
             first = new[0] if new else self.slices[min(idle) if idle else min(held)]
             probe = self._probe(first)
             n = len(new) + len(idle) + len(held)
@@ -1136,7 +1173,26 @@ class SjaEngine:
                     take += [self.slices[i] for _, i in takeable[:can]]
             out.extend(take)
             bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+        if unasked:
+            self._unasked(unasked, bids, bool(out))
         return out, bids
+
+    def _unasked(self, unasked: list[WindowKind], bids: dict[WindowKind, list[Bid]], batch: bool) -> None:
+        """The bids of the kinds ``_wanted`` offers nothing of (held slices nobody may take), in their
+        place in ``bids``: the batch learns its bidders' service from every bid (``grants.learn_service``),
+        so they are the bidder's answers for those held slices, as if it had been asked for them in
+        turn; none when there is no batch (``batch`` false) or nobody bids."""
+        for kind in unasked:
+            props: list[Proposal] = []
+            if batch:
+                held = self.contested[kind]
+                probe = self._probe(self.slices[min(held)])
+                if probe is not None:
+                    props = self.bidder.proposals_for(probe, self.now, len(held), self.cfg.policy)
+            if sum(p.capacity for p in props):
+                bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+            else:
+                del bids[kind]
 
     def _held_key(self, s: _Slice) -> float:
         st = s.state
