@@ -796,6 +796,19 @@ class JobProfile:
             lambda: self._duration_at(k, q, _z_cached(q), self.slowdown(profile, share), t_ppf),
         )
 
+    def duration_above(self, k: int, q: float, profile: str, share: float, length_s: float) -> bool:
+        """A sufficient test, in a few operations, that ``duration_quantile(k, q, ...) > length_s``
+        for ``q >= 0.5``: the time regression's mean at ``k`` (the location every quantile at or
+        above the median adds a non-negative spread to, and conditioning on a lower bound only
+        raises) times the slowdown's quantile, the same floating-point operations as the quantile's,
+        is at most the quantile. ``False`` says nothing: the quantile must then be computed. A planner
+        probing sizes far past what fits a window rules them out without a quantile."""
+        if q < 0.5:
+            return False
+        mu, sd = self.slowdown(profile, share)
+        z = _z_cached(q)
+        return max(self.time.mu0 + self.time.mu1 * k, 0.0) * math.exp(mu + z * sd) > length_s
+
     def time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
         """P(duration <= length) consistent with ``duration_quantile`` (``_time_fit_probability``)."""
         return self._remembered(
