@@ -286,6 +286,9 @@ def lognormal(rng: random.Random, sd: float) -> float:
 REPART_DEMAND_ITEMS = 64
 """Slices of waiting demand considered when choosing layouts for idle repartitionable GPUs."""
 
+BIDS_REMEMBERED = 100_000
+"""Bids the engine keeps for the bidder's proposals (``SjaEngine._bids``); past it they are made again."""
+
 # --- the engine -------------------------------------------------------------------------------------
 
 WindowKind = tuple[str, int, float]
@@ -500,6 +503,8 @@ class SjaEngine:
         self.least_served: list[tuple[float, int]] = []
         """``(attained service, idx)`` of the waiting jobs, a heap: the least served on top. An entry
         whose job no longer waits or has been served since (``served``) is dropped when met."""
+        self.bid_of: dict[int, tuple[Proposal, Bid]] = {}
+        """``id(proposal) -> (proposal, its bid)`` (``_bids``; the proposal held keeps its id its own)."""
         self.served: dict[int, float] = {}
         """The attained service of each waiting job as entered in ``least_served``."""
 
@@ -576,7 +581,7 @@ class SjaEngine:
         for o, s in offers:
             if s.kind not in bids:
                 props = self.bidder.proposals_for(unheld(o), self.now, like[s.kind], self.cfg.policy)
-                bids[s.kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+                bids[s.kind] = self._bids(props)
         slice_of = {o.offer_id: s for o, s in offers}
         grants.learn_service(self.ledger, [o for o, _ in offers], (b for bs in bids.values() for b in bs))
         held_bids: dict[str, list[Bid]] = {}
@@ -604,6 +609,20 @@ class SjaEngine:
                 continue
             started += self._grant(s, won)
         return started
+
+    def _bids(self, props: list[Proposal]) -> list[Bid]:
+        """The proposals as bids, one ``Bid`` per proposal: the bidder's proposals are memoized per
+        job state, and so are their bids (``bid_of``)."""
+        memo = self.bid_of
+        if len(memo) >= BIDS_REMEMBERED:
+            memo.clear()
+        out: list[Bid] = []
+        for p in props:
+            got = memo.get(id(p))
+            if got is None or got[0] is not p:
+                got = memo[id(p)] = (p, Bid(agent_id="sim", proposal=p))
+            out.append(got[1])
+        return out
 
     def _grant(self, s: _Slice, won: grants.Award) -> int:
         """Lease the slice to the winner (charged already) and materialize its subjob (1 if one
@@ -1172,7 +1191,7 @@ class SjaEngine:
                     )
                     take += [self.slices[i] for _, i in takeable[:can]]
             out.extend(take)
-            bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+            bids[kind] = self._bids(props)
         if unasked:
             self._unasked(unasked, bids, bool(out))
         return out, bids
@@ -1190,7 +1209,7 @@ class SjaEngine:
                 if probe is not None:
                     props = self.bidder.proposals_for(probe, self.now, len(held), self.cfg.policy)
             if sum(p.capacity for p in props):
-                bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+                bids[kind] = self._bids(props)
             else:
                 del bids[kind]
 
