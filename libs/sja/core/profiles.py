@@ -76,6 +76,13 @@ from sja.protocol.messages import MemoryDecl, ProfileState, TimeDecl
 CENSORED_INFLATION = 1.15
 """A censored observation is fed to the regression at least this far above the cap it broke."""
 
+STALL_MARGIN = 4.0
+"""A timeout at size ``s`` is taken for a stall, and released, once a smaller size ``k`` completes in
+under ``1 / STALL_MARGIN`` of the timeout's cap scaled down by ``k / s``. Under the time model
+(``w0 + w1 * k`` with ``w0, w1 >= 0``) the duration at ``s`` is at most ``s / k`` times the one at
+``k``: such a timeout contradicts the model by more than this factor. Without the release a stalled
+subjob caps every later plan below its size, since no larger one is ever planned to contradict it."""
+
 Q_MIN, Q_MAX = 1e-12, 1.0 - 1e-12
 """Probabilities are clamped to this range (quantiles stay finite)."""
 
@@ -345,16 +352,24 @@ class LinearPosterior:
         self.s0, self.s1 = max(self.mu0, self.floor), max(self.mu1, 0.0)
         self._fit()
 
-    def update(self, x: float, y: float) -> None:
+    def update(self, x: float, y: float, stall_margin: float = 0.0) -> None:
         """An exact observation: ``y`` measured at ``x``.
 
         It is the evidence that releases the floors held since the last one, and it drops every
         lower bound it contradicts (a bound at a size ``<= x`` that ``y`` does not exceed: that
-        censored observation was noise, a stall or a neighbour)."""
+        censored observation was noise, a stall or a neighbour). With ``stall_margin`` it also
+        drops a bound at a larger size ``xb`` that is above ``stall_margin * y * xb / x``, what the
+        line (non-negative weights) allows there by that factor (``STALL_MARGIN``)."""
         x, y = float(x), float(y)
         self.held.clear()
-        self.lower = [(xb, bound) for xb, bound in self.lower if not (xb <= x and bound >= y)]
-        self.obs = [o for o in self.obs if not (o[2] > 0.0 and o[0] <= x and o[2] >= y)]
+
+        def contradicted(xb: float, bound: float) -> bool:
+            if xb <= x:
+                return bound >= y
+            return stall_margin > 0.0 and x > 0.0 and bound >= stall_margin * y * xb / x
+
+        self.lower = [(xb, bound) for xb, bound in self.lower if not contradicted(xb, bound)]
+        self.obs = [o for o in self.obs if not (o[2] > 0.0 and contradicted(o[0], o[2]))]
         self.obs.append((x, y, 0.0))
         self._refit()
 
@@ -900,11 +915,16 @@ class JobProfile:
         est = self.speed.setdefault(profile, SpeedEstimate())
         log_ratio = math.log(max(duration_s, 1e-6) / predicted_full) + math.log(share)
         est.update(log_ratio)
-        # a size >= k finished within a length a timeout said it could not: that timeout was noise
+        # a size >= k finished within a length a timeout said it could not, or a smaller one so
+        # fast that the line cannot reach it (STALL_MARGIN): that timeout was noise or a stall
         done = duration_s * share
-        self.timeout_bounds = [(s, lim) for s, lim in self.timeout_bounds if not (s <= k and lim >= done)]
+        self.timeout_bounds = [
+            (s, lim)
+            for s, lim in self.timeout_bounds
+            if not (lim >= done if s <= k else lim >= STALL_MARGIN * done * s / max(k, 1))
+        ]
         mu, _ = self.slowdown(profile, share)
-        self.time.update(k, duration_s / math.exp(mu))
+        self.time.update(k, duration_s / math.exp(mu), STALL_MARGIN)
 
     def observe_oom(self, k: int, cap_mib: float, peak_seen_mib: float = 0.0) -> None:
         """Peak memory at size ``k`` exceeded ``cap_mib`` (censored from below)."""

@@ -227,16 +227,21 @@ async def running(
         await nc.close()
 
 
-def spec(name: str) -> m.JobSpec:
-    return m.JobSpec(name=name, tenant="t", workload="jacobi", params=PARAMS)
+LOST_PARAMS = {**PARAMS, "sweeps": 1500}
+"""For the test that loses subjobs: the OOM it injects stays a hard bound (memory is not released
+the way a stalled timeout is), so every later subjob is small and the job takes many of them."""
 
 
-def assert_one_piece(state: m.JobState) -> None:
+def spec(name: str, params: dict[str, int] = PARAMS) -> m.JobSpec:
+    return m.JobSpec(name=name, tenant="t", workload="jacobi", params=params)
+
+
+def assert_one_piece(state: m.JobState, params: dict[str, int] = PARAMS) -> None:
     """Done, with the one-piece grid, every sweep applied exactly once, in order."""
     assert state.status == "done", (state.status, state.error)
-    assert state.result == run_in_one_piece("jacobi", PARAMS)
+    assert state.result == run_in_one_piece("jacobi", params)
     ok = [(h.unit_start, h.unit_start + h.units) for h in state.history if h.status == "ok"]
-    assert ok[0][0] == 0 and ok[-1][1] == PARAMS["sweeps"]
+    assert ok[0][0] == 0 and ok[-1][1] == params["sweeps"]
     assert all(a[1] == b[0] for a, b in itertools.pairwise(ok)), ok
 
 
@@ -268,9 +273,9 @@ async def test_lost_and_oom_subjobs_restart_from_the_last_committed_checkpoint(
 
     shared = Actors(fault=fault)
     async with running(nats_url, tmp_path, shared) as stack:
-        job_id = (await stack.client.submit(spec("lost"))).job_id
-        state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
-        assert_one_piece(state)
+        job_id = (await stack.client.submit(spec("lost", LOST_PARAMS))).job_id
+        state = await until_state(stack.client, job_id, J.is_terminal, 150, "the job to end")
+        assert_one_piece(state, LOST_PARAMS)
 
         statuses = {h.subjob_id: h.status for h in state.history}
         assert sorted(statuses.values()).count("oom") == 1, statuses

@@ -170,6 +170,26 @@ def test_timeout_bounds_the_size_until_a_completion_runs_within_it() -> None:
     assert p.max_size_under_bounds(1e9, 70.0, share) is None
 
 
+def test_a_stall_is_released_by_smaller_sizes_far_faster_than_the_line_allows() -> None:
+    """A subjob that hung at its time cap leaves a timeout no later plan can contradict at its size
+    (the planner stays below it). Completions at a smaller size ``k`` so fast that even ``s / k``
+    times their duration is far below the cap say it was a stall: the bound goes, and larger sizes
+    are planned again. One merely slower than a straight line would need is kept."""
+    share = 1 / 7
+    p = overestimating_profile()
+    p.observe_timeout(5, 2.0, "1g.5gb", share)
+    assert p.max_size_under_bounds(1e9, 2.0, share) == 4
+    assert p.time.lower_bound(5) is not None
+    p.observe(4, true_mem(4), 1.8, "1g.5gb", share)  # 5/4 of it is below the cap, by less than 4x
+    assert p.max_size_under_bounds(1e9, 2.0, share) == 4, "plausible: the line could reach the cap"
+    p.observe(4, true_mem(4), 0.002, "1g.5gb", share)
+    assert p.timeout_bounds == []
+    assert p.max_size_under_bounds(1e9, 2.0, share) is None
+    assert p.time.lower_bound(5) is None
+    assert all(bound <= 0.0 for _, _, bound in p.time.obs), "its censored point is gone too"
+    assert p.duration_quantile(20, Q, "1g.5gb", share) < 2.0
+
+
 def test_ooms_and_timeouts_are_hard_bounds() -> None:
     p = overestimating_profile()
     p.observe_oom(50, 4608.0)
