@@ -139,9 +139,8 @@ class Bidder:
         if plans is None:
             plans = self.plans[job_id] = {}
         key = (shape if shape is not None else self.shape(offer), policy)
-        if key in plans:
-            p = plans[key]
-        else:
+        p = plans.get(key)
+        if p is None and key not in plans:
             offer = unheld(offer)  # the answer for the shape, whoever holds this slice
             p = propose(
                 state, offer, plan_time(now, offer.window.start_s), self.limits, profiles=self.profiles

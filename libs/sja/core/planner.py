@@ -107,12 +107,15 @@ def is_safe(
     bound = profile.max_size_under_bounds(mem_cap, length, w.compute_share)
     if bound is not None and k > bound:
         return False
+    q_time = 1.0 - req.eps_time
+    if profile.duration_above(k, q_time, w.profile, w.compute_share, length):
+        return False  # far too long for the window: no quantile needed to say so
     if profile.measuring:
         if k > req.min_units or not is_largest(w):
             return False
-    elif profile.mem_quantile(k, 1.0 - req.eps_mem) > mem_cap:
-        return False
-    return profile.duration_quantile(k, 1.0 - req.eps_time, w.profile, w.compute_share) <= length
+    elif profile.mem_ceiling(k) > mem_cap and profile.mem_quantile(k, 1.0 - req.eps_mem) > mem_cap:
+        return False  # (the quantile is never above the ceiling: one within the cap fits)
+    return profile.duration_quantile(k, q_time, w.profile, w.compute_share) <= length
 
 
 def largest_safe_size(profile: JobProfile, req: PlanRequest, limits: PlanLimits) -> int | None:

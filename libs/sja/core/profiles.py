@@ -238,6 +238,10 @@ class LinearPosterior:
     p11: float = 1.0
     a: float = 2.0
     b: float = 1.0
+    _weighed: tuple[list[tuple[float, float, float]], float, list[float]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """``(obs, locality, weights)`` as ``_weights`` last worked them out."""
 
     @classmethod
     def prior_from(
@@ -308,16 +312,20 @@ class LinearPosterior:
     def fitted(self) -> Fit:
         return (self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b, self.s0, self.s1)
 
-    def _fit(self) -> None:
+    def _fit(self, weights: list[float] | None = None) -> None:
         """Posterior of the weights from the prior and the kept observations; the noise is estimated
         from the residuals around the posterior line (plus the prior's pseudo-observations). The
         conjugate update would also charge the prior's own error to the noise, and a declaration
         2x off would then look like 2x noise for a long time."""
         mu0, mu1, p00, p01, p11, a, b = self.prior
         r0, r1 = p00 * mu0 + p01 * mu1, p01 * mu0 + p11 * mu1
-        weights = self._weights()
+        if weights is None:
+            weights = self._weights()
+        s0, s1 = self.s0, self.s1
+        scales: list[float] = []
         for (x, y, _), w in zip(self.obs, weights, strict=True):
-            s = self.scale(x)
+            s = s0 + s1 * max(x, 0.0)  # self.scale(x)
+            scales.append(s)
             f0, f1, t = 1.0 / s, x / s, y / s
             p00, p01, p11 = p00 + w * f0 * f0, p01 + w * f0 * f1, p11 + w * f1 * f1
             r0, r1 = r0 + w * f0 * t, r1 + w * f1 * t
@@ -329,28 +337,39 @@ class LinearPosterior:
             mu0, mu1 = 0.0, mu1 + (p01 / p11) * mu0
         if mu1 < 0.0:
             mu0, mu1 = max(mu0 + (p01 / p00) * mu1, 0.0), 0.0
-        for (x, y, bound), w in zip(self.obs, weights, strict=True):
+        for (x, y, bound), w, s in zip(self.obs, weights, scales, strict=True):
             if bound > 0.0:  # a lower bound moves the line up; it says nothing about the spread
                 continue
-            resid = (y - (mu0 + mu1 * x)) / self.scale(x)
+            resid = (y - (mu0 + mu1 * x)) / s
             b += 0.5 * w * resid * resid
             a += 0.5 * w
         self.mu0, self.mu1, self.p00, self.p01, self.p11, self.a, self.b = mu0, mu1, p00, p01, p11, a, b
 
     def _weights(self) -> list[float]:
-        """Each kept observation's weight: 1, or by its distance from the latest measured size."""
+        """Each kept observation's weight: 1, or by its distance from the latest measured size.
+        Remembered for as long as the observations are the same (a refit's two fits, the
+        evidence of the profile they make)."""
+        weighed = self._weighed
+        if weighed is not None and weighed[1] == self.locality and weighed[0] == self.obs:
+            return weighed[2]
         anchor = next((x for x, _, bound in reversed(self.obs) if bound <= 0.0), None)
         if self.locality <= 0.0 or anchor is None:
-            return [1.0] * len(self.obs)
-        ln_anchor, width = math.log(max(anchor, 1e-9)), self.locality
-        return [math.exp(-0.5 * ((math.log(max(x, 1e-9)) - ln_anchor) / width) ** 2) for x, _, _ in self.obs]
+            weights = [1.0] * len(self.obs)
+        else:
+            ln_anchor, width = math.log(max(anchor, 1e-9)), self.locality
+            weights = [
+                math.exp(-0.5 * ((math.log(max(x, 1e-9)) - ln_anchor) / width) ** 2) for x, _, _ in self.obs
+            ]
+        self._weighed = (list(self.obs), self.locality, weights)
+        return weights
 
     def _refit(self) -> None:
         del self.obs[:-MAX_OBSERVATIONS]
-        self._fit()
+        weights = self._weights()  # the same observations for both fits
+        self._fit(weights)
         # Re-anchor the noise reference on what we now believe, and refit once with it.
         self.s0, self.s1 = max(self.mu0, self.floor), max(self.mu1, 0.0)
-        self._fit()
+        self._fit(weights)
 
     def update(self, x: float, y: float, stall_margin: float = 0.0) -> None:
         """An exact observation: ``y`` measured at ``x``.
@@ -472,10 +491,15 @@ class LinearPosterior:
             float(len(self.held)),
             self.locality,
         ]
-        flat_obs = [v for o in self.obs for v in o]
-        flat_lower = [v for lo in self.lower for v in lo]
-        flat_held = [v for h in self.held for v in h]
-        return [*head, *counts, *flat_obs, *flat_lower, *flat_held]
+        out = [*head, *counts]
+        # Each tuple's floats as they are (extended, not unpacked and boxed again one by one).
+        for o in self.obs:
+            out.extend(o)
+        for lo in self.lower:
+            out.extend(lo)
+        for h in self.held:
+            out.extend(h)
+        return out
 
     @classmethod
     def from_list(cls, v: list[float]) -> LinearPosterior:
@@ -810,6 +834,19 @@ class JobProfile:
             ("dq", k, q, profile, share),
             lambda: self._duration_at(k, q, _z_cached(q), self.slowdown(profile, share), t_ppf),
         )
+
+    def duration_above(self, k: int, q: float, profile: str, share: float, length_s: float) -> bool:
+        """A sufficient test, in a few operations, that ``duration_quantile(k, q, ...) > length_s``
+        for ``q >= 0.5``: the time regression's mean at ``k`` (the location every quantile at or
+        above the median adds a non-negative spread to, and conditioning on a lower bound only
+        raises) times the slowdown's quantile, the same floating-point operations as the quantile's,
+        is at most the quantile. ``False`` says nothing: the quantile must then be computed. A planner
+        probing sizes far past what fits a window rules them out without a quantile."""
+        if q < 0.5:
+            return False
+        mu, sd = self.slowdown(profile, share)
+        z = _z_cached(q)
+        return max(self.time.mu0 + self.time.mu1 * k, 0.0) * math.exp(mu + z * sd) > length_s
 
     def time_fit_probability(self, k: int, length_s: float, profile: str, share: float) -> float:
         """P(duration <= length) consistent with ``duration_quantile`` (``_time_fit_probability``)."""

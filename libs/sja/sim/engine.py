@@ -286,6 +286,9 @@ def lognormal(rng: random.Random, sd: float) -> float:
 REPART_DEMAND_ITEMS = 64
 """Slices of waiting demand considered when choosing layouts for idle repartitionable GPUs."""
 
+BIDS_REMEMBERED = 100_000
+"""Bids the engine keeps for the bidder's proposals (``SjaEngine._bids``); past it they are made again."""
+
 # --- the engine -------------------------------------------------------------------------------------
 
 WindowKind = tuple[str, int, float]
@@ -497,6 +500,14 @@ class SjaEngine:
         """Jobs with work not yet handed out and room for another subjob (for fragmentation)."""
         self.waiting_jobs: set[int] = set()
         """Their indices (the demand a re-cut serves)."""
+        self.least_served: list[tuple[float, int]] = []
+        """``(service key, idx)`` of the waiting jobs (``continuation.service_key``), a heap: the first
+        in the order of service on top. An entry whose job no longer waits or has been served since
+        (``served``) is dropped when met."""
+        self.bid_of: dict[int, tuple[Proposal, Bid]] = {}
+        """``id(proposal) -> (proposal, its bid)`` (``_bids``; the proposal held keeps its id its own)."""
+        self.served: dict[int, float] = {}
+        """The service key of each waiting job as entered in ``least_served``."""
 
     # --- bidder queues ---------------------------------------------------------------------------
 
@@ -571,7 +582,7 @@ class SjaEngine:
         for o, s in offers:
             if s.kind not in bids:
                 props = self.bidder.proposals_for(unheld(o), self.now, like[s.kind], self.cfg.policy)
-                bids[s.kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+                bids[s.kind] = self._bids(props)
         slice_of = {o.offer_id: s for o, s in offers}
         grants.learn_service(self.ledger, [o for o, _ in offers], (b for bs in bids.values() for b in bs))
         held_bids: dict[str, list[Bid]] = {}
@@ -599,6 +610,20 @@ class SjaEngine:
                 continue
             started += self._grant(s, won)
         return started
+
+    def _bids(self, props: list[Proposal]) -> list[Bid]:
+        """The proposals as bids, one ``Bid`` per proposal: the bidder's proposals are memoized per
+        job state, and so are their bids (``bid_of``)."""
+        memo = self.bid_of
+        if len(memo) >= BIDS_REMEMBERED:
+            memo.clear()
+        out: list[Bid] = []
+        for p in props:
+            got = memo.get(id(p))
+            if got is None or got[0] is not p:
+                got = memo[id(p)] = (p, Bid(agent_id="sim", proposal=p))
+            out.append(got[1])
+        return out
 
     def _grant(self, s: _Slice, won: grants.Award) -> int:
         """Lease the slice to the winner (charged already) and materialize its subjob (1 if one
@@ -853,8 +878,33 @@ class SjaEngine:
         self.waiting += int(now) - int(was)
         if now:
             self.waiting_jobs.add(job.idx)
+            attained = self._service_key(job.state)
+            if self.served.get(job.idx) != attained:
+                self.served[job.idx] = attained
+                heapq.heappush(self.least_served, (attained, job.idx))
         else:
             self.waiting_jobs.discard(job.idx)
+            self.served.pop(job.idx, None)
+
+    def _least_served(self) -> float:
+        """The service key of the waiting job first in the order of service (``inf``: none waits)."""
+        heap = self.least_served
+        while heap:
+            attained, idx = heap[0]
+            if self.served.get(idx) == attained:
+                return attained
+            heapq.heappop(heap)
+        return math.inf
+
+    def _none_takes(self, kind: WindowKind) -> bool:
+        """Whether no waiting job may take any held slice of ``kind`` (``continuation.takes_held``):
+        not even the least served one, the most served holder's. Every bidder is a waiting job, so
+        the bidder need not be asked."""
+        rank = self.held_rank[kind]
+        if not rank:
+            return True
+        most = -rank[0][0] + self.now * kind[2]  # as ``_takeable`` reads it
+        return not continuation.takes_held(self._least_served(), most)
 
     def _set_idle(self, s: _Slice, idle: bool) -> None:
         if idle == s.idle:
@@ -1104,9 +1154,16 @@ class SjaEngine:
                 by_kind.setdefault(kind, [])
         out: list[_Slice] = []
         bids: dict[WindowKind, list[Bid]] = {}
+        unasked: list[WindowKind] = []
         for kind in sorted(by_kind):
             new = by_kind[kind]
             idle, held = (self.idle_by_kind[kind], self.contested[kind]) if kind in kinds else (set(), set())
+            if not new and not idle and self._none_takes(kind):
+                # Only held slices, and no waiting job may take one: nothing of this kind is offered.
+                # Its bids matter only to a batch of other kinds (``_unasked``); asked for then.
+                unasked.append(kind)
+                bids[kind] = []
+                continue
             first = new[0] if new else self.slices[min(idle) if idle else min(held)]
             probe = self._probe(first)
             n = len(new) + len(idle) + len(held)
@@ -1133,12 +1190,31 @@ class SjaEngine:
                     can = sum(p.capacity for p in props if continuation.takes_held(keys[p.job_id], most))
                     take += [self.slices[i] for _, i in takeable[:can]]
             out.extend(take)
-            bids[kind] = [Bid(agent_id="sim", proposal=p) for p in props]
+            bids[kind] = self._bids(props)
+        if unasked:
+            self._unasked(unasked, bids, bool(out))
         return out, bids
 
     @staticmethod
     def _service_key(state: JobState) -> float:
         return continuation.service_key(state.attained_gpu_s, state.submitted_at)
+
+    def _unasked(self, unasked: list[WindowKind], bids: dict[WindowKind, list[Bid]], batch: bool) -> None:
+        """The bids of the kinds ``_wanted`` offers nothing of (held slices nobody may take), in their
+        place in ``bids``: the batch learns its bidders' service from every bid (``grants.learn_service``),
+        so they are the bidder's answers for those held slices, as if it had been asked for them in
+        turn; none when there is no batch (``batch`` false) or nobody bids."""
+        for kind in unasked:
+            props: list[Proposal] = []
+            if batch:
+                held = self.contested[kind]
+                probe = self._probe(self.slices[min(held)])
+                if probe is not None:
+                    props = self.bidder.proposals_for(probe, self.now, len(held), self.cfg.policy)
+            if sum(p.capacity for p in props):
+                bids[kind] = self._bids(props)
+            else:
+                del bids[kind]
 
     def _held_key(self, s: _Slice) -> float:
         """The holder's ``service_key`` less its growth with ``now`` (``continuation.held_attained``):
