@@ -259,6 +259,8 @@ def watch(
         rss = meter.rss_peak_mib
         gpu = meter.gpu_peak / (1024 * 1024)
         over = meter.over / (1024 * 1024)
+    if proc.poll() is not None:  # ended: the kernel's own peak is known (sandboxed)
+        peak, rss = max(peak, proc.max_rss_mib), max(rss, proc.max_rss_mib)
     if alive:
         time.sleep(0.01)  # let the readers catch up with what it printed before ``done``
         (stdout, out_bytes), (stderr, err_bytes) = running.out.take(), running.err.take()

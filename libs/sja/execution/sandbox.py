@@ -325,6 +325,10 @@ class _Started:
     """What the executor reads of a started program, sandboxed or not: its process and pipes."""
 
     proc: subprocess.Popen[bytes]
+    max_rss_mib: float = 0.0
+    """The kernel's peak resident memory of the program once it ended (its sandbox's pid 1 reads it
+    from ``wait4``; 0: not known, as without a sandbox): the floor of the measured peak, which a
+    program shorter than the meter's first sample would otherwise not have."""
 
     @property
     def pid(self) -> int:
@@ -396,8 +400,10 @@ class Sandboxed(_Started):
         with self._lock:
             if self._returncode is None:
                 got = self._line() or [""]
-                if got[0] in ("signal", "exit") and len(got) == 2 and got[1].isdigit():
+                if got[0] in ("signal", "exit") and len(got) in (2, 3) and got[1].isdigit():
                     self._returncode = -int(got[1]) if got[0] == "signal" else int(got[1])
+                    if len(got) == 3 and got[2].isdigit():
+                        self.max_rss_mib = int(got[2]) / 1024.0
                 else:
                     self._returncode = -signal.SIGKILL  # the sandbox was killed
             return self._returncode

@@ -236,16 +236,18 @@ def main() -> None:
     report(status_fd, "started")
     while True:
         try:
-            got, st = os.waitpid(-1, 0)
+            got, st, usage = os.wait4(-1, 0)
         except ChildProcessError:
             report(status_fd, "error", "wait", 0, "the program was not found among the children")
             os._exit(1)
         if got != pid:
             continue  # an orphan of the program, reaped
+        # The kernel's peak resident memory of the program (KiB; the largest of it and the
+        # descendants it waited for): a program too short for the executor's sampler still has one.
         if os.WIFSIGNALED(st):
-            report(status_fd, "signal", os.WTERMSIG(st))
+            report(status_fd, "signal", os.WTERMSIG(st), usage.ru_maxrss)
         else:
-            report(status_fd, "exit", os.WEXITSTATUS(st))
+            report(status_fd, "exit", os.WEXITSTATUS(st), usage.ru_maxrss)
         os._exit(0)  # the namespace goes with it: nothing the program started outlives it
 
 

@@ -91,6 +91,14 @@ def test_a_program_continues_from_the_state_the_previous_subjob_left() -> None:
     assert summary_of(second.output).unit_end == 30
 
 
+def test_a_program_too_short_for_the_sampler_still_has_a_measured_peak() -> None:
+    """A shell line ends before the meter's first sample: the peak is the kernel's, which the
+    sandbox's pid 1 reads when it reaps the program (``wait4``), never 0."""
+    r = run_subjob(subjob({"argv": ["/bin/sh", "-c", 'echo 1 > "$SJA_STATE_OUT/done"'], "units": 5}))
+    assert r.status == "ok", r.error
+    assert r.meter == "rss-tree" and r.peak_mem_mib > 0.1, r
+
+
 def test_a_failing_program_reports_its_last_stderr_lines() -> None:
     r = run_subjob(
         subjob(
