@@ -47,8 +47,10 @@ pytestmark = pytest.mark.slow
 
 SETTINGS = {
     "SJA_JS_REPLICAS": "3",  # as a deployment on this cluster runs (the streams have three already)
-    "SJA_HORIZON_S": "2.0",
-    "SJA_LEASE_S": "3.0",
+    # 4 s windows: a sandboxed interpreter's start on a slow two-core machine leaves a 2 s window
+    # little time for work
+    "SJA_HORIZON_S": "4.0",
+    "SJA_LEASE_S": "5.0",
     "SJA_RAY_NUM_CPUS": "2",
     "SJA_LOG_LEVEL": "INFO",
 }
