@@ -21,7 +21,7 @@ KILL_ORDER = ["agent-0", "clearer-0", "executor-0", "advertiser-0", "inventory-0
 @pytest.fixture
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     out = tmp_path_factory.mktemp("crash")
-    s = LocalStack(out_dir=out, env={"SJA_HORIZON_S": "2.0", "SJA_LEASE_S": "3.0", "SJA_RAY_NUM_CPUS": "2"})
+    s = LocalStack(out_dir=out, env={"SJA_HORIZON_S": "4.0", "SJA_LEASE_S": "5.0", "SJA_RAY_NUM_CPUS": "2"})
     try:
         s.start()
         asyncio.run(s.wait_ready())
@@ -69,7 +69,7 @@ def test_cohosted_services_killed_together_and_restarted_lose_nothing(
     out = tmp_path_factory.mktemp("crash-cohost")
     stack = LocalStack(
         out_dir=out,
-        env={"SJA_HORIZON_S": "2.0", "SJA_LEASE_S": "3.0", "SJA_RAY_NUM_CPUS": "2"},
+        env={"SJA_HORIZON_S": "4.0", "SJA_LEASE_S": "5.0", "SJA_RAY_NUM_CPUS": "2"},
         groups=[["inventory", "gateway", "clearer", "advertiser"]],
     )
     try:
