@@ -154,6 +154,16 @@ Evidence = tuple[float, float, float, float, float, float, float]
 (``JobProfile.evidence``)."""
 
 
+def _contradicted(x: float, y: float, xb: float, bound: float, stall_margin: float) -> bool:
+    """Whether ``y`` measured at ``x`` contradicts "more than ``bound`` at ``xb``": at a size no
+    larger, by not exceeding it; at a larger one (with ``stall_margin``, ``STALL_MARGIN``), by being
+    so small that the line (non-negative weights, at most ``xb / x`` times it there) stays that many
+    times below it."""
+    if xb <= x:
+        return bound >= y
+    return stall_margin > 0.0 and x > 0.0 and bound >= stall_margin * y * xb / x
+
+
 def _loc_scale(fit: Fit, x: float) -> tuple[float, float, float]:
     """(location, scale, degrees of freedom) of the Student-t posterior predictive at ``x``."""
     mu0, mu1, p00, p01, p11, a, b, s0, s1 = fit
@@ -381,14 +391,10 @@ class LinearPosterior:
         line (non-negative weights) allows there by that factor (``STALL_MARGIN``)."""
         x, y = float(x), float(y)
         self.held.clear()
-
-        def contradicted(xb: float, bound: float) -> bool:
-            if xb <= x:
-                return bound >= y
-            return stall_margin > 0.0 and x > 0.0 and bound >= stall_margin * y * xb / x
-
-        self.lower = [(xb, bound) for xb, bound in self.lower if not contradicted(xb, bound)]
-        self.obs = [o for o in self.obs if not (o[2] > 0.0 and contradicted(o[0], o[2]))]
+        self.lower = [
+            (xb, bound) for xb, bound in self.lower if not _contradicted(x, y, xb, bound, stall_margin)
+        ]
+        self.obs = [o for o in self.obs if not (o[2] > 0.0 and _contradicted(x, y, o[0], o[2], stall_margin))]
         self.obs.append((x, y, 0.0))
         self._refit()
 
@@ -956,9 +962,7 @@ class JobProfile:
         # fast that the line cannot reach it (STALL_MARGIN): that timeout was noise or a stall
         done = duration_s * share
         self.timeout_bounds = [
-            (s, lim)
-            for s, lim in self.timeout_bounds
-            if not (lim >= done if s <= k else lim >= STALL_MARGIN * done * s / max(k, 1))
+            (s, lim) for s, lim in self.timeout_bounds if not _contradicted(k, done, s, lim, STALL_MARGIN)
         ]
         mu, _ = self.slowdown(profile, share)
         self.time.update(k, duration_s / math.exp(mu), STALL_MARGIN)
