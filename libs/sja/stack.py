@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,17 @@ class ServiceProc:
         return [f"{n}-{index}" for n in self.name.split(",")]
 
 
+def _reap(procs: list[ServiceProc]) -> None:
+    """SIGKILL the process groups of ``procs`` still running, and wait for them."""
+    for p in procs:
+        if p.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.proc.wait(timeout=5)
+    procs.clear()
+
+
 @dataclass
 class LocalStack:
     """Starts nats-server (JetStream, store under ``out_dir``) and the services as child processes.
@@ -98,6 +110,12 @@ class LocalStack:
     procs: list[ServiceProc] = field(default_factory=list)
     auth: bool = False
     tenants: Sequence[str] = DEFAULT_TENANTS
+
+    def __post_init__(self) -> None:
+        # A stack dropped without ``stop`` (its owner interrupted, a test timed out in its teardown)
+        # still takes its processes with it when it is collected, or at the latest at exit: no
+        # service outlives the stack that started it.
+        weakref.finalize(self, _reap, self.procs)
 
     @property
     def credentials_dir(self) -> Path:

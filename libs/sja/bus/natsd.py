@@ -11,6 +11,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,13 @@ def server_gomaxprocs(env: Mapping[str, str], cores: int) -> int:
     return max(1, cores // 2)
 
 
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
 @dataclass
 class EmbeddedNats:
     """A nats-server child process with JetStream and its own store directory.
@@ -127,6 +135,8 @@ class EmbeddedNats:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
+        # Dropped without ``stop`` (an interrupted test's teardown), the server still goes with it.
+        weakref.finalize(self, _kill, self.proc)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
