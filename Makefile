@@ -27,7 +27,7 @@ demo: $(STAMP) $(CORE)  ## start the stack, run the demo jobs, write out/demo/su
 	$(BIN)/sja demo --out out/demo
 
 test: $(STAMP) $(CORE)  ## the whole suite (unit, integration against a real nats-server, end-to-end)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: $(STAMP) $(CORE)  ## everything but the slow end-to-end tests
 	$(BIN)/python -m pytest -q -m "not slow"
