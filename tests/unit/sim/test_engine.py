@@ -10,10 +10,11 @@ from sja.core.bidding import propose
 from sja.core.windows import WindowRequest, find_windows
 from sja.protocol.messages import Offer
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SjaEngine, job_spec, sim_job, slice_states
+from sja.sim.engine import SjaEngine
 from sja.sim.metrics import summarize
 from sja.sim.model import SimConfig, TraceJob, job_model
 from sja.sim.runner import metrics_of, parse_policies, run_policy
+from sja.sim.translate import job_spec, sim_job, slice_states
 
 CLUSTER = "2xA100-80GB:4g.40gb+2g.20gb+1g.20gb"
 CFG = SimConfig(horizon_s=600.0, unit_s=60.0, eps_mem=0.2)

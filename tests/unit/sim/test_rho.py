@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from sja.sim.cluster import parse_cluster
-from sja.sim.engine import SimConfig, SimResult
 from sja.sim.metrics import RHO_FIELDS, JobRecord, ScheduleRecorder, finish_time_fairness
-from sja.sim.model import TraceJob
+from sja.sim.model import SimConfig, SimResult, TraceJob
 from sja.sim.report import rho_lines
 from sja.sim.runner import compare, rho_note, run_comparison
 
