@@ -23,10 +23,11 @@ import msgspec
 import nats.js.errors
 import ray
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, ObjectMeta, ObjectStoreConfig
+from nats.js.api import AckPolicy, ConsumerConfig
 from opentelemetry import propagate, trace
 
 from services.executor import raylife
+from services.executor.checkpoints import Checkpoints
 from services.executor.settings import ExecutorSettings
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.jetstream import delivery_count
@@ -48,7 +49,7 @@ from sja.protocol import subjects
 from sja.protocol.messages import SliceState, Subjob, YieldRequest
 from sja.telemetry.metrics import watch_consumers
 from sja.workloads import checkpoint as ckpt
-from sja.workloads import codepack, statestore
+from sja.workloads import codepack
 from sja.workloads.command import DEFAULT_STOP_GRACE_S
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,6 @@ class _Holder:
     yielding: bool = False
 
 
-TENANT_USAGE_REFRESH_S = 10.0
-"""How old the count of each tenant's states in the object store may be (``tenant_state_max_mib``)."""
-
-
 class ExecutorService(Service):
     name = "executor"
 
@@ -99,10 +96,8 @@ class ExecutorService(Service):
         self.ran = 0
         self.pin_node = True
         """Whether actors also take a share of the node's resource (``sja_node:<node>``)."""
-        self._store: Any = None
-        self._held: dict[str, int] = {}
-        """tenant -> bytes of its states in the object store (the per-tenant quota)."""
-        self._held_at = -1e9
+        self.states = Checkpoints(lambda: self.jetstream, settings)
+        """Subjobs' states in the object store (or at ``state_url``), and each tenant's use of it."""
         self.hidden: tuple[str, ...] = ()
         """Paths every sandbox hides besides the defaults (``_hidden_paths``)."""
         self._code_seen: set[tuple[str, str]] = set()
@@ -429,7 +424,7 @@ class ExecutorService(Service):
         checkpoint: bytes | None = None
         if ckpt.is_ref(sj.input_checkpoint):
             try:
-                checkpoint = await self._fetch_checkpoint(sj.input_checkpoint)
+                checkpoint = await self.states.fetch(sj.input_checkpoint)
             except Exception as e:
                 log.error("subjob %s: input checkpoint not readable: %s", sj.subjob_id, e)
                 return nothing_done(
@@ -470,7 +465,7 @@ class ExecutorService(Service):
                 ), carrier
             self.placements.append((sj.subjob_id, sj.slice_id, result.node_id))
             if ckpt.is_blob(result.output):
-                result = await self._store_checkpoint(sj, result)
+                result = await self.states.store(sj, result)
             return result, carrier_out
         except TimeoutError:
             log.warning("subjob %s ran past its %.2fs window: stopped", sj.subjob_id, sj.time_cap_s)
@@ -484,22 +479,6 @@ class ExecutorService(Service):
             keepalive.cancel()
             if keeper is not None:
                 keeper.cancel()
-
-    async def _checkpoints(self) -> Any:
-        if self._store is None:
-            try:
-                self._store = await self.jetstream.object_store(ckpt.BUCKET)
-            except Exception:
-                limit = int(self.cfg.checkpoint_store_max_mib * ckpt.MIB)
-                self._store = await self.jetstream.create_object_store(
-                    ckpt.BUCKET,
-                    ObjectStoreConfig(
-                        description="SJA checkpoints of sequential jobs",
-                        replicas=self.settings.js_replicas,
-                        max_bytes=limit if limit > 0 else None,
-                    ),
-                )
-        return self._store
 
     async def _code_in_ray(self, tenant: str, digest: str) -> str:
         """The Ray package of a tenant's code (``sja.execution.code``): read from the object store
@@ -520,68 +499,6 @@ class ExecutorService(Service):
         uri = await asyncio.to_thread(code.to_ray, data, digest)
         self._code_seen.add(key)
         return uri
-
-    async def _fetch_checkpoint(self, raw: bytes) -> bytes:
-        """The full checkpoint (a blob) a reference points to, checked against its digest."""
-        ref = ckpt.unpack_ref(raw)
-        if statestore.is_external(ref.bucket):
-            data = await asyncio.to_thread(statestore.get, ref.bucket, ref.name)
-        else:
-            store = await self._checkpoints()
-            got = await store.get(ref.name)
-            data = bytes(got.data or b"")
-        if ckpt.digest(data) != ref.sha256:
-            raise ValueError(f"checkpoint {ref.name} does not match its digest")
-        return ckpt.pack_blob(ref.summary, data)
-
-    async def _store_checkpoint(self, sj: Subjob, result: RunResult) -> RunResult:
-        """Put a subjob's checkpoint blob in the object store; its completion carries the reference."""
-        blob = ckpt.unpack_blob(result.output)
-        name = f"{sj.job_id}/{sj.subjob_id}"
-        bucket = ckpt.BUCKET
-        size = len(blob.data)
-        external = bool(self.cfg.state_url) and size >= self.cfg.state_url_min_mib * ckpt.MIB
-        try:
-            held = None
-            if not external and self.cfg.tenant_state_max_mib > 0:
-                held = await self._tenant_held(sj.tenant)
-            why = ckpt.refusal(size, held, sj.tenant, self.cfg.state_max_mib, self.cfg.tenant_state_max_mib)
-            if why:
-                log.warning("subjob %s: state not stored: %s", sj.subjob_id, why)
-                return msgspec.structs.replace(result, status="failed", units_done=0, output=b"", error=why)
-            if external:
-                bucket = self.cfg.state_url
-                await asyncio.to_thread(statestore.put, bucket, name, blob.data)
-            else:
-                store = await self._checkpoints()
-                await store.put(
-                    name, blob.data, meta=ObjectMeta(name=name, description=ckpt.describe(sj.tenant))
-                )
-                self._held[sj.tenant] = self._held.get(sj.tenant, 0) + size
-        except Exception as e:
-            log.error("subjob %s: checkpoint not stored: %s", sj.subjob_id, e)
-            return msgspec.structs.replace(
-                result, status="failed", units_done=0, output=b"", error=f"checkpoint not stored: {e}"
-            )
-        return msgspec.structs.replace(result, output=ckpt.make_ref(bucket, name, blob))
-
-    async def _tenant_held(self, tenant: str) -> int:
-        """Bytes of ``tenant``'s states in the object store: counted from the store (every object's
-        size, by the tenant its description names) when the last count is older than
-        ``TENANT_USAGE_REFRESH_S``, else that count plus this executor's writes since."""
-        if time.monotonic() - self._held_at >= TENANT_USAGE_REFRESH_S:
-            store = await self._checkpoints()
-            try:
-                objects = await store.list()
-            except nats.js.errors.NotFoundError:  # an empty store
-                objects = []
-            held: dict[str, int] = {}
-            for o in objects:
-                if not o.deleted:
-                    t = ckpt.tenant_of(o.description)
-                    held[t] = held.get(t, 0) + int(o.size or 0)
-            self._held, self._held_at = held, time.monotonic()
-        return self._held.get(tenant, 0)
 
     async def _restart_actor(self, slice_id: str) -> None:
         old = self.actors.get(slice_id)

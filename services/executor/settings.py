@@ -36,7 +36,7 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     tenant_state_max_mib: float = 8192.0
     """A tenant's states held in the object store ``sja-checkpoints`` together may not pass this: a
     subjob whose state would fails, with the reason, before it is stored (counted from the store at
-    most ``TENANT_USAGE_REFRESH_S`` ago, plus this executor's own writes since); 0: no limit."""
+    most ``checkpoints.TENANT_USAGE_REFRESH_S`` ago, plus this executor's own writes since); 0: no limit."""
     checkpoint_store_max_mib: float = 20480.0
     """The object store ``sja-checkpoints`` is created with this size limit (its ``max_bytes``), so
     states cannot fill the JetStream storage the streams share; 0: none. A store that exists keeps
