@@ -23,8 +23,9 @@ class ExecutorSettings(BaseSettings, frozen=True, kw_only=True):
     """How often the node's slices are read again: a slice a re-cut made (or one back from offline)
     gets an actor, one gone offline loses its idle actor, one whose MIG device changed gets a new one."""
     preload: str = ""
-    """Modules every slice actor imports when it starts (``torch`` on GPU nodes), so that a
-    framework's start-up does not count against the first subjob's window."""
+    """Modules every slice actor imports when it starts (``torch`` on GPU nodes): their files are
+    read into the page cache before the first subjob needs them. Each subjob still imports them in
+    its own sandboxed interpreter, and that is part of its measured start-up."""
     state_url: str = ""
     """Where checkpoints of ``state_url_min_mib`` or more go instead of the object store: a
     directory every node sees, or a URL ``fsspec`` opens (``sja.workloads.statestore``). Empty: all

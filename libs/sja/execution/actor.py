@@ -90,8 +90,9 @@ class SliceActor:
         sbx.check(settings, box)  # where the subjobs run (another node's Ray, a container): said at once
         sbx.configure(box)
 
-        # Import heavy frameworks (``torch``) now, so that their start-up does not eat the first
-        # subjob's window; a framework this node lacks is left to fail the subjobs that need it.
+        # Import heavy frameworks (``torch``) now: their files are in the page cache before the
+        # first subjob's own import, in its sandbox (each subjob still pays that import); a
+        # framework this node lacks is left to fail the subjobs that need it.
         for module in filter(None, (m.strip() for m in preload.split(","))):
             with contextlib.suppress(ImportError):
                 importlib.import_module(module)
