@@ -15,9 +15,10 @@ from typing import Any
 
 import msgspec
 import nats.js.errors
-from nats.js.api import ObjectMeta, ObjectStoreConfig
+from nats.js.api import ObjectMeta
 
 from services.executor.settings import ExecutorSettings
+from sja.bus import streams
 from sja.bus.jetstream import JetStream
 from sja.execution.runner import RunResult
 from sja.protocol.messages import Subjob
@@ -45,18 +46,13 @@ class Checkpoints:
     async def bucket(self) -> Any:
         """The object store of checkpoints, made on first use (``checkpoint_store_max_mib``)."""
         if self._store is None:
-            try:
-                self._store = await self._jetstream().object_store(ckpt.BUCKET)
-            except Exception:
-                limit = int(self.cfg.checkpoint_store_max_mib * ckpt.MIB)
-                self._store = await self._jetstream().create_object_store(
-                    ckpt.BUCKET,
-                    ObjectStoreConfig(
-                        description="SJA checkpoints of sequential jobs",
-                        replicas=self.cfg.js_replicas,
-                        max_bytes=limit if limit > 0 else None,
-                    ),
-                )
+            self._store = await streams.object_store(
+                self._jetstream(),
+                ckpt.BUCKET,
+                "SJA checkpoints of sequential jobs",
+                self.cfg.js_replicas,
+                self.cfg.checkpoint_store_max_mib,
+            )
         return self._store
 
     async def fetch(self, raw: bytes) -> bytes:

@@ -27,11 +27,12 @@ from typing import Any
 
 import msgspec
 import nats.js.errors
-from nats.js.api import ObjectMeta, ObjectStoreConfig
+from nats.js.api import ObjectMeta
 from nats.micro.request import Request
 
 from services.gateway.records import job_id_for, stored_states, subjob_seq
 from services.gateway.settings import GatewaySettings
+from sja.bus import streams
 from sja.bus.codec import DecodeError, decode, encode
 from sja.bus.completions import iter_completions
 from sja.bus.rounds import iter_rounds
@@ -183,19 +184,13 @@ class GatewayService(Service):
     async def _code_store(self) -> Any:
         """The object store ``sja-code``, created (with its size limit) on first use."""
         if self._code is None:
-            js = self.bus.jetstream()
-            try:
-                self._code = await js.object_store(codepack.BUCKET)
-            except Exception:
-                limit = int(self.cfg.code_store_max_mib * ckpt.MIB)
-                self._code = await js.create_object_store(
-                    codepack.BUCKET,
-                    ObjectStoreConfig(
-                        description="SJA: jobs' code (sja submit --code)",
-                        replicas=self.settings.js_replicas,
-                        max_bytes=limit if limit > 0 else None,
-                    ),
-                )
+            self._code = await streams.object_store(
+                self.bus.jetstream(),
+                codepack.BUCKET,
+                "SJA: jobs' code (sja submit --code)",
+                self.settings.js_replicas,
+                self.cfg.code_store_max_mib,
+            )
         return self._code
 
     async def _code_kept(self, tenant: str, digest: str) -> bool:

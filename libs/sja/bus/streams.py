@@ -13,6 +13,7 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
     KeyValueConfig,
+    ObjectStoreConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -23,6 +24,24 @@ from sja.protocol import subjects
 log = logging.getLogger(__name__)
 
 DAY_S = 86_400.0
+MIB = 1024 * 1024
+
+
+async def object_store(
+    js: JetStreamContext, bucket: str, description: str, replicas: int, max_mib: float
+) -> Any:
+    """The object store ``bucket``, created when missing with ``replicas`` copies and at most
+    ``max_mib`` MiB in all (0: no limit)."""
+    try:
+        return await js.object_store(bucket)
+    except Exception:
+        limit = int(max_mib * MIB)
+        return await js.create_object_store(
+            bucket,
+            ObjectStoreConfig(
+                description=description, replicas=replicas, max_bytes=limit if limit > 0 else None
+            ),
+        )
 
 
 async def ensure_jetstream(js: JetStreamContext, replicas: int = 1) -> None:
