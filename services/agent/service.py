@@ -21,6 +21,7 @@ from opentelemetry import trace
 
 from services.agent.demand import Demand
 from services.agent.reaping import Reaper
+from services.agent.reference import DueKeeper
 from services.agent.settings import AgentSettings
 from services.agent.spans import JobSpans, batch_reply_spans, reply_attributes
 from services.agent.takeover import Takeover
@@ -102,6 +103,7 @@ class AgentService(Service):
         self.takeover = Takeover(self)
         self.reaper = Reaper(self)
         self.demand = Demand(self)
+        self.dues = DueKeeper(self)
         self.spans = JobSpans(self.agent_id)
         """The ``sja.job`` span of each job, from when this process took the job."""
         self.m_subjobs = self.metrics.counter(
@@ -152,6 +154,8 @@ class AgentService(Service):
                 inactive_threshold=self.cfg.completions_inactive_s,
             ),
         )
+        await self.dues.start()
+        self.loop(self.dues.forever())
         self.loop(self._pull_forever(self._jobs_fetch, self.on_submitted, batch=16))
         self.loop(self._pull_forever(self._done_fetch, self.on_completed, batch=self.cfg.completion_batch))
         self.loop(self.takeover.heartbeat_forever())
@@ -173,6 +177,8 @@ class AgentService(Service):
         # Completions folded in and not yet written: write them (and acknowledge) while connected.
         with contextlib.suppress(Exception):
             await self.writer.flush_all()
+        with contextlib.suppress(Exception):
+            await self.dues.stop()
         # See ExecutorService.on_stop: pull subscriptions go before the connection drains.
         for fetcher in (getattr(self, "_jobs_fetch", None), getattr(self, "_done_fetch", None)):
             if fetcher is not None:

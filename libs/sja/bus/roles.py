@@ -160,14 +160,17 @@ def service_roles() -> tuple[Role, ...]:
         _service(
             "agent",
             "claims jobs (SJA_JOBS, KV sja-jobs) and takes over those of silent agents (it hears their "
-            "heartbeats), replies to offers, materializes subjobs into SJA_SUBJOBS (each with its "
-            "secret: sja.core.proofs), gives back a slice it cannot use (a request to the inventory: "
-            "it never writes KV sja-slices), folds completions that prove their grant. It may not "
-            "publish offers, grants, outcomes, round records or completions, nor delete a consumer: "
-            "it may only create, read and pull from the shared `agents` consumer and the per-agent "
-            "ones on SJA_COMPLETIONS.",
+            "heartbeats), replays every submission (an ordered consumer on SJA_JOBS) on the slices (a "
+            "watch of KV sja-slices) as the rigid reference, replies to offers, materializes subjobs into"
+            " SJA_SUBJOBS (each with its secret: sja.core.proofs), gives back a slice it cannot use (a "
+            "request to the inventory: it never writes KV sja-slices), folds completions that prove their"
+            " grant. It may not publish offers, grants, outcomes, round records or completions, nor "
+            "delete a consumer: it may only create, read and pull from the shared `agents` consumer and "
+            "the per-agent ones on SJA_COMPLETIONS.",
             (
                 *jobs,
+                *slices,
+                *_ephemeral("SJA_JOBS"),
                 "$JS.API.CONSUMER.INFO.SJA_JOBS.agents",
                 "$JS.API.CONSUMER.CREATE.SJA_JOBS.agents.>",
                 "$JS.API.CONSUMER.MSG.NEXT.SJA_JOBS.agents",

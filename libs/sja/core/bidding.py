@@ -56,8 +56,8 @@ def may_bid_on(state: JobState, window: Window) -> bool:
     if not window.held_by:
         return True
     return window.held_by != state.job_id and continuation.takes_held(
-        continuation.service_key(state.attained_gpu_s, state.submitted_at),
-        continuation.service_key(window.held_attained_gpu_s, window.held_submitted_at),
+        continuation.service_key(state.attained_gpu_s, state.submitted_at, state.due_at),
+        continuation.service_key(window.held_attained_gpu_s, window.held_submitted_at, window.held_due_at),
     )
 
 
@@ -95,4 +95,5 @@ def propose(
         capacity=state.spec.max_parallel - len(state.in_flight),
         grants_seen=state.grants_seen,
         attained_gpu_s=state.attained_gpu_s,
+        due_at=state.due_at,
     )

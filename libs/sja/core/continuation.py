@@ -93,10 +93,20 @@ def held_attained(
     return holder_attained_gpu_s + max(0.0, now - contestable_at) * compute_share
 
 
-def service_key(attained_gpu_s: float, submitted_at: float) -> float:
+DUE_KEY = -1e13
+"""The service key of a due job less its due time: below every key of a job that is not due (a
+job's attained GPU-seconds and ``AGEING`` times its submission's Unix time are far smaller), and
+exact to a millisecond between due jobs."""
+
+
+def service_key(attained_gpu_s: float, submitted_at: float, due_at: float = 0.0) -> float:
     """A job's place in the order of service, least first: its attained service, less ``AGEING``
     GPU-seconds for every second it has been in the system (all jobs age alike, so the order is
-    the same at every instant and the key counts from its submission instead)."""
+    the same at every instant and the key counts from its submission instead). A job that is due
+    (``due_at`` > 0: it would finish too late against the rigid reference, ``core.shadow``) comes
+    before every job that is not, earliest due first."""
+    if due_at > 0.0:
+        return DUE_KEY + due_at
     return attained_gpu_s + AGEING * submitted_at
 
 

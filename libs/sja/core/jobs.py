@@ -410,6 +410,7 @@ def materialize(
         max_units=max_units,
         attained_gpu_s=round(state.attained_gpu_s + window_cost(window, grant.candidate), 6),
         submitted_at=state.submitted_at,
+        due_at=state.due_at,
     )
     flight = InFlight(
         subjob_id=subjob.subjob_id,

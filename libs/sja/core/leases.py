@@ -39,6 +39,7 @@ def grant(
         holder_attained_gpu_s=0.0,
         holder_tenant="",
         holder_submitted_at=0.0,
+        holder_due_at=0.0,
         updated_at=now,
     )
 
@@ -85,6 +86,7 @@ def start(
     holder_attained_gpu_s: float = 0.0,
     holder_tenant: str = "",
     holder_submitted_at: float = 0.0,
+    holder_due_at: float = 0.0,
 ) -> SliceState:
     """The slice busy with the grant's subjob until its time cap and grace. ``contestable_at``: an
     open subjob's slice is offered again from then on (``core.continuation``), its holder's job
@@ -100,6 +102,7 @@ def start(
         holder_attained_gpu_s=max(0.0, holder_attained_gpu_s) if contestable_at > 0 else 0.0,
         holder_tenant=holder_tenant if contestable_at > 0 else "",
         holder_submitted_at=max(0.0, holder_submitted_at) if contestable_at > 0 else 0.0,
+        holder_due_at=max(0.0, holder_due_at) if contestable_at > 0 else 0.0,
         updated_at=now,
     )
 
@@ -149,6 +152,7 @@ def _freed(s: SliceState, now: float) -> SliceState:
         holder_attained_gpu_s=0.0,
         holder_tenant="",
         holder_submitted_at=0.0,
+        holder_due_at=0.0,
         updated_at=now,
     )
 

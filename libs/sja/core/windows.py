@@ -56,6 +56,7 @@ def window_of(
     held_attained_gpu_s: float = 0.0,
     held_tenant: str = "",
     held_submitted_at: float = 0.0,
+    held_due_at: float = 0.0,
 ) -> Window:
     return Window(
         slice_id=s.slice_id,
@@ -72,6 +73,7 @@ def window_of(
         held_attained_gpu_s=round(held_attained_gpu_s, 3),
         held_tenant=held_tenant,
         held_submitted_at=held_submitted_at,
+        held_due_at=held_due_at,
     )
 
 
@@ -135,9 +137,11 @@ def find_windows(slices: Iterable[SliceState], req: WindowRequest) -> list[Windo
             end = min(start + req.horizon_s, reserved_at)
         elif req.open_ended and (s.status == "free" or leases_preempt(s, req.now)):
             end = None
-        tenant, submitted = (s.holder_tenant, s.holder_submitted_at) if held_by else ("", 0.0)
+        tenant, submitted, due = (
+            (s.holder_tenant, s.holder_submitted_at, s.holder_due_at) if held_by else ("", 0.0, 0.0)
+        )
         out.append(
-            window_of(s, start, end, largest.get(s.pool, 0), held_by, held_attained, tenant, submitted)
+            window_of(s, start, end, largest.get(s.pool, 0), held_by, held_attained, tenant, submitted, due)
         )
     out.sort(key=lambda w: (w.start_s, w.slice_id))
     return out

@@ -90,6 +90,7 @@ async def _start(
             holder_attained_gpu_s=sj.attained_gpu_s,
             holder_tenant=sj.tenant,
             holder_submitted_at=sj.submitted_at,
+            holder_due_at=sj.due_at,
         )
 
     at = time.time() if now is None else now

@@ -74,7 +74,7 @@ import bisect
 import heapq
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,7 @@ from sja.core.repartition import (
     plan_repartitions,
     served_value,
 )
+from sja.core.shadow import RigidJob, RigidShadow, RigidSlice
 from sja.core.windows import WindowRequest, find_windows, probe_offer, unheld
 from sja.protocol.messages import (
     Completion,
@@ -194,6 +195,18 @@ class _DrainYield:
 
 
 @dataclass
+class _Due:
+    """A job becomes due at ``at`` (``core.shadow``): it comes first in the order of service."""
+
+    job_id: str
+    at: float
+
+
+_DUE_RANK = -continuation.DUE_KEY / 2
+"""A ``held_rank`` entry's ``-key`` above this is a due holder's (its key does not grow)."""
+
+
+@dataclass
 class _Rest:
     """A job's back-off after timeouts (``core.bidding.resting``) ends at ``ends``: it bids again."""
 
@@ -251,6 +264,8 @@ class SjaEngine:
             for i, (s, st) in enumerate(zip(cluster.slices, states, strict=True))
         ]
         self.gpu_index = gpu_indices(cluster)
+        self.shadow = _rigid_reference(cluster, cfg)
+        """The rigid reference, run beside the replay: when each job becomes due (``core.shadow``)."""
         self.gpu_slices: dict[str, list[int]] = {}
         for sl in self.slices:
             self.gpu_slices.setdefault(sl.sim.gpu_id, []).append(sl.idx)
@@ -316,7 +331,7 @@ class SjaEngine:
         """Kinds of window an idle slice of which some job may take now (a job changed since the
         last batch offered it)."""
         self.by_idx: dict[int, _Job] = {}
-        self.events: list[tuple[float, int, _Running | _Recut | _Rest | _DrainYield]] = []
+        self.events: list[tuple[float, int, _Running | _Recut | _Rest | _DrainYield | _Due]] = []
         self.contests: list[tuple[float, int, int, int]] = []
         """``(contestable_at, seq, slice idx, fence)`` of every open subjob's slice: from then on
         its slice is offered while its holder runs (``core.continuation``). Looked at only while
@@ -525,6 +540,7 @@ class SjaEngine:
             contestable_at=contestable,
             holder_attained_gpu_s=sj.attained_gpu_s,
             holder_submitted_at=sj.submitted_at,
+            holder_due_at=sj.due_at,
             holder_tenant=sj.tenant,
         )
         s.run = run
@@ -758,7 +774,7 @@ class SjaEngine:
         rank = self.held_rank[kind]
         if not rank:
             return True
-        most = -rank[0][0] + self.now * kind[2]  # as ``_takeable`` reads it
+        most = self._held_now(rank[0][0], kind[2])  # as ``_takeable`` reads it
         return not continuation.takes_held(self._least_served(), most)
 
     def _set_idle(self, s: _Slice, idle: bool) -> None:
@@ -1052,7 +1068,7 @@ class SjaEngine:
 
     @staticmethod
     def _service_key(state: JobState) -> float:
-        return continuation.service_key(state.attained_gpu_s, state.submitted_at)
+        return continuation.service_key(state.attained_gpu_s, state.submitted_at, state.due_at)
 
     def _unasked(self, unasked: list[WindowKind], bids: dict[WindowKind, list[Bid]], batch: bool) -> None:
         """The bids of the kinds ``_wanted`` offers nothing of (held slices nobody may take), in their
@@ -1075,8 +1091,13 @@ class SjaEngine:
         """The holder's ``service_key`` less its growth with ``now`` (``continuation.held_attained``):
         the same order at every instant."""
         st = s.state
-        key = continuation.service_key(st.holder_attained_gpu_s, st.holder_submitted_at)
-        return key - st.contestable_at * st.compute_share
+        key = continuation.service_key(st.holder_attained_gpu_s, st.holder_submitted_at, st.holder_due_at)
+        return key if st.holder_due_at > 0 else key - st.contestable_at * st.compute_share
+
+    def _held_now(self, negkey: float, share: float) -> float:
+        """A ``held_rank`` entry's holder's service key now (``continuation.held_attained``, past its
+        window's end; a due holder's does not grow)."""
+        return -negkey if negkey > _DUE_RANK else -negkey + self.now * share
 
     def _uncontest(self, s: _Slice) -> None:
         """``s`` is no longer held past its holder's window (granted, or its holder ended)."""
@@ -1099,7 +1120,7 @@ class SjaEngine:
             return out
         share = kind[2]
         for negkey, idx in self.held_rank[kind]:
-            held = -negkey + self.now * share  # continuation.held_attained, past the window's end
+            held = self._held_now(negkey, share)
             holder = self.slices[idx].state.holder_job
             least = next((a for a, job_id in takers[:2] if job_id != holder), None)
             if least is None or not continuation.takes_held(least, held):
@@ -1125,12 +1146,20 @@ class SjaEngine:
         return unheld(_offer_of(windows[0], self.now)) if windows else None
 
     def _live_events(self) -> bool:
-        """Whether an event is pending; completions a yield replaced are dropped from the top on
-        the way (they are no instants)."""
+        """Whether an event is pending; completions a yield replaced, and due times of jobs that
+        have ended, are dropped from the top on the way (they are no instants)."""
         events = self.events
-        while events and isinstance(events[0][2], _Running) and events[0][2].stale:
+        while events and self._no_instant(events[0][2]):
             heapq.heappop(events)
         return bool(events)
+
+    def _no_instant(self, item: _Running | _Recut | _Rest | _DrainYield | _Due) -> bool:
+        if isinstance(item, _Running):
+            return item.stale
+        if isinstance(item, _Due):
+            job = self.jobs.get(item.job_id)
+            return job is None or job.state.status in ("done", "failed", "cancelled")
+        return False
 
     def _next_contest(self) -> float:
         """When the next held slice's holder reaches its window's end (``inf``: none); entries whose
@@ -1183,6 +1212,7 @@ class SjaEngine:
                 if self.waiting > 0:
                     contended += t - last_t
                 self.now = last_t = t
+                self._dues(self.shadow.advance(t))
                 # Completions first (they free slices), then arrivals, all at time t; then one dispatch.
                 while self.events and self.events[0][0] <= t:
                     _, _, item = heapq.heappop(self.events)
@@ -1197,6 +1227,9 @@ class SjaEngine:
                         continue
                     if isinstance(item, _DrainYield):
                         self._drain_yield(item)
+                        continue
+                    if isinstance(item, _Due):
+                        self._due(item)
                         continue
                     self._complete(item)
                     if item.job.state.status in ("done", "failed", "cancelled"):
@@ -1279,6 +1312,60 @@ class SjaEngine:
         self._set_state(job, state)
         self._update_waiting(False, job)
         self.demand_epoch += 1
+        tj = m.trace
+        rigid = RigidJob(
+            job_id=state.job_id,
+            submitted_at=self.now,
+            run_s=tj.duration_s,
+            mem_mib=m.decl_mem_mib,
+            gpus=max(1, tj.num_gpus),
+            fraction=m.fraction,
+        )
+        self._dues(self.shadow.submit(rigid, self.now))
+
+    # --- the rigid reference (``core.shadow``) ---------------------------------------------------
+
+    def _dues(self, started: list[tuple[str, float]]) -> None:
+        """Jobs the reference started: each becomes due at its due time (at once if that has passed)."""
+        for job_id, at in started:
+            self.seq += 1
+            heapq.heappush(self.events, (max(at, self.now), self.seq, _Due(job_id, at)))
+
+    def _due(self, ev: _Due) -> None:
+        """A job is due: it comes first in the order of service, and so do the slices it holds."""
+        job = self.jobs.get(ev.job_id)
+        if job is None or job.state.status in ("done", "failed", "cancelled"):
+            return
+        was = self._is_waiting(job)
+        self.bidder.drop(ev.job_id)
+        self._set_state(job, msgspec.structs.replace(job.state, due_at=ev.at))
+        self._update_waiting(was, job)
+        held = {f.slice_id for f in job.state.in_flight}
+        for s in self.slices:
+            if s.state.holder_job != ev.job_id or s.state.slice_id not in held or s.state.contestable_at <= 0:
+                continue
+            ranked = s.idx in self.contested[s.kind]
+            if ranked:
+                self._uncontest(s)
+            s.state = msgspec.structs.replace(s.state, holder_due_at=ev.at)
+            if ranked:
+                self.contested[s.kind].add(s.idx)
+                entry = self.held_entry[s.idx] = (-self._held_key(s), s.idx)
+                bisect.insort(self.held_rank[s.kind], entry)
+        self.changed_since.update(self.kinds)
+        self.demand_epoch += 1
+
+
+def _rigid_reference(cluster: SimCluster, cfg: SimConfig) -> RigidShadow:
+    """Best-fit on the cluster's slices at their speed, a GPU that may be re-cut taken whole by a job
+    no slice holds (its largest profile: best-fit re-cuts a free GPU for what waits)."""
+    slices = [RigidSlice(s.gpu_id, s.mem_mib, slice_speed(s, cfg)) for s in cluster.slices]
+    pooled: dict[Hashable, float] = {
+        g.gpu_id: max(p.mem_mib for p in gpu_model(g.model).profiles)
+        for g in cluster.gpus
+        if g.repartitionable
+    }
+    return RigidShadow(slices, pooled=pooled, reserve_mib=cfg.mem_reserve_mib)
 
 
 def _grant_id(offer: Offer) -> str:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sja.core import jobs as J
-from sja.core.continuation import AGEING
+from sja.core.continuation import AGEING, DUE_KEY
 from sja.core.explain import (
     NoBidKind,
     deadline_note,
@@ -117,19 +117,20 @@ def queue_order_before(policy: str, jobs: Sequence[JobState]) -> tuple[list[JobS
         tenant_gpu_s: dict[str, float] = {}
         for s in jobs:
             tenant_gpu_s[s.spec.tenant] = tenant_gpu_s.get(s.spec.tenant, 0.0) + s.attained_gpu_s
-        # fair's order within a tenant has since counted a job's age (continuation.service_key)
+        # fair's order within a tenant has since counted a job's age, and put a job due against the
+        # rigid reference first (continuation.service_key)
         waiting.sort(
             key=lambda s: (
                 tenant_gpu_s[s.spec.tenant],
-                s.attained_gpu_s + AGEING * s.submitted_at,
+                DUE_KEY + s.due_at if s.due_at > 0 else s.attained_gpu_s + AGEING * s.submitted_at,
                 s.submitted_at,
                 s.job_id,
             )
         )
         return waiting, (
-            "fair: the tenant with the least GPU-seconds first (shares taken as equal), then its job "
-            f"with the least, less {AGEING:g} GPU-s per second since its submission, then the earliest"
-            " submitted"
+            "fair: the tenant with the least GPU-seconds first (shares taken as equal), then its jobs due "
+            "against the rigid reference, earliest due first, then its job with the least GPU-seconds, "
+            f"less {AGEING:g} GPU-s per second since its submission, then the earliest submitted"
         )
     if policy == "sla":
 
@@ -160,10 +161,14 @@ def deadline_note_before(policy: str, spec: JobSpec) -> str | None:
     )
 
 
-def queued(n: int, tenant: str, at: float, attained: float, deadline: float | None, done: bool) -> JobState:
+def queued(
+    n: int, tenant: str, at: float, attained: float, deadline: float | None, done: bool, due: float = 0.0
+) -> JobState:
     spec = JobSpec(name="j", tenant=tenant, workload="montecarlo", params={"units": 10}, deadline_s=deadline)
     state = J.new_job(f"j{n:02d}", spec, at, window_s=7.7)
-    return msgspec.structs.replace(state, attained_gpu_s=attained, status="done" if done else state.status)
+    return msgspec.structs.replace(
+        state, attained_gpu_s=attained, status="done" if done else state.status, due_at=due
+    )
 
 
 queued_st = st.builds(
@@ -174,6 +179,7 @@ queued_st = st.builds(
     st.sampled_from([0.0, 5.0]) | st.floats(0.0, 100.0),
     st.none() | st.sampled_from([10.0, 20.0]) | st.floats(0.5, 500.0),
     st.booleans(),
+    st.sampled_from([0.0, 0.0, 150.0, 200.0]),
 )
 
 

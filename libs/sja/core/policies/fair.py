@@ -1,6 +1,7 @@
 """``fair``: least attained service normalized by the tenant's share; within a tenant, the job first
-in the order of service (``continuation.service_key``: least attained service, less ``AGEING`` for
-the time it has been in the system)."""
+in the order of service (``continuation.service_key``: a job due against the rigid reference first,
+``core.shadow``; then least attained service, less ``AGEING`` for the time it has been in the
+system)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from sja.protocol.messages import JobState, Offer, Proposal
 def fair_order(offer: Offer, p: Proposal, cfg: PolicyConfig) -> tuple[object, ...]:
     # The clearer's key within a tenant is the job's service key, then submitted_at: the agent counts
     # the same GPU-seconds for its job (``JobState.attained_gpu_s``).
-    return (service_key(p.attained_gpu_s, p.submitted_at), p.submitted_at, p.job_id)
+    return (service_key(p.attained_gpu_s, p.submitted_at, p.due_at), p.submitted_at, p.job_id)
 
 
 class Fair(MonotonePolicy):
@@ -33,8 +34,8 @@ class Fair(MonotonePolicy):
             explains_by_tenant=True,
             by_tenant=True,
             tie_break=(
-                f"the job's own attained GPU-seconds less {AGEING:g} per second since its submission,"
-                " then submission time"
+                "a job due against the rigid reference first (earliest due), then the job's own attained"
+                f" GPU-seconds less {AGEING:g} per second since its submission, then submission time"
             ),
         )
 
@@ -43,7 +44,7 @@ class Fair(MonotonePolicy):
             p = b.proposal
             cand = best_candidate(offer, p, cfg.horizon_s)
             norm = ledger.normalized(p.tenant)
-            job = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at)
+            job = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at, p.due_at)
             why = (
                 f"tenant {p.tenant} attained {ledger.tenant_attained.get(p.tenant, 0.0):.2f} GPU-s"
                 f" / share {ledger.share(p.tenant):g} = {norm:.2f}"
@@ -57,7 +58,7 @@ class Fair(MonotonePolicy):
 
     def rank(self, offer: Offer, b: Bid, ledger: Ledger, cfg: PolicyConfig) -> Ranked:
         p = b.proposal
-        key = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at)
+        key = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at, p.due_at)
         return (key, p.submitted_at), best_candidate(offer, p, cfg.horizon_s)
 
     def partition_key(
@@ -68,15 +69,16 @@ class Fair(MonotonePolicy):
     def queue_key(self, job: JobState, ledger: Ledger) -> tuple[float, ...]:
         return (
             ledger.normalized(job.spec.tenant),
-            service_key(ledger.job_attained.get(job.job_id, 0.0), job.submitted_at),
+            service_key(ledger.job_attained.get(job.job_id, 0.0), job.submitted_at, job.due_at),
             job.submitted_at,
         )
 
     def queue_order(self) -> str:
         # where ``sja explain`` shows it, the ledger holds the jobs' own service and no shares
         return (
-            "the tenant with the least GPU-seconds first (shares taken as equal), then its job with the "
-            f"least, less {AGEING:g} GPU-s per second since its submission, then the earliest submitted"
+            "the tenant with the least GPU-seconds first (shares taken as equal), then its jobs due against "
+            "the rigid reference, earliest due first, then its job with the least GPU-seconds, less "
+            f"{AGEING:g} GPU-s per second since its submission, then the earliest submitted"
         )
 
     def lost_in_batch(self, b: Bid, why: str, g: Group, scratch: Ledger) -> str:

@@ -293,8 +293,8 @@ Keyed = tuple[tuple[float, ...], Candidate, str]
 
 TIE_BREAKS = {
     "fair": (
-        f"the job's own attained GPU-seconds less {AGEING:g} per second since its submission,"
-        " then submission time"
+        "a job due against the rigid reference first (earliest due), then the job's own attained"
+        f" GPU-seconds less {AGEING:g} per second since its submission, then submission time"
     ),
 }
 """What decides between bids a policy explains alike (default: submission time, then job id)."""
@@ -382,7 +382,7 @@ def _fair_key(offer: Offer, ledger: Ledger, cfg: PolicyConfig) -> Callable[[Bid]
         p = b.proposal
         cand = _best_candidate(offer, p, cfg.horizon_s)
         norm = ledger.normalized(p.tenant)
-        job = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at)
+        job = service_key(ledger.job_attained.get(p.job_id, 0.0), p.submitted_at, p.due_at)
         why = (
             f"tenant {p.tenant} attained {ledger.tenant_attained.get(p.tenant, 0.0):.2f} GPU-s"
             f" / share {ledger.share(p.tenant):g} = {norm:.2f}"

@@ -616,7 +616,7 @@ def test_fair_never_compares_a_tenant_with_itself() -> None:
     assert d.winner is not None and d.winner.proposal.job_id == "b"
     (lost,) = [v for v in d.verdicts if not v.won]
     assert lost.reason.startswith("lost to b: equal on tenant t attained 3.00 GPU-s"), lost.reason
-    assert "ranked after it on the job's own attained GPU-seconds" in lost.reason
+    assert "then the job's own attained GPU-seconds" in lost.reason
     offers = [
         msgspec.structs.replace(make_offer(), offer_id=f"o{i}", window=msgspec.structs.replace(
             make_offer().window, slice_id=f"n-g0-3g.20gb-{i}"))

@@ -1,0 +1,106 @@
+"""The rigid reference an agent keeps (``core.shadow.Reference``), and the jobs it owns made due by it.
+
+Every agent replays every admitted job (an ordered consumer on ``SJA_JOBS`` from its first message:
+the submissions the gateway published, each a ``JobState`` with its spec and submission time) on the
+slices of the inventory (a watch of ``sja-slices``), so each reaches the same due times without
+asking another. Once a job it owns is due, the agent sets ``JobState.due_at`` (written with the
+job's next write): its proposals, subjobs and held slices carry it, and the order of service puts
+it first (``continuation.service_key``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+
+from sja.bus.codec import DecodeError, decode
+from sja.bus.watch import View
+from sja.core.shadow import Reference, rigid_job, rigid_slices
+from sja.protocol import subjects
+from sja.protocol.messages import JobState, SliceState
+
+if TYPE_CHECKING:
+    from services.agent.service import AgentService
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0
+"""How often the agent looks for jobs of its own that became due."""
+
+
+class DueKeeper:
+    def __init__(self, agent: AgentService) -> None:
+        self.agent = agent
+        self.ref = Reference(reserve_mib=agent.cfg.mem_reserve_mib)
+        self.view: View[SliceState] | None = None
+        self._sub: Any = None
+        self._slices_changed = asyncio.Event()
+        self.marked = 0
+        """Jobs this agent made due."""
+
+    async def start(self) -> None:
+        self.view = await self.agent.watch(subjects.BUCKET_SLICES, SliceState, self._on_slice)
+        self._slices_changed.set()
+        self._sub = await self.agent.jetstream.subscribe(
+            f"{subjects.PREFIX}.job.submitted.>",
+            stream=subjects.STREAM_JOBS.name,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            cb=self._on_admitted,
+            pending_msgs_limit=1_000_000,
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        if self.view is not None:
+            await self.view.stop()
+
+    async def _on_slice(self, key: str, value: SliceState | None, revision: int) -> None:
+        self._slices_changed.set()
+
+    async def _on_admitted(self, msg: Msg) -> None:
+        try:
+            state = decode(msg.data, JobState)
+        except DecodeError:
+            return  # the claiming consumer reports a malformed submission
+        try:
+            self.ref.admit(rigid_job(state))
+        except Exception as e:  # a spec whose declarations cannot be had: never due
+            log.warning("job %s has no rigid reference: %s", state.job_id, e)
+
+    def tick(self, now: float) -> int:
+        """Bring the reference to ``now`` and make due the owned jobs whose time has come; returns
+        how many it made due."""
+        if self._slices_changed.is_set() and self.view is not None:
+            self._slices_changed.clear()
+            self.ref.set_slices(*rigid_slices(self.view.values()))
+        self.ref.due(now)
+        made = 0
+        for job_id, (state, rev) in list(self.agent.owned.items()):
+            if state.due_at > 0:
+                continue
+            at = self.ref.due_at(job_id, now)
+            if at > 0:
+                self.agent.remember(msgspec.structs.replace(state, due_at=at), rev)
+                made += 1
+        self.marked += made
+        if made:
+            self.agent.ready(made)
+        return made
+
+    async def forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.tick(time.time())
+            except Exception:
+                log.exception("the rigid reference failed")

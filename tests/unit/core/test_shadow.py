@@ -1,0 +1,249 @@
+"""The rigid reference (``core.shadow``): best-fit run online, and when a job becomes due."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sja.core import continuation
+from sja.core.jobs import new_job
+from sja.core.shadow import (
+    DUE_SLACK,
+    Reference,
+    RigidJob,
+    RigidShadow,
+    RigidSlice,
+    due_at,
+    rigid_job,
+    rigid_slices,
+)
+from sja.protocol.messages import JobSpec, MemoryDecl, SliceState, TimeDecl
+from sja.sim.baselines import run_baseline
+from sja.sim.cluster import parse_cluster
+from sja.sim.engine import _rigid_reference
+from sja.sim.model import SimConfig, TraceJob
+
+
+def job(job_id: str, t: float, run_s: float, mem: float = 8_000.0, gpus: int = 1) -> RigidJob:
+    return RigidJob(job_id=job_id, submitted_at=t, run_s=run_s, mem_mib=mem, gpus=gpus)
+
+
+def whole(n: int, mem: float = 81_920.0) -> list[RigidSlice]:
+    return [RigidSlice(f"g{i}", mem, 1.0) for i in range(n)]
+
+
+def test_due_at_is_the_last_start_that_finishes_within_the_slack() -> None:
+    # submitted at 100, started by best-fit at 400, runs 1000: rigid JCT 1300
+    due = due_at(100.0, 400.0, 1000.0, slack=1.2)
+    assert due == pytest.approx(100.0 + 1.2 * 1300.0 - 1000.0)
+    # served from then at full speed it finishes at 1.2 x its rigid JCT
+    assert (due + 1000.0 - 100.0) / 1300.0 == pytest.approx(1.2)
+    # never before the reference starts it
+    assert due_at(0.0, 0.0, 100.0, slack=1.0) == 0.0
+    assert due_at(0.0, 50.0, 100.0, slack=1.0) == 50.0
+
+
+def test_a_job_that_starts_at_once_is_due_after_a_slack_of_its_run() -> None:
+    shadow = RigidShadow(whole(1))
+    started = shadow.submit(job("a", 10.0, 1000.0), 10.0)
+    assert started == [("a", pytest.approx(10.0 + (DUE_SLACK - 1.0) * 1000.0))]
+
+
+def test_a_waiting_job_starts_when_the_reference_frees_its_gpu() -> None:
+    shadow = RigidShadow(whole(1))
+    shadow.submit(job("a", 0.0, 100.0), 0.0)
+    assert shadow.submit(job("b", 5.0, 50.0), 5.0) == []  # waits behind a
+    assert len(shadow) == 1 and shadow.next_change() == 100.0
+    assert shadow.advance(99.0) == []
+    # advanced late, b still starts at a's finish (100), not at the call's time
+    assert shadow.advance(130.0) == [("b", pytest.approx(due_at(5.0, 100.0, 50.0)))]
+    assert len(shadow) == 0 and shadow.next_change() == 150.0
+
+
+def test_best_fit_takes_the_smallest_slice_that_holds_the_job_and_backfills() -> None:
+    # one A100-80GB cut 4g.40gb + 3g.40gb (slowed to its share), one 1g.10gb on another GPU
+    slices = [
+        RigidSlice("g0", 40_960, 4 / 7),
+        RigidSlice("g0", 40_960, 3 / 7),
+        RigidSlice("g1", 10_240, 1 / 7),
+    ]
+    shadow = RigidShadow(slices)
+    out = dict(shadow.submit(job("small", 0.0, 70.0, mem=5_000.0), 0.0))
+    # the 1g slice, at a seventh of the speed: 490 s
+    assert shadow.running[0].units == (2,) and shadow.next_change() == pytest.approx(490.0)
+    assert out["small"] == pytest.approx(due_at(0.0, 0.0, 490.0))
+    shadow.submit(job("mid", 1.0, 30.0, mem=30_000.0), 1.0)  # the 3g (smaller share of the two)
+    assert {r.units for r in shadow.running} == {(2,), (1,)}
+    shadow.submit(job("big", 2.0, 10.0, mem=60_000.0), 2.0)  # no slice holds it: never due
+    assert len(shadow) == 0 and "big" not in shadow.started
+    shadow.submit(job("mid2", 3.0, 30.0, mem=30_000.0), 3.0)  # the 4g
+    shadow.submit(job("mid3", 4.0, 30.0, mem=30_000.0), 4.0)  # waits
+    shadow.submit(job("tiny", 5.0, 7.0, mem=1_000.0), 5.0)  # waits for the 1g too (nothing is free)
+    assert [j.job_id for j in shadow.queue] == ["mid3", "tiny"]
+    # the 4g frees at 3 + 52.5: mid3 (first in order) takes it, tiny keeps waiting
+    started = shadow.advance(60.0)
+    assert started == [("mid3", pytest.approx(due_at(4.0, 55.5, 52.5)))]
+    assert [j.job_id for j in shadow.queue] == ["tiny"]
+    # the 3g frees at 1 + 70: tiny takes it, as the smallest free slice that holds it
+    assert [j for j, _ in shadow.advance(71.0)] == ["tiny"]
+    assert next(r.units for r in shadow.running if r.job_id == "tiny") == (1,)
+
+
+def test_a_multi_gpu_job_takes_whole_gpus_or_a_slice_on_each() -> None:
+    shadow = RigidShadow(whole(3))
+    shadow.submit(job("one", 0.0, 100.0), 0.0)
+    assert shadow.submit(job("three", 1.0, 10.0, gpus=3), 1.0) == []  # two free GPUs of three
+    assert shadow.submit(job("two", 2.0, 10.0, gpus=2), 2.0)[0][0] == "two"  # backfilled
+    assert [j for j, _ in shadow.advance(100.0)] == ["three"]
+    cut = [RigidSlice(f"g{g}", 40_960, 0.5) for g in range(2) for _ in range(2)]
+    shadow = RigidShadow(cut)
+    assert [j for j, _ in shadow.submit(job("pair", 0.0, 10.0, mem=20_000.0, gpus=2), 0.0)] == ["pair"]
+    assert {shadow.units[u].gpu for u in shadow.running[0].units} == {"g0", "g1"}
+    assert shadow.next_change() == pytest.approx(20.0)  # half a GPU each: twice as long
+
+
+def test_a_gpu_that_may_be_re_cut_is_taken_whole_by_a_job_no_slice_holds() -> None:
+    slices = [RigidSlice("g0", 40_960, 4 / 7), RigidSlice("g0", 40_960, 3 / 7)]
+    fixed = RigidShadow(slices)
+    assert fixed.submit(job("big", 0.0, 10.0, mem=70_000.0), 0.0) == [] and len(fixed) == 0
+    recut = RigidShadow(slices, pooled={"g0": 81_920})
+    assert [j for j, _ in recut.submit(job("big", 0.0, 10.0, mem=70_000.0), 0.0)] == ["big"]
+    assert recut.running[0].units == (0, 1) and recut.next_change() == pytest.approx(10.0)
+
+
+def test_forget_drops_a_waiting_job() -> None:
+    shadow = RigidShadow(whole(1))
+    shadow.submit(job("a", 0.0, 100.0), 0.0)
+    shadow.submit(job("b", 1.0, 100.0), 1.0)
+    shadow.forget("b")
+    assert shadow.advance(100.0) == [] and not shadow.running
+
+
+def _trace(rng: random.Random, n: int) -> list[TraceJob]:
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(1 / 60.0)
+        gpus = rng.choice((1, 1, 1, 2, 4))
+        mem = rng.choice((4_000.0, 15_000.0, 35_000.0, 70_000.0)) if gpus == 1 else 30_000.0
+        out.append(
+            TraceJob(
+                job_id=f"t{i}", submit_s=t, duration_s=rng.uniform(30, 3_000), num_gpus=gpus, mem_mib=mem
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize(
+    "cluster", ["6xA100-80GB", "4xA100-80GB:4g.40gb+3g.40gb", "8xA100-80GB:3g.40gb+2g.20gb+1g.10gb+1g.10gb"]
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_reference_starts_every_job_when_the_best_fit_baseline_does(cluster: str, seed: int) -> None:
+    """Fed the same jobs, the online reference starts each one at the instant the simulator's
+    best-fit baseline does (declarations true: no OOM rerun), and it is due from the slack on its
+    rigid JCT."""
+    cfg = SimConfig(seed=seed)
+    sim = parse_cluster(cluster)
+    trace = _trace(random.Random(seed), 120)
+    baseline = run_baseline("bestfit", sim, trace, cfg).recorder.jobs
+    shadow = _rigid_reference(sim, cfg)
+    dues: dict[str, float] = {}
+    for tj in trace:
+        rj = RigidJob(tj.job_id, tj.submit_s, tj.duration_s, tj.mem_mib or 0.0, max(1, tj.num_gpus))
+        dues.update(shadow.submit(rj, tj.submit_s))
+    dues.update(shadow.advance(math.inf))
+    checked = 0
+    for tj in trace:
+        rec = baseline[tj.job_id]
+        if rec.unschedulable:
+            assert tj.job_id not in dues
+            continue
+        assert rec.first_start_s is not None and rec.finish_s is not None
+        assert dues[tj.job_id] == pytest.approx(
+            due_at(tj.submit_s, rec.first_start_s, rec.finish_s - rec.first_start_s), abs=1e-6
+        )
+        checked += 1
+    assert checked > 100
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.tuples(st.floats(0, 1e9), st.floats(0, 1e9)),
+    st.tuples(st.floats(0, 1e9), st.floats(0, 1e9)),
+    st.floats(1.0, 2e9),
+)
+def test_a_due_job_comes_before_every_job_that_is_not(
+    a: tuple[float, float], b: tuple[float, float], due: float
+) -> None:
+    """Any due job's service key is below any other's, and due jobs are served earliest due first."""
+    assert continuation.service_key(a[0], a[1], due) < continuation.service_key(b[0], b[1])
+    assert continuation.service_key(a[0], a[1], due) < continuation.service_key(b[0], b[1], due + 1.0)
+
+
+# --- the live reference ---------------------------------------------------------------------------
+
+
+def test_the_live_reference_reports_each_job_due_once_and_replays_on_new_slices() -> None:
+    ref = Reference()
+    ref.admit(job("early", 0.0, 100.0))  # heard of before any slice: replayed once they are known
+    assert ref.due(1.0) == [] and ref.due_at("early", 1.0) == 0.0
+    assert ref.set_slices(whole(1)) is True
+    assert ref.set_slices(whole(1)) is False  # the same slices: nothing replayed
+    ref.admit(job("late", 5.0, 50.0))  # waits behind early
+    assert ref.due(10.0) == []
+    assert ref.due_at("early", 20.0) == pytest.approx(20.0)
+    assert ref.due(25.0) == [("early", pytest.approx(20.0))]
+    assert ref.due(30.0) == []  # reported once
+    # late starts at 100 when early ends, due 0.2 x its rigid JCT of 145 s after that
+    assert ref.due(200.0) == [("late", pytest.approx(due_at(5.0, 100.0, 50.0)))]
+    assert "early" not in ref.jobs  # over in the reference: forgotten, its due time kept
+    assert ref.due_at("early", 200.0) == pytest.approx(20.0)
+    # a second GPU: the jobs still in the reference are replayed on both
+    ref.admit(job("third", 210.0, 100.0))
+    ref.admit(job("fourth", 211.0, 100.0))
+    assert ref.set_slices(whole(2)) is True
+    assert ref.due_at("fourth", 400.0) == pytest.approx(due_at(211.0, 211.0, 100.0))
+
+
+def test_a_live_job_is_referenced_by_its_declarations() -> None:
+    spec = JobSpec(
+        name="j",
+        tenant="t",
+        workload="montecarlo",
+        params={"units": 10},
+        max_parallel=3,
+        memory=MemoryDecl(base_mib=1_000.0, per_unit_mib=10.0),
+        time=TimeDecl(warmup_s=5.0, per_unit_s=2.0),
+    )
+    state = new_job("j1", spec, 100.0)
+    rj = rigid_job(state)
+    # three subjobs at once from the start, each with 4 of the 10 units
+    assert (rj.submitted_at, rj.gpus, rj.distinct_gpus) == (100.0, 3, False)
+    assert rj.run_s == pytest.approx(5.0 + 2.0 * 4) and rj.mem_mib == pytest.approx(1_000.0 + 10.0 * 4)
+    # three slices on one GPU are enough for it
+    shadow = RigidShadow([RigidSlice("g0", 10_240, 1 / 7)] * 2 + [RigidSlice("g0", 20_480, 2 / 7)])
+    assert [j for j, _ in shadow.submit(rj, 100.0)] == ["j1"]
+
+
+def test_live_slices_are_named_by_node_and_gpu_and_offline_ones_left_out() -> None:
+    def sl(i: int, node: str, gpu: int, status: str = "free", recut: int = 0) -> SliceState:
+        return SliceState(
+            slice_id=f"s{i}",
+            node=node,
+            pool="p",
+            gpu_index=gpu,
+            gpu_model="A100-80GB",
+            profile="3g.40gb",
+            mem_mib=40_960,
+            compute_slots=3,
+            compute_share=3 / 7,
+            status=status,  # type: ignore[arg-type]
+            recut_mib=recut,
+        )
+
+    slices, pooled = rigid_slices([sl(0, "a", 0, recut=81_920), sl(1, "a", 0), sl(2, "b", 0, "offline")])
+    assert [s.gpu for s in slices] == [("a", 0), ("a", 0)]
+    assert pooled == {("a", 0): 81_920.0}
