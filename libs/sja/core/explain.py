@@ -21,6 +21,7 @@ from sja.core.jobs import declarations, is_terminal, next_range, plan_request
 from sja.core.planner import PlanLimits, largest_safe_size, usable_memory, usable_time
 from sja.core.policies import REGISTRY, ClearingPolicy, Ledger, Policy, VerdictKind, verdict_kind
 from sja.core.profiles import EVIDENCE_MIN_DOF, JobProfile
+from sja.core.shadow import DUE_SLACK
 from sja.protocol.messages import Explanation, JobSpec, JobState, RoundRecord, Window, WindowReason
 
 _UNKNOWN = Policy("")
@@ -413,6 +414,12 @@ def explain(
     note = deadline_note(policy, state.spec)
     if note is not None:
         notes.append(note)
+    if state.due_at > 0 and not is_terminal(state):
+        notes.append(
+            f"due against the rigid reference for {max(0.0, now - state.due_at):.0f} s: it would "
+            f"finish more than {DUE_SLACK:g} times later than under best-fit, so it comes before every "
+            "job that is not due, and no such job takes a slice it holds"
+        )
     over = memory_overrun(state)
     if over is not None:
         notes.append(over.text)

@@ -249,13 +249,18 @@ class RigidShadow:
         return due
 
 
+REPLAY_LAG_S = 5.0
+"""A job heard of this long after the reference passed its submission (an agent reading the
+submissions from the start) makes the reference replay its jobs, each at its own submission; a job
+heard of sooner enters it when heard of."""
+
+
 class Reference:
     """The rigid reference as a live service keeps it: jobs admitted in any order and at any time,
     on slices that may change, and the jobs due by a time. Every replica fed the same admissions
     and slices reaches the same due times (they depend on the jobs' submissions and declarations,
-    not on when it heard of them, but for a job heard of after the reference moved past its
-    submission: it arrives there when heard of). A change of the schedulable slices replays every
-    admission on the new ones."""
+    not on when it heard of them, up to ``REPLAY_LAG_S``). A change of the schedulable slices
+    replays the jobs still in the reference on the new ones."""
 
     def __init__(self, *, reserve_mib: float = 0.0, slack: float = DUE_SLACK) -> None:
         self.reserve = reserve_mib
@@ -269,6 +274,7 @@ class Reference:
         """``(due time, job id)`` of the jobs started in the reference and not yet due, a heap."""
         self.due_times: dict[str, float] = {}
         """Every job started in the reference: its due time."""
+        self._stale = False
 
     def set_slices(
         self, slices: Sequence[RigidSlice], pooled: Mapping[Hashable, float] | None = None
@@ -285,13 +291,18 @@ class Reference:
 
     def admit(self, job: RigidJob) -> None:
         """A job was admitted (again: ignored)."""
-        if job.job_id in self.jobs:
+        if job.job_id in self.jobs or job.job_id in self.due_times:
             return
         self.jobs[job.job_id] = job
+        if self.shadow.now - job.submitted_at > REPLAY_LAG_S:
+            self._stale = True  # heard of long after its submission: replayed in its place
+            return
         self._started(self.shadow.submit(job, max(job.submitted_at, self.shadow.now)))
 
     def due(self, now: float) -> list[tuple[str, float]]:
         """The jobs that became due at or before ``now`` since the last call, with their due time."""
+        if self._stale:
+            self._replay()
         self._started(self.shadow.advance(now))
         for job_id in self.shadow.ended:
             # over in the reference: it no longer bears on another job's start (a replay keeps
@@ -315,6 +326,7 @@ class Reference:
             heapq.heappush(self.pending, (at, job_id))
 
     def _replay(self) -> None:
+        self._stale = False
         self.shadow = RigidShadow(self.slices, pooled=self.pooled, reserve_mib=self.reserve, slack=self.slack)
         self.pending = []
         for job in sorted(self.jobs.values(), key=lambda j: (j.submitted_at, j.job_id)):

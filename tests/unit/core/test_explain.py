@@ -289,3 +289,11 @@ def test_a_job_kept_at_its_declaration_for_want_of_evidence_is_told_so() -> None
         "needs 30,000 MiB at eps_mem 0.05 (its declaration: 1 measured peak says too little of how its "
         in no_bid.text
     )
+
+
+def test_a_due_job_is_told_it_is_due() -> None:
+    state = job(memory=MemoryDecl(base_mib=400, per_unit_mib=0))
+    assert not any("due against" in n for n in explain(state, [], [], 200.0, LIMITS).notes)
+    due = msgspec.structs.replace(state, due_at=150.0)
+    (note,) = [n for n in explain(due, [], [], 200.0, LIMITS).notes if "due against" in n]
+    assert note.startswith("due against the rigid reference for 50 s: it would finish more than 1.2 times")

@@ -247,3 +247,18 @@ def test_live_slices_are_named_by_node_and_gpu_and_offline_ones_left_out() -> No
     slices, pooled = rigid_slices([sl(0, "a", 0, recut=81_920), sl(1, "a", 0), sl(2, "b", 0, "offline")])
     assert [s.gpu for s in slices] == [("a", 0), ("a", 0)]
     assert pooled == {("a", 0): 81_920.0}
+
+
+def test_jobs_heard_of_late_are_replayed_at_their_own_submission() -> None:
+    """An agent that starts late reads the submissions from the first: the reference, already at the
+    present, places each at its own submission and not when it was heard of."""
+    ref = Reference()
+    ref.set_slices(whole(1))
+    ref.due(10_000.0)
+    ref.admit(job("a", 100.0, 1_000.0))
+    ref.admit(job("b", 200.0, 1_000.0))
+    ref.due(10_001.0)
+    assert ref.due_times == {
+        "a": pytest.approx(due_at(100.0, 100.0, 1_000.0)),
+        "b": pytest.approx(due_at(200.0, 1_100.0, 1_000.0)),
+    }
