@@ -21,18 +21,20 @@ pytestmark = pytest.mark.timeout(120)
 async def test_a_running_job_becomes_due_and_its_next_subjobs_carry_it(
     server: EmbeddedNats, tmp_path: Path
 ) -> None:
-    """A job best-fit would start at once and run for its declared 12 s is due 0.2 x 12 s after its
-    submission: the agent marks it, and the subjobs it cuts from then on carry the due time (their
-    slices are then taken by no job that is not due)."""
+    """A job that declares 25,000 MiB and 6 s of work at full speed: best-fit would start it at once
+    on the smallest slice that holds it (3g.40gb, at 3/7 of the speed: 14 s), so it is due
+    ``(DUE_SLACK - 1) x 14 s`` after its submission. The agent marks it, and the subjobs it cuts from
+    then on carry the due time (their slices are then taken by no job that is not due)."""
     dispatched: list[Msg] = []
-    async with running(server, tmp_path, hold_s=1.0) as stack:
+    async with running(server, tmp_path, hold_s=2.0) as stack:
         await capture(stack.nc, f"{subjects.PREFIX}.subjob.dispatched.>", dispatched)
         spec = good_spec(
             "due",
             3,
             max_parallel=1,
             params={"units": 24, "samples_per_unit": 200, "seed": 3},
-            time=m.TimeDecl(warmup_s=0.0, per_unit_s=0.5, rel_sd=0.1),
+            memory=m.MemoryDecl(base_mib=25_000.0, per_unit_mib=0.0, rel_sd=0.1),
+            time=m.TimeDecl(warmup_s=0.0, per_unit_s=0.25, rel_sd=0.1),
         )
         ack = await stack.client.submit(spec)
         agent = stack.agent
@@ -55,7 +57,8 @@ async def test_a_running_job_becomes_due_and_its_next_subjobs_carry_it(
         # on the smallest slice that holds it, where it runs its declared 12 s at that slice's speed
         ref = agent.dues.ref
         run = next(r for r in ref.shadow.running if r.job_id == ack.job_id)
-        rigid_s = 0.5 * 24 / ref.shadow.units[run.units[0]].share
+        assert ref.shadow.units[run.units[0]].share == pytest.approx(3 / 7)
+        rigid_s = 0.25 * 24 / (3 / 7)
         assert (
             state.due_at
             == ref.due_times[ack.job_id]

@@ -25,6 +25,7 @@ from sja.core.explain import (
 from sja.core.planner import PlanLimits
 from sja.core.policies import POLICIES
 from sja.core.profiles import JobProfile
+from sja.core.shadow import DUE_SLACK
 from sja.protocol.messages import (
     InFlight,
     JobSpec,
@@ -296,4 +297,6 @@ def test_a_due_job_is_told_it_is_due() -> None:
     assert not any("due against" in n for n in explain(state, [], [], 200.0, LIMITS).notes)
     due = msgspec.structs.replace(state, due_at=150.0)
     (note,) = [n for n in explain(due, [], [], 200.0, LIMITS).notes if "due against" in n]
-    assert note.startswith("due against the rigid reference for 50 s: it would finish more than 1.2 times")
+    assert note.startswith(
+        f"due against the rigid reference for 50 s: it would finish more than {DUE_SLACK:g} times"
+    )

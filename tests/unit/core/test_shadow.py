@@ -187,7 +187,7 @@ def test_a_due_job_comes_before_every_job_that_is_not(
 
 
 def test_the_live_reference_reports_each_job_due_once_and_replays_on_new_slices() -> None:
-    ref = Reference()
+    ref = Reference(slack=1.2)
     ref.admit(job("early", 0.0, 100.0))  # heard of before any slice: replayed once they are known
     assert ref.due(1.0) == [] and ref.due_at("early", 1.0) == 0.0
     assert ref.set_slices(whole(1)) is True
@@ -198,14 +198,14 @@ def test_the_live_reference_reports_each_job_due_once_and_replays_on_new_slices(
     assert ref.due(25.0) == [("early", pytest.approx(20.0))]
     assert ref.due(30.0) == []  # reported once
     # late starts at 100 when early ends, due 0.2 x its rigid JCT of 145 s after that
-    assert ref.due(200.0) == [("late", pytest.approx(due_at(5.0, 100.0, 50.0)))]
+    assert ref.due(200.0) == [("late", pytest.approx(due_at(5.0, 100.0, 50.0, slack=1.2)))]
     assert "early" not in ref.jobs  # over in the reference: forgotten, its due time kept
     assert ref.due_at("early", 200.0) == pytest.approx(20.0)
     # a second GPU: the jobs still in the reference are replayed on both
     ref.admit(job("third", 210.0, 100.0))
     ref.admit(job("fourth", 211.0, 100.0))
     assert ref.set_slices(whole(2)) is True
-    assert ref.due_at("fourth", 400.0) == pytest.approx(due_at(211.0, 211.0, 100.0))
+    assert ref.due_at("fourth", 400.0) == pytest.approx(due_at(211.0, 211.0, 100.0, slack=1.2))
 
 
 def test_a_live_job_is_referenced_by_its_declarations() -> None:

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from sja.core.shadow import DUE_SLACK
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SjaEngine, _Running, _Slice
 from sja.sim.metrics import summarize
@@ -184,15 +185,17 @@ def test_a_slow_holder_yields_with_fewer_units_than_planned_and_loses_none() -> 
 def test_a_job_best_fit_would_run_whole_is_served_first_once_due() -> None:
     """A 4-hour job best-fit starts at once, and half-hour newcomers every 20 minutes: by attained
     service alone each newcomer would take the slice from it at its window's end. Once it is due
-    (``core.shadow``: 0.2 x its rigid JCT after its submission) no job that is not due takes its slice,
-    so it finishes within 1.2 times its best-fit JCT, up to the one window it had yielded."""
-    long = job("long", 0.0, 4 * 3600.0)
-    newcomers = [job(f"n{i}", 100.0 + 1200.0 * i, 1800.0) for i in range(18)]
+    (``core.shadow``: ``DUE_SLACK - 1`` times its rigid JCT after its submission) no job that is not
+    due takes its slice, so it finishes within ``DUE_SLACK`` times its best-fit JCT, up to the one
+    window it had yielded."""
+    # one tenant: across tenants ``fair`` serves the tenant with the least service first
+    long = dataclasses.replace(job("long", 0.0, 4 * 3600.0), tenant="t")
+    newcomers = [dataclasses.replace(job(f"n{i}", 100.0 + 1200.0 * i, 1800.0), tenant="t") for i in range(18)]
     engine = run([long, *newcomers])
     st = engine.jobs["j0"].state
-    assert st.due_at == pytest.approx(0.2 * 4 * 3600.0)
+    assert st.due_at == pytest.approx((DUE_SLACK - 1) * 4 * 3600.0)
     rec = engine.recorder.jobs["long"]
-    assert rec.finish_s is not None and rec.finish_s <= 1.2 * 4 * 3600.0 + CFG.horizon_s
+    assert rec.finish_s is not None and rec.finish_s <= DUE_SLACK * 4 * 3600.0 + CFG.horizon_s
     units_exactly_once(engine)
     # without the reference's due times it would have come after every newcomer
     plain = Spy(parse_cluster("1xA100-80GB"), [long, *newcomers], CFG)
