@@ -71,6 +71,7 @@ async def test_a_running_job_becomes_due_and_its_next_subjobs_carry_it(
             "a subjob cut after it is due carries the due time",
             timeout_s=30.0,
         )
-        done = (await stack.wait_done([ack.job_id], timeout_s=60.0))[0]
-        assert done.status == "done"
-        assert done.due_at == state.due_at  # written with the job
+        # no need to run it to the end: the due time is written with the job's next write
+        await stack.client.cancel(ack.job_id)
+        ended = (await stack.wait_done([ack.job_id], timeout_s=60.0))[0]
+        assert ended.due_at == state.due_at
