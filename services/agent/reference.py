@@ -83,7 +83,7 @@ class DueKeeper:
         if self._slices_changed.is_set() and self.view is not None:
             self._slices_changed.clear()
             self.ref.set_slices(*rigid_slices(self.view.values()))
-        self.ref.due(now)
+        self.ref.advance(now)
         made = 0
         for job_id, (state, rev) in list(self.agent.owned.items()):
             if state.due_at > 0:

@@ -272,8 +272,6 @@ class Reference:
         self.jobs: dict[str, RigidJob] = {}
         """Every admitted job the reference knows, by id (in admission order)."""
         self.shadow = RigidShadow((), slack=slack)
-        self.pending: list[tuple[float, str]] = []
-        """``(due time, job id)`` of the jobs started in the reference and not yet due, a heap."""
         self.due_times: dict[str, float] = {}
         """Every job started in the reference: its due time."""
         self._stale = False
@@ -301,8 +299,8 @@ class Reference:
             return
         self._started(self.shadow.submit(job, max(job.submitted_at, self.shadow.now)))
 
-    def due(self, now: float) -> list[tuple[str, float]]:
-        """The jobs that became due at or before ``now`` since the last call, with their due time."""
+    def advance(self, now: float) -> None:
+        """Play the reference up to ``now`` (``due_at`` then answers as of then)."""
         if self._stale:
             self._replay()
         self._started(self.shadow.advance(now))
@@ -311,11 +309,6 @@ class Reference:
             # its due time)
             self.jobs.pop(job_id, None)
         self.shadow.ended.clear()
-        out: list[tuple[str, float]] = []
-        while self.pending and self.pending[0][0] <= now:
-            at, job_id = heapq.heappop(self.pending)
-            out.append((job_id, at))
-        return out
 
     def due_at(self, job_id: str, now: float) -> float:
         """When the job became due, if it is at ``now``; 0 otherwise."""
@@ -325,12 +318,10 @@ class Reference:
     def _started(self, started: list[tuple[str, float]]) -> None:
         for job_id, at in started:
             self.due_times[job_id] = at
-            heapq.heappush(self.pending, (at, job_id))
 
     def _replay(self) -> None:
         self._stale = False
         self.shadow = RigidShadow(self.slices, pooled=self.pooled, reserve_mib=self.reserve, slack=self.slack)
-        self.pending = []
         for job in sorted(self.jobs.values(), key=lambda j: (j.submitted_at, j.job_id)):
             self._started(self.shadow.submit(job, max(job.submitted_at, self.shadow.now)))
 

@@ -186,19 +186,24 @@ def test_a_due_job_comes_before_every_job_that_is_not(
 # --- the live reference ---------------------------------------------------------------------------
 
 
-def test_the_live_reference_reports_each_job_due_once_and_replays_on_new_slices() -> None:
+def test_the_live_reference_tells_when_each_job_is_due_and_replays_on_new_slices() -> None:
     ref = Reference(slack=1.2)
     ref.admit(job("early", 0.0, 100.0))  # heard of before any slice: replayed once they are known
-    assert ref.due(1.0) == [] and ref.due_at("early", 1.0) == 0.0
+    ref.advance(1.0)
+    assert ref.due_at("early", 1.0) == 0.0 and not ref.due_times
     assert ref.set_slices(whole(1)) is True
     assert ref.set_slices(whole(1)) is False  # the same slices: nothing replayed
     ref.admit(job("late", 5.0, 50.0))  # waits behind early
-    assert ref.due(10.0) == []
+    ref.advance(10.0)
+    assert ref.due_at("early", 10.0) == ref.due_at("late", 10.0) == 0.0  # not yet
     assert ref.due_at("early", 20.0) == pytest.approx(20.0)
-    assert ref.due(25.0) == [("early", pytest.approx(20.0))]
-    assert ref.due(30.0) == []  # reported once
+    ref.advance(25.0)
+    assert ref.due_at("early", 25.0) == pytest.approx(20.0) and ref.due_at("late", 25.0) == 0.0
+    assert "late" not in ref.due_times  # the reference has not started it
     # late starts at 100 when early ends, due 0.2 x its rigid JCT of 145 s after that
-    assert ref.due(200.0) == [("late", pytest.approx(due_at(5.0, 100.0, 50.0, slack=1.2)))]
+    ref.advance(200.0)
+    assert ref.due_times["late"] == pytest.approx(due_at(5.0, 100.0, 50.0, slack=1.2))
+    assert ref.due_at("late", 200.0) == ref.due_times["late"]
     assert "early" not in ref.jobs  # over in the reference: forgotten, its due time kept
     assert ref.due_at("early", 200.0) == pytest.approx(20.0)
     # a second GPU: the jobs still in the reference are replayed on both
@@ -254,10 +259,10 @@ def test_jobs_heard_of_late_are_replayed_at_their_own_submission() -> None:
     present, places each at its own submission and not when it was heard of."""
     ref = Reference()
     ref.set_slices(whole(1))
-    ref.due(10_000.0)
+    ref.advance(10_000.0)
     ref.admit(job("a", 100.0, 1_000.0))
     ref.admit(job("b", 200.0, 1_000.0))
-    ref.due(10_001.0)
+    ref.advance(10_001.0)
     assert ref.due_times == {
         "a": pytest.approx(due_at(100.0, 100.0, 1_000.0)),
         "b": pytest.approx(due_at(200.0, 1_100.0, 1_000.0)),
