@@ -44,6 +44,8 @@ class DueKeeper:
         self._slices_changed = asyncio.Event()
         self.marked = 0
         """Jobs this agent made due."""
+        self.unmarked = 0
+        """Due jobs whose own measurements put their due time back (or voided it)."""
 
     async def start(self) -> None:
         self.view = await self.agent.watch(subjects.BUCKET_SLICES, SliceState, self._on_slice)
@@ -78,20 +80,27 @@ class DueKeeper:
             log.warning("job %s has no rigid reference: %s", state.job_id, e)
 
     def tick(self, now: float) -> int:
-        """Bring the reference to ``now`` and make due the owned jobs whose time has come; returns
-        how many it made due."""
+        """Bring the reference to ``now`` and mark the owned jobs due whose time has come by the
+        reference and their own measurements (``core.shadow.due_by_evidence``), unmarking those whose
+        measurements put it back; returns how many it made due."""
         if self._slices_changed.is_set() and self.view is not None:
             self._slices_changed.clear()
             self.ref.set_slices(*rigid_slices(self.view.values()))
         self.ref.advance(now)
         made = 0
+        profiles = self.agent.profiles
         for job_id, (state, rev) in list(self.agent.owned.items()):
-            if state.due_at > 0:
+            if job_id not in self.ref.bases:
                 continue
-            at = self.ref.due_at(job_id, now)
-            if at > 0:
-                self.agent.remember(msgspec.structs.replace(state, due_at=at), rev)
+            profile = profiles.of(state) if state.profile is not None else None
+            at = self.ref.due_at(job_id, now, state, profile)
+            if at == state.due_at:
+                continue
+            self.agent.remember(msgspec.structs.replace(state, due_at=at), rev)
+            if at > 0 and state.due_at == 0:
                 made += 1
+            elif at == 0:
+                self.unmarked += 1
         self.marked += made
         if made:
             self.agent.ready(made)

@@ -20,6 +20,13 @@ the last instant from which, served at full width, it still finishes within ``DU
 rigid JCT. From then on the order of service puts it before every job that is not due
 (``continuation.service_key``), earliest due first, and its held slices go to no job that is not due.
 A job the shadow has not started is not due: its rigid JCT is still growing.
+
+The reference runs a job by what it declares, and a tenant declares what it likes. Its own
+measurements overrule it (:func:`due_by_evidence`): once its calibrated time profile says its run is
+longer than declared, its due time moves back by ``(DUE_SLACK - 1)`` times the difference, and a
+subjob no larger than its share of the reference that needed more memory than the slice the
+reference gave it voids its reference (best-fit would have had it run out of memory there). A job
+that understates its run to be served first is so only until its first subjob is measured.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sja.core.jobs import declarations
+from sja.core.profiles import JobProfile
 from sja.protocol.messages import JobState, SliceState
 
 DUE_SLACK = 1.5
@@ -47,6 +55,16 @@ def due_at(submitted_at: float, started_at: float, run_s: float, slack: float = 
     (never before it starts in the reference)."""
     rigid_jct = max(0.0, started_at - submitted_at) + max(0.0, run_s)
     return max(started_at, submitted_at + slack * rigid_jct - max(0.0, run_s))
+
+
+@dataclass(frozen=True, slots=True)
+class Basis:
+    """What a job's due time rests on in the reference: the due time, the run it was worked out from
+    (at the speed of the slices it started on) and the least usable memory of those slices."""
+
+    due_at: float
+    run_s: float
+    usable_mib: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +147,8 @@ class RigidShadow:
         self.running: list[_Run] = []
         self.started: dict[str, float] = {}
         """``job_id -> due time`` of every job the reference has started."""
+        self.basis: dict[str, Basis] = {}
+        """What each started job's due time rests on (``due_by_evidence``)."""
         self.free = len(self.units)
         self.ended: list[str] = []
         """Jobs whose run in the reference ended (their driver may forget them)."""
@@ -248,7 +268,20 @@ class RigidShadow:
         heapq.heappush(self.running, _Run(self.now + run_s, self._seq, job.job_id, tuple(taken)))
         due = due_at(job.submitted_at, self.now, run_s, self.slack)
         self.started[job.job_id] = due
+        self.basis[job.job_id] = Basis(due, run_s, self._usable(taken))
         return due
+
+    def _usable(self, taken: list[int]) -> float:
+        """The least memory a job has on any GPU of ``taken`` (a GPU taken whole: its pool's)."""
+        on: dict[Hashable, list[int]] = {}
+        for i in taken:
+            on.setdefault(self.units[i].gpu, []).append(i)
+        least = math.inf
+        for g, idx in on.items():
+            whole = len(idx) == len(self.gpu_units[g]) and g in self.pool_mib
+            mem = self.pool_mib[g] if whole else min(self.units[i].mem_mib for i in idx)
+            least = min(least, mem - self.reserve)
+        return least
 
 
 REPLAY_LAG_S = 5.0
@@ -274,6 +307,8 @@ class Reference:
         self.shadow = RigidShadow((), slack=slack)
         self.due_times: dict[str, float] = {}
         """Every job started in the reference: its due time."""
+        self.bases: dict[str, Basis] = {}
+        """Every job started in the reference: what its due time rests on."""
         self._stale = False
 
     def set_slices(
@@ -310,14 +345,20 @@ class Reference:
             self.jobs.pop(job_id, None)
         self.shadow.ended.clear()
 
-    def due_at(self, job_id: str, now: float) -> float:
-        """When the job became due, if it is at ``now``; 0 otherwise."""
+    def due_at(
+        self, job_id: str, now: float, state: JobState | None = None, profile: JobProfile | None = None
+    ) -> float:
+        """When the job became due, if it is at ``now``; 0 otherwise. Given the job's ``state`` (and
+        its calibrated ``profile``), its own measurements count (``due_by_evidence``)."""
         at = self.due_times.get(job_id, 0.0)
+        if state is not None and job_id in self.bases:
+            at = due_by_evidence(self.bases[job_id], state, profile, self.slack)
         return at if 0.0 < at <= now else 0.0
 
     def _started(self, started: list[tuple[str, float]]) -> None:
         for job_id, at in started:
             self.due_times[job_id] = at
+            self.bases[job_id] = self.shadow.basis[job_id]
 
     def _replay(self) -> None:
         self._stale = False
@@ -326,13 +367,54 @@ class Reference:
             self._started(self.shadow.submit(job, max(job.submitted_at, self.shadow.now)))
 
 
+def reference_units(state: JobState) -> int:
+    """The units a job runs on each of its slices in the reference: its share of ``max_parallel``."""
+    return -(-state.total_units // max(1, state.spec.max_parallel))
+
+
+def due_by_evidence(
+    basis: Basis, state: JobState, profile: JobProfile | None, slack: float = DUE_SLACK
+) -> float:
+    """A job's due time with its own measurements counted (0: it has no reference).
+
+    - Time: its calibrated profile's duration at its share of the reference (``reference_units``,
+      the larger of the posterior mean and a timeout's lower bound, times the slowdown its slices'
+      learned speeds add to their shares) over the declared one is the factor its reference run was
+      too short by; the due time moves back by
+      ``(slack - 1)`` times the extra run (a due time is linear in the run: ``due_at``). Never
+      forward: a job that overstates only delays itself.
+    - Memory: a subjob of at most that share whose measured peak (or the cap it ran out of memory
+      under) exceeds the usable memory of the reference's slices would have failed there; the
+      reference does not hold for it."""
+    k = reference_units(state)
+    for h in state.history:
+        if h.units > k:
+            continue
+        need = max(h.peak_mem_mib, float(h.mem_cap_mib) if h.status == "oom" else 0.0)
+        if need > basis.usable_mib:
+            return 0.0
+    if profile is None or profile.observations == 0:
+        return basis.due_at
+    _, time = declarations(state.spec)
+    declared = time.warmup_s + time.per_unit_s * k
+    # a slice profile's learned speed holds what its share does not explain: a job slower than it
+    # declared everywhere it ran is slower on the reference's slices too (the mean over them, by
+    # the subjobs measured on each)
+    speeds = [(e.mean, e.n) for e in profile.speed.values() if e.n > 0]
+    extra = sum(m * n for m, n in speeds) / sum(n for _, n in speeds) if speeds else 0.0
+    measured = max(profile.time.mean(k), profile.time.lower_bound(k) or 0.0) * math.exp(extra)
+    if declared <= 0.0 or measured <= declared:
+        return basis.due_at
+    return basis.due_at + (slack - 1.0) * basis.run_s * (measured / declared - 1.0)
+
+
 def rigid_job(state: JobState) -> RigidJob:
     """A live job as the rigid reference runs it: its ``max_parallel`` subjobs at once from the
     start, each on a slice of its own for its share of the units, by its declarations (the spec's,
     else its workload's): ``warmup + per_unit * share`` seconds and ``base + per_unit * share`` MiB."""
     mem, time = declarations(state.spec)
     p = max(1, state.spec.max_parallel)
-    share = -(-state.total_units // p)
+    share = reference_units(state)
     return RigidJob(
         job_id=state.job_id,
         submitted_at=state.submitted_at,
@@ -360,11 +442,14 @@ def rigid_slices(slices: Iterable[SliceState]) -> tuple[list[RigidSlice], dict[H
 
 __all__ = [
     "DUE_SLACK",
+    "Basis",
     "Reference",
     "RigidJob",
     "RigidShadow",
     "RigidSlice",
     "due_at",
+    "due_by_evidence",
+    "reference_units",
     "rigid_job",
     "rigid_slices",
 ]

@@ -98,7 +98,7 @@ from sja.core.repartition import (
     plan_repartitions,
     served_value,
 )
-from sja.core.shadow import RigidJob, RigidShadow, RigidSlice
+from sja.core.shadow import RigidJob, RigidShadow, RigidSlice, due_by_evidence
 from sja.core.windows import WindowRequest, find_windows, probe_offer, unheld
 from sja.protocol.messages import (
     Completion,
@@ -737,6 +737,8 @@ class SjaEngine:
                 rec.failed = True
                 rec.reason = job.state.error or job.state.status
         self._update_waiting(was_waiting, job)
+        if job.state.due_at > 0 and job.state.status not in ("done", "failed", "cancelled"):
+            self._recheck_due(job)
 
     # --- waiting jobs and stranded memory ------------------------------------------------------
 
@@ -1332,22 +1334,55 @@ class SjaEngine:
             heapq.heappush(self.events, (max(at, self.now), self.seq, _Due(job_id, at)))
 
     def _due(self, ev: _Due) -> None:
-        """A job is due: it comes first in the order of service, and so do the slices it holds."""
+        """A job's due time by the reference came: counting its own measurements
+        (``shadow.due_by_evidence``) it is due now, later (looked at again then) or never."""
         job = self.jobs.get(ev.job_id)
-        if job is None or job.state.status in ("done", "failed", "cancelled"):
+        if job is None or job.state.status in ("done", "failed", "cancelled") or job.state.due_at > 0:
             return
+        at = self._due_by_evidence(job)
+        if at > self.now:
+            self.seq += 1
+            heapq.heappush(self.events, (at, self.seq, _Due(ev.job_id, at)))
+        elif at > 0:
+            self._set_due(job, at)
+
+    def _due_by_evidence(self, job: _Job) -> float:
+        basis = self.shadow.basis.get(job.state.job_id)
+        if basis is None:
+            return 0.0
+        profile = self.profiles.of(job.state) if job.state.profile is not None else None
+        return due_by_evidence(basis, job.state, profile, self.shadow.slack)
+
+    def _recheck_due(self, job: _Job) -> None:
+        """A due job completed a subjob: its measurements may put its due time back (unmarked, and
+        looked at again then) or void it."""
+        at = self._due_by_evidence(job)
+        if at == job.state.due_at:
+            return
+        if 0 < at <= self.now:
+            self._set_due(job, at)
+            return
+        self._set_due(job, 0.0)
+        if at > 0:
+            self.seq += 1
+            heapq.heappush(self.events, (at, self.seq, _Due(job.state.job_id, at)))
+
+    def _set_due(self, job: _Job, at: float) -> None:
+        """The job is due from ``at`` (0: not due): it comes first in the order of service, and so do
+        the slices it holds, or no longer does."""
+        job_id = job.state.job_id
         was = self._is_waiting(job)
-        self.bidder.drop(ev.job_id)
-        self._set_state(job, msgspec.structs.replace(job.state, due_at=ev.at))
+        self.bidder.drop(job_id)
+        self._set_state(job, msgspec.structs.replace(job.state, due_at=at))
         self._update_waiting(was, job)
         held = {f.slice_id for f in job.state.in_flight}
         for s in self.slices:
-            if s.state.holder_job != ev.job_id or s.state.slice_id not in held or s.state.contestable_at <= 0:
+            if s.state.holder_job != job_id or s.state.slice_id not in held or s.state.contestable_at <= 0:
                 continue
             ranked = s.idx in self.contested[s.kind]
             if ranked:
                 self._uncontest(s)
-            s.state = msgspec.structs.replace(s.state, holder_due_at=ev.at)
+            s.state = msgspec.structs.replace(s.state, holder_due_at=at)
             if ranked:
                 self.contested[s.kind].add(s.idx)
                 entry = self.held_entry[s.idx] = (-self._held_key(s), s.idx)
@@ -1357,9 +1392,11 @@ class SjaEngine:
 
 
 def _rigid_reference(cluster: SimCluster, cfg: SimConfig) -> RigidShadow:
-    """Best-fit on the cluster's slices at their speed, a GPU that may be re-cut taken whole by a job
-    no slice holds (its largest profile: best-fit re-cuts a free GPU for what waits)."""
-    slices = [RigidSlice(s.gpu_id, s.mem_mib, slice_speed(s, cfg)) for s in cluster.slices]
+    """Best-fit on the cluster's slices at their share of the GPU, a GPU that may be re-cut taken
+    whole by a job no slice holds (its largest profile: best-fit re-cuts a free GPU for what waits).
+    A share, not a measured speed (``--speed-table``): as in the live agents, what a job measures
+    beyond its slices' shares moves its due time (``shadow.due_by_evidence``)."""
+    slices = [RigidSlice(s.gpu_id, s.mem_mib, s.compute_share) for s in cluster.slices]
     pooled: dict[Hashable, float] = {
         g.gpu_id: max(p.mem_mib for p in gpu_model(g.model).profiles)
         for g in cluster.gpus

@@ -5,23 +5,27 @@ from __future__ import annotations
 import math
 import random
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sja.core import continuation
 from sja.core.jobs import new_job
+from sja.core.profiles import JobProfile
 from sja.core.shadow import (
     DUE_SLACK,
+    Basis,
     Reference,
     RigidJob,
     RigidShadow,
     RigidSlice,
     due_at,
+    due_by_evidence,
     rigid_job,
     rigid_slices,
 )
-from sja.protocol.messages import JobSpec, MemoryDecl, SliceState, TimeDecl
+from sja.protocol.messages import JobSpec, JobState, MemoryDecl, SliceState, SubjobSummary, TimeDecl
 from sja.sim.baselines import run_baseline
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import _rigid_reference
@@ -267,3 +271,113 @@ def test_jobs_heard_of_late_are_replayed_at_their_own_submission() -> None:
         "a": pytest.approx(due_at(100.0, 100.0, 1_000.0)),
         "b": pytest.approx(due_at(200.0, 1_100.0, 1_000.0)),
     }
+
+
+# --- a tenant's declaration against its own measurements ------------------------------------------
+
+
+def declared_job(per_unit_s: float) -> JobState:
+    spec = JobSpec(
+        name="j",
+        tenant="t",
+        workload="montecarlo",
+        params={"units": 10},
+        max_parallel=1,
+        memory=MemoryDecl(base_mib=1_000.0, per_unit_mib=0.0),
+        time=TimeDecl(warmup_s=0.0, per_unit_s=per_unit_s),
+    )
+    return new_job("j1", spec, 0.0)
+
+
+def measured(state: JobState, *runs: tuple[int, float, float, str]) -> tuple[JobState, JobProfile]:
+    """``state`` after subjobs ``(units, duration, peak MiB, status)`` on a full-speed slice."""
+    assert state.profile is not None
+    profile = JobProfile.from_state(state.profile)
+    history = []
+    for n, (units, dur, peak, status) in enumerate(runs):
+        if status == "ok":
+            profile.observe(units, peak, dur, "7g.80gb", 1.0)
+        elif status == "timeout":
+            profile.observe_timeout(units, dur, "7g.80gb", 1.0)
+        history.append(
+            SubjobSummary(
+                subjob_id=f"j1.s{n}",
+                slice_id="s",
+                profile="7g.80gb",
+                status=status,
+                unit_start=0,
+                units=units,
+                planned_mem_q_mib=0.0,
+                peak_mem_mib=peak,
+                mem_cap_mib=80_000 if status != "oom" else int(peak),
+                planned_duration_q_s=0.0,
+                duration_s=dur,
+                time_cap_s=dur,
+                started_at=0.0,
+                finished_at=dur,
+            )
+        )
+    return msgspec.structs.replace(state, history=history, profile=profile.to_state()), profile
+
+
+def test_a_job_that_understates_its_run_is_due_later_once_measured() -> None:
+    """It declares 0.1 s a unit (10 units: 1 s) and takes 10 s a unit: best-fit, starting it at
+    once, would have it run 100 s, so it is due 50 s after its submission, not 0.5 s."""
+    state = declared_job(0.1)
+    basis = Basis(due_at(0.0, 0.0, 1.0), 1.0, 40_000.0)
+    assert due_by_evidence(basis, state, None) == basis.due_at == pytest.approx(0.5)
+    liar, profile = measured(state, *[(1, 10.0, 900.0, "ok")] * 6)
+    # the profile learned it as a slow slice profile more than as a slow job: both count
+    slow = profile.speed["7g.80gb"].mean
+    assert profile.time.mean(10) * math.exp(slow) == pytest.approx(100.0, rel=0.25)
+    due = due_by_evidence(basis, liar, profile)
+    assert due == pytest.approx(
+        basis.due_at + (DUE_SLACK - 1) * (profile.time.mean(10) * math.exp(slow) - 1.0)
+    )
+    assert due > 0.5 * 75.0
+    # a subjob cut off at its window is evidence too (a lower bound on the run)
+    cut, profile = measured(state, (10, 60.0, 900.0, "timeout"))
+    assert due_by_evidence(basis, cut, profile) >= basis.due_at + (DUE_SLACK - 1) * (60.0 - 1.0) - 1e-9
+
+
+def test_a_job_that_overstates_its_run_only_delays_itself() -> None:
+    state = declared_job(10.0)
+    basis = Basis(due_at(0.0, 0.0, 100.0), 100.0, 40_000.0)
+    fast, profile = measured(state, *[(1, 0.5, 900.0, "ok")] * 6)
+    assert profile.time.mean(10) * math.exp(profile.speed["7g.80gb"].mean) < 50.0
+    assert due_by_evidence(basis, fast, profile) == basis.due_at
+
+
+def test_a_job_that_needed_more_memory_than_its_reference_slice_has_no_reference() -> None:
+    state = declared_job(1.0)
+    basis = Basis(due_at(0.0, 0.0, 10.0), 10.0, 10_000.0)
+    fits, profile = measured(state, (2, 2.0, 9_000.0, "ok"))
+    assert due_by_evidence(basis, fits, profile) > 0
+    over, profile = measured(state, (2, 2.0, 12_000.0, "ok"))
+    assert due_by_evidence(basis, over, profile) == 0.0
+    oom, profile = measured(state, (2, 2.0, 11_000.0, "oom"))
+    assert due_by_evidence(basis, oom, profile) == 0.0
+    # a subjob larger than its share of the reference may need more
+    big = replace_units(over, 11)
+    assert due_by_evidence(basis, big, profile) > 0
+
+
+def replace_units(state: JobState, units: int) -> JobState:
+    return msgspec.structs.replace(
+        state, history=[msgspec.structs.replace(h, units=units) for h in state.history]
+    )
+
+
+def test_the_live_reference_counts_a_jobs_measurements() -> None:
+    ref = Reference()
+    ref.set_slices(whole(1))
+    state = declared_job(0.1)
+    ref.admit(rigid_job(state))
+    ref.advance(0.6)
+    basis = ref.bases["j1"]
+    assert basis.run_s == pytest.approx(1.0) and basis.usable_mib == 81_920.0
+    assert ref.due_at("j1", 0.6) == ref.due_at("j1", 0.6, state) == pytest.approx(0.5)
+    liar, profile = measured(state, *[(1, 10.0, 900.0, "ok")] * 6)
+    assert ref.due_at("j1", 0.6, liar, profile) == 0.0  # not yet: due 45 s or more later
+    at = due_by_evidence(basis, liar, profile)
+    assert ref.due_at("j1", at, liar, profile) == at
