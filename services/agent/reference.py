@@ -2,8 +2,8 @@
 
 Every agent replays every admitted job (an ordered consumer on ``SJA_JOBS`` from its first message:
 the submissions the gateway published, each a ``JobState`` with its spec and submission time) on the
-slices of the inventory (a watch of ``sja-slices``), so each reaches the same due times without
-asking another. Once a job it owns is due, the agent sets ``JobState.due_at`` (written with the
+slices of the inventory (``sja-slices``, read every ``SLICES_EVERY_S``), so each reaches the same due
+times without asking another. Once a job it owns is due, the agent sets ``JobState.due_at`` (written with the
 job's next write): its proposals, subjobs and held slices carry it, and the order of service puts
 it first (``continuation.service_key``).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from sja.bus.codec import DecodeError, decode
-from sja.bus.watch import View
+from sja.bus.watch import read_bucket
 from sja.core.shadow import Reference, rigid_job, rigid_slices
 from sja.protocol import subjects
 from sja.protocol.messages import JobState, SliceState
@@ -34,22 +35,25 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0
 """How often the agent looks for jobs of its own that became due."""
 
+SLICES_EVERY_S = 5.0
+"""How often the agent reads the inventory's slices again for the reference (every second while it
+has none). The reference needs their shapes, which change when a GPU is re-cut, lost or added, not
+their leases: a watch would hand every agent every lease of the cluster, a few per grant."""
+
 
 class DueKeeper:
     def __init__(self, agent: AgentService) -> None:
         self.agent = agent
         self.ref = Reference(reserve_mib=agent.cfg.mem_reserve_mib)
-        self.view: View[SliceState] | None = None
         self._sub: Any = None
-        self._slices_changed = asyncio.Event()
+        self._slices_read = -math.inf
         self.marked = 0
         """Jobs this agent made due."""
         self.unmarked = 0
         """Due jobs whose own measurements put their due time back (or voided it)."""
 
     async def start(self) -> None:
-        self.view = await self.agent.watch(subjects.BUCKET_SLICES, SliceState, self._on_slice)
-        self._slices_changed.set()
+        await self.read_slices(time.monotonic())
         self._sub = await self.agent.jetstream.subscribe(
             f"{subjects.PREFIX}.job.submitted.>",
             stream=subjects.STREAM_JOBS.name,
@@ -63,11 +67,13 @@ class DueKeeper:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
-        if self.view is not None:
-            await self.view.stop()
 
-    async def _on_slice(self, key: str, value: SliceState | None, revision: int) -> None:
-        self._slices_changed.set()
+    async def read_slices(self, now: float) -> None:
+        """The reference's slices as the inventory's bucket holds them now (``set_slices`` replays
+        only when their shapes changed)."""
+        self._slices_read = now
+        slices = await read_bucket(self.agent.jetstream, subjects.BUCKET_SLICES, SliceState)
+        self.ref.set_slices(*rigid_slices(slices))
 
     async def _on_admitted(self, msg: Msg) -> None:
         try:
@@ -83,9 +89,6 @@ class DueKeeper:
         """Bring the reference to ``now`` and mark the owned jobs due whose time has come by the
         reference and their own measurements (``core.shadow.due_by_evidence``), unmarking those whose
         measurements put it back; returns how many it made due."""
-        if self._slices_changed.is_set() and self.view is not None:
-            self._slices_changed.clear()
-            self.ref.set_slices(*rigid_slices(self.view.values()))
         self.ref.advance(now)
         made = 0
         profiles = self.agent.profiles
@@ -110,6 +113,9 @@ class DueKeeper:
         while True:
             await asyncio.sleep(TICK_S)
             try:
+                mono = time.monotonic()
+                if mono - self._slices_read >= (SLICES_EVERY_S if self.ref.slices else TICK_S):
+                    await self.read_slices(mono)
                 self.tick(time.time())
             except Exception:
                 log.exception("the rigid reference failed")

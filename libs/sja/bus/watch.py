@@ -167,6 +167,17 @@ class KvView(Generic[M]):
 Change = Callable[[str, M | None, int], Awaitable[None]]
 
 
+async def read_bucket(js: JetStreamContext, bucket: str, typ: type[M]) -> list[M]:
+    """Every entry of a bucket as it stands: a view started and stopped (for a reader that needs the
+    entries now and then, not each of their changes)."""
+    view = KvView(js, bucket, typ)
+    try:
+        await view.start()
+        return view.values()
+    finally:
+        await view.stop()
+
+
 class SharedView(Generic[M]):
     """One holder's share of a view of a bucket kept once for its process (``Views``): the view's
     entries, and its own ``on_change``. ``stop`` lets go of it."""

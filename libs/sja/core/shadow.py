@@ -31,6 +31,7 @@ that understates its run to be served first is so only until its first subjob is
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -49,22 +50,33 @@ worst cells were worse (openb re-cuttable at 80 %: p99 ``rho`` 4.3 with 1.4, 2.4
 long job kept on a slow slice set the makespan of fixed layouts."""
 
 
+DUE_LATE_MAX_S = math.inf
+"""The most a job may finish after its finish in the reference before it is due, whatever its
+slack allows (``due_at``)."""
+
+
 def due_at(submitted_at: float, started_at: float, run_s: float, slack: float = DUE_SLACK) -> float:
     """When a job submitted at ``submitted_at`` that best-fit starts at ``started_at`` and runs for
     ``run_s`` becomes due: ``submitted + slack * R - run_s`` with ``R = started - submitted + run_s``
-    (never before it starts in the reference)."""
+    (never before it starts in the reference, never more than ``DUE_LATE_MAX_S`` after)."""
     rigid_jct = max(0.0, started_at - submitted_at) + max(0.0, run_s)
-    return max(started_at, submitted_at + slack * rigid_jct - max(0.0, run_s))
+    due = submitted_at + slack * rigid_jct - max(0.0, run_s)
+    return max(started_at, min(due, started_at + DUE_LATE_MAX_S))
 
 
 @dataclass(frozen=True, slots=True)
 class Basis:
-    """What a job's due time rests on in the reference: the due time, the run it was worked out from
-    (at the speed of the slices it started on) and the least usable memory of those slices."""
+    """What a job's due time rests on in the reference: its submission, its start there, its run (at
+    the speed of the slices it started on) and the least usable memory of those slices."""
 
-    due_at: float
+    submitted_at: float
+    started_at: float
     run_s: float
     usable_mib: float
+
+    def due_at(self, slack: float = DUE_SLACK, stretch: float = 1.0) -> float:
+        """Its due time, its run ``stretch`` times as long."""
+        return due_at(self.submitted_at, self.started_at, self.run_s * stretch, slack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +155,13 @@ class RigidShadow:
         """Memory one job has of each GPU it takes whole: a GPU that is one slice, or one that may be
         re-cut (``pooled``: its whole memory, as best-fit re-cuts a free GPU for a job that wants it)."""
         self.max_slice = max((u.mem_mib for u in self.units), default=0.0) - reserve_mib
+        self._unit_mibs = sorted(u.mem_mib for u in self.units)
+        self._host_mibs = sorted(
+            max(self.pool_mib.get(g, 0.0), *(self.units[u].mem_mib for u in us))
+            for g, us in self.gpu_units.items()
+        )
+        """Each slice's memory, and the most one job has of each GPU (whole or a slice), ascending:
+        ``placeable`` counts those that hold a job without going over them all."""
         self.queue: list[RigidJob] = []
         self.running: list[_Run] = []
         self.started: dict[str, float] = {}
@@ -166,15 +185,11 @@ class RigidShadow:
     def placeable(self, job: RigidJob) -> bool:
         """Whether any placement of the reference ever holds the job (one that none does never starts
         in it and is never due)."""
-        usable = job.mem_mib
-        if (job.gpus <= 1 or not job.distinct_gpus) and usable <= self.max_slice:
-            return job.gpus <= 1 or sum(u.mem_mib - self.reserve >= usable for u in self.units) >= job.gpus
-        hosts = sum(
-            1
-            for g, us in self.gpu_units.items()
-            if self.pool_mib.get(g, 0.0) - self.reserve >= usable
-            or any(self.units[u].mem_mib - self.reserve >= usable for u in us)
-        )
+        need = job.mem_mib + self.reserve
+        if (job.gpus <= 1 or not job.distinct_gpus) and job.mem_mib <= self.max_slice:
+            fit = len(self._unit_mibs) - bisect.bisect_left(self._unit_mibs, need)
+            return job.gpus <= 1 or fit >= job.gpus
+        hosts = len(self._host_mibs) - bisect.bisect_left(self._host_mibs, need)
         return hosts >= max(1, job.gpus)
 
     def submit(self, job: RigidJob, now: float) -> list[tuple[str, float]]:
@@ -268,7 +283,7 @@ class RigidShadow:
         heapq.heappush(self.running, _Run(self.now + run_s, self._seq, job.job_id, tuple(taken)))
         due = due_at(job.submitted_at, self.now, run_s, self.slack)
         self.started[job.job_id] = due
-        self.basis[job.job_id] = Basis(due, run_s, self._usable(taken))
+        self.basis[job.job_id] = Basis(job.submitted_at, self.now, run_s, self._usable(taken))
         return due
 
     def _usable(self, taken: list[int]) -> float:
@@ -381,7 +396,7 @@ def due_by_evidence(
       the larger of the posterior mean and a timeout's lower bound, times the slowdown its slices'
       learned speeds add to their shares) over the declared one is the factor its reference run was
       too short by; the due time moves back by
-      ``(slack - 1)`` times the extra run (a due time is linear in the run: ``due_at``). Never
+      ``(slack - 1)`` times the extra run (``due_at`` with the run stretched so). Never
       forward: a job that overstates only delays itself.
     - Memory: a subjob of at most that share whose measured peak (or the cap it ran out of memory
       under) exceeds the usable memory of the reference's slices would have failed there; the
@@ -394,7 +409,7 @@ def due_by_evidence(
         if need > basis.usable_mib:
             return 0.0
     if profile is None or profile.observations == 0:
-        return basis.due_at
+        return basis.due_at(slack)
     _, time = declarations(state.spec)
     declared = time.warmup_s + time.per_unit_s * k
     # a slice profile's learned speed holds what its share does not explain: a job slower than it
@@ -404,8 +419,8 @@ def due_by_evidence(
     extra = sum(m * n for m, n in speeds) / sum(n for _, n in speeds) if speeds else 0.0
     measured = max(profile.time.mean(k), profile.time.lower_bound(k) or 0.0) * math.exp(extra)
     if declared <= 0.0 or measured <= declared:
-        return basis.due_at
-    return basis.due_at + (slack - 1.0) * basis.run_s * (measured / declared - 1.0)
+        return basis.due_at(slack)
+    return basis.due_at(slack, measured / declared)
 
 
 def rigid_job(state: JobState) -> RigidJob:
@@ -441,6 +456,7 @@ def rigid_slices(slices: Iterable[SliceState]) -> tuple[list[RigidSlice], dict[H
 
 
 __all__ = [
+    "DUE_LATE_MAX_S",
     "DUE_SLACK",
     "Basis",
     "Reference",

@@ -324,33 +324,33 @@ def test_a_job_that_understates_its_run_is_due_later_once_measured() -> None:
     """It declares 0.1 s a unit (10 units: 1 s) and takes 10 s a unit: best-fit, starting it at
     once, would have it run 100 s, so it is due 50 s after its submission, not 0.5 s."""
     state = declared_job(0.1)
-    basis = Basis(due_at(0.0, 0.0, 1.0), 1.0, 40_000.0)
-    assert due_by_evidence(basis, state, None) == basis.due_at == pytest.approx(0.5)
+    basis = Basis(0.0, 0.0, 1.0, 40_000.0)
+    assert due_by_evidence(basis, state, None) == basis.due_at() == pytest.approx(0.5)
     liar, profile = measured(state, *[(1, 10.0, 900.0, "ok")] * 6)
     # the profile learned it as a slow slice profile more than as a slow job: both count
     slow = profile.speed["7g.80gb"].mean
     assert profile.time.mean(10) * math.exp(slow) == pytest.approx(100.0, rel=0.25)
     due = due_by_evidence(basis, liar, profile)
     assert due == pytest.approx(
-        basis.due_at + (DUE_SLACK - 1) * (profile.time.mean(10) * math.exp(slow) - 1.0)
+        basis.due_at() + (DUE_SLACK - 1) * (profile.time.mean(10) * math.exp(slow) - 1.0)
     )
     assert due > 0.5 * 75.0
     # a subjob cut off at its window is evidence too (a lower bound on the run)
     cut, profile = measured(state, (10, 60.0, 900.0, "timeout"))
-    assert due_by_evidence(basis, cut, profile) >= basis.due_at + (DUE_SLACK - 1) * (60.0 - 1.0) - 1e-9
+    assert due_by_evidence(basis, cut, profile) >= basis.due_at() + (DUE_SLACK - 1) * (60.0 - 1.0) - 1e-9
 
 
 def test_a_job_that_overstates_its_run_only_delays_itself() -> None:
     state = declared_job(10.0)
-    basis = Basis(due_at(0.0, 0.0, 100.0), 100.0, 40_000.0)
+    basis = Basis(0.0, 0.0, 100.0, 40_000.0)
     fast, profile = measured(state, *[(1, 0.5, 900.0, "ok")] * 6)
     assert profile.time.mean(10) * math.exp(profile.speed["7g.80gb"].mean) < 50.0
-    assert due_by_evidence(basis, fast, profile) == basis.due_at
+    assert due_by_evidence(basis, fast, profile) == basis.due_at()
 
 
 def test_a_job_that_needed_more_memory_than_its_reference_slice_has_no_reference() -> None:
     state = declared_job(1.0)
-    basis = Basis(due_at(0.0, 0.0, 10.0), 10.0, 10_000.0)
+    basis = Basis(0.0, 0.0, 10.0, 10_000.0)
     fits, profile = measured(state, (2, 2.0, 9_000.0, "ok"))
     assert due_by_evidence(basis, fits, profile) > 0
     over, profile = measured(state, (2, 2.0, 12_000.0, "ok"))
