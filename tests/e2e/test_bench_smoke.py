@@ -156,3 +156,34 @@ def test_control_plane_refuses_a_negative_pool_count() -> None:
 
 def test_control_plane_refuses_a_hold_longer_than_its_windows_allow() -> None:
     assert "--hold-s must be between 0 and 1" in refusal("--hold-s", "5")
+
+
+def test_two_versions_run_the_benchmark_in_turns(tmp_path: Path) -> None:
+    """``bench/interleaved.py``: the previous commit and this one, one round each, compared."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "bench/interleaved.py",
+            "HEAD~1",
+            "HEAD",
+            "--rounds",
+            "1",
+            "--work",
+            str(tmp_path),
+            "--",
+            *control_plane("--grants", "100", "--duration-s", "8", "--warmup-s", "4")[1:],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
+    runs, summary = lines[:-1], lines[-1]
+    assert [(r["rev"], r["round"]) for r in runs] == [(summary["a"], 1), (summary["b"], 1)]
+    assert all("error" not in r and r["jobs_wrong_result"] == 0 for r in runs), runs
+    assert summary["errors"] == 0 and summary["rounds"] == 1
+    assert summary["grants_per_s"]["b_over_a"] > 0
+    assert not list(tmp_path.iterdir())  # the checkouts it made are removed
