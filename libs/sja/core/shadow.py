@@ -50,18 +50,12 @@ worst cells were worse (openb re-cuttable at 80 %: p99 ``rho`` 4.3 with 1.4, 2.4
 long job kept on a slow slice set the makespan of fixed layouts."""
 
 
-DUE_LATE_MAX_S = math.inf
-"""The most a job may finish after its finish in the reference before it is due, whatever its
-slack allows (``due_at``)."""
-
-
 def due_at(submitted_at: float, started_at: float, run_s: float, slack: float = DUE_SLACK) -> float:
     """When a job submitted at ``submitted_at`` that best-fit starts at ``started_at`` and runs for
     ``run_s`` becomes due: ``submitted + slack * R - run_s`` with ``R = started - submitted + run_s``
-    (never before it starts in the reference, never more than ``DUE_LATE_MAX_S`` after)."""
+    (never before it starts in the reference)."""
     rigid_jct = max(0.0, started_at - submitted_at) + max(0.0, run_s)
-    due = submitted_at + slack * rigid_jct - max(0.0, run_s)
-    return max(started_at, min(due, started_at + DUE_LATE_MAX_S))
+    return max(started_at, submitted_at + slack * rigid_jct - max(0.0, run_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,7 +450,6 @@ def rigid_slices(slices: Iterable[SliceState]) -> tuple[list[RigidSlice], dict[H
 
 
 __all__ = [
-    "DUE_LATE_MAX_S",
     "DUE_SLACK",
     "Basis",
     "Reference",
