@@ -314,11 +314,14 @@ class Reference:
         self.jobs: dict[str, RigidJob] = {}
         """Every admitted job the reference knows, by id (in admission order)."""
         self.shadow = RigidShadow((), slack=slack)
-        self.due_times: dict[str, float] = {}
-        """Every job started in the reference: its due time."""
         self.bases: dict[str, Basis] = {}
         """Every job started in the reference: what its due time rests on."""
         self._stale = False
+
+    @property
+    def due_times(self) -> dict[str, float]:
+        """Every job started in the reference: its due time by its declaration."""
+        return {job_id: b.due_at(self.slack) for job_id, b in self.bases.items()}
 
     def set_slices(
         self, slices: Sequence[RigidSlice], pooled: Mapping[Hashable, float] | None = None
@@ -335,7 +338,7 @@ class Reference:
 
     def admit(self, job: RigidJob) -> None:
         """A job was admitted (again: ignored)."""
-        if job.job_id in self.jobs or job.job_id in self.due_times:
+        if job.job_id in self.jobs or job.job_id in self.bases:
             return
         self.jobs[job.job_id] = job
         if self.shadow.now - job.submitted_at > REPLAY_LAG_S:
@@ -359,14 +362,14 @@ class Reference:
     ) -> float:
         """When the job became due, if it is at ``now``; 0 otherwise. Given the job's ``state`` (and
         its calibrated ``profile``), its own measurements count (``due_by_evidence``)."""
-        at = self.due_times.get(job_id, 0.0)
-        if state is not None and job_id in self.bases:
-            at = due_by_evidence(self.bases[job_id], state, profile, self.slack)
+        basis = self.bases.get(job_id)
+        if basis is None:
+            return 0.0
+        at = basis.due_at(self.slack) if state is None else due_by_evidence(basis, state, profile, self.slack)
         return at if 0.0 < at <= now else 0.0
 
     def _started(self, started: list[tuple[str, float]]) -> None:
-        for job_id, at in started:
-            self.due_times[job_id] = at
+        for job_id, _ in started:
             self.bases[job_id] = self.shadow.basis[job_id]
 
     def _replay(self) -> None:

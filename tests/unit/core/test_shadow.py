@@ -217,17 +217,24 @@ def test_the_live_reference_tells_when_each_job_is_due_and_replays_on_new_slices
     assert ref.due_at("fourth", 400.0) == pytest.approx(due_at(211.0, 211.0, 100.0, slack=1.2))
 
 
-def test_a_live_job_is_referenced_by_its_declarations() -> None:
+def live_job(max_parallel: int, mem: MemoryDecl, time: TimeDecl, submitted_at: float = 0.0) -> JobState:
+    """A 10-unit job as the gateway admits it."""
     spec = JobSpec(
         name="j",
         tenant="t",
         workload="montecarlo",
         params={"units": 10},
-        max_parallel=3,
-        memory=MemoryDecl(base_mib=1_000.0, per_unit_mib=10.0),
-        time=TimeDecl(warmup_s=5.0, per_unit_s=2.0),
+        max_parallel=max_parallel,
+        memory=mem,
+        time=time,
     )
-    state = new_job("j1", spec, 100.0)
+    return new_job("j1", spec, submitted_at)
+
+
+def test_a_live_job_is_referenced_by_its_declarations() -> None:
+    state = live_job(
+        3, MemoryDecl(base_mib=1_000.0, per_unit_mib=10.0), TimeDecl(warmup_s=5.0, per_unit_s=2.0), 100.0
+    )
     rj = rigid_job(state)
     # three subjobs at once from the start, each with 4 of the 10 units
     assert (rj.submitted_at, rj.gpus, rj.distinct_gpus) == (100.0, 3, False)
@@ -277,16 +284,9 @@ def test_jobs_heard_of_late_are_replayed_at_their_own_submission() -> None:
 
 
 def declared_job(per_unit_s: float) -> JobState:
-    spec = JobSpec(
-        name="j",
-        tenant="t",
-        workload="montecarlo",
-        params={"units": 10},
-        max_parallel=1,
-        memory=MemoryDecl(base_mib=1_000.0, per_unit_mib=0.0),
-        time=TimeDecl(warmup_s=0.0, per_unit_s=per_unit_s),
+    return live_job(
+        1, MemoryDecl(base_mib=1_000.0, per_unit_mib=0.0), TimeDecl(warmup_s=0.0, per_unit_s=per_unit_s)
     )
-    return new_job("j1", spec, 0.0)
 
 
 def measured(state: JobState, *runs: tuple[int, float, float, str]) -> tuple[JobState, JobProfile]:
