@@ -50,6 +50,15 @@ worst cells were worse (openb re-cuttable at 80 %: p99 ``rho`` 4.3 with 1.4, 2.4
 long job kept on a slow slice set the makespan of fixed layouts."""
 
 
+SPAN_SLACK = 1.05
+"""How much longer than in the reference a busy period may last: no job finishes later than
+``SPAN_SLACK`` times the reference's span of the busy period it started in, from its start to the
+latest the reference is known to end it (``RigidShadow.span_ends``; the evaluation's makespan bar).
+It binds only on the jobs whose own run is most of that span, the long jobs that end a burst of
+work: one that yielded its slices to shorter jobs while the cluster was contended could otherwise
+never catch up at the width it asked for."""
+
+
 def due_at(submitted_at: float, started_at: float, run_s: float, slack: float = DUE_SLACK) -> float:
     """When a job submitted at ``submitted_at`` that best-fit starts at ``started_at`` and runs for
     ``run_s`` becomes due: ``submitted + slack * R - run_s`` with ``R = started - submitted + run_s``
@@ -58,19 +67,46 @@ def due_at(submitted_at: float, started_at: float, run_s: float, slack: float = 
     return max(started_at, submitted_at + slack * rigid_jct - max(0.0, run_s))
 
 
+def span_due_at(
+    busy_since: float, span_end: float, started_at: float, run_s: float, span_slack: float = SPAN_SLACK
+) -> float:
+    """When a job that the reference starts at ``started_at`` for ``run_s``, in a busy period from
+    ``busy_since`` the reference ends no sooner than ``span_end``, becomes due to finish within
+    ``span_slack`` times that span (its own finish counted in it; never before it starts in the
+    reference; ``inf`` when ``span_slack`` is)."""
+    if math.isinf(span_slack) or not math.isfinite(busy_since):
+        return math.inf
+    end = max(span_end, started_at + max(0.0, run_s))
+    return max(started_at, busy_since + span_slack * (end - busy_since) - max(0.0, run_s))
+
+
 @dataclass(frozen=True, slots=True)
 class Basis:
     """What a job's due time rests on in the reference: its submission, its start there, its run (at
-    the speed of the slices it started on) and the least usable memory of those slices."""
+    the speed of the slices it started on), the least usable memory of those slices, and the start
+    of the reference's busy period it started in."""
 
     submitted_at: float
     started_at: float
     run_s: float
     usable_mib: float
+    busy_since: float = -math.inf
 
-    def due_at(self, slack: float = DUE_SLACK, stretch: float = 1.0) -> float:
-        """Its due time, its run ``stretch`` times as long."""
-        return due_at(self.submitted_at, self.started_at, self.run_s * stretch, slack)
+    def due_at(
+        self,
+        slack: float = DUE_SLACK,
+        stretch: float = 1.0,
+        span_end: float | None = None,
+        span_slack: float = SPAN_SLACK,
+    ) -> float:
+        """Its due time, its run ``stretch`` times as long; with ``span_end`` (the least end of its
+        busy period in the reference) no later than the span bound's (``span_due_at``)."""
+        at = due_at(self.submitted_at, self.started_at, self.run_s * stretch, slack)
+        return at if span_end is None else min(at, self.span_due_at(span_end, stretch, span_slack))
+
+    def span_due_at(self, span_end: float, stretch: float = 1.0, span_slack: float = SPAN_SLACK) -> float:
+        """``span_due_at`` for this job, its run ``stretch`` times as long (``inf``: no busy period)."""
+        return span_due_at(self.busy_since, span_end, self.started_at, self.run_s * stretch, span_slack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +142,13 @@ class _Run:
     seq: int
     job_id: str = field(compare=False)
     units: tuple[int, ...] = field(compare=False)
+    share: float = field(default=0.0, compare=False)
+    """Its slices' compute, in GPUs."""
+
+
+def _work(job: RigidJob) -> float:
+    """What a job asks of the reference's compute: its run on its GPUs, in GPU-seconds."""
+    return max(0.0, job.run_s) * max(1, job.gpus) * min(1.0, max(job.fraction, 0.0))
 
 
 @dataclass(slots=True)
@@ -129,8 +172,14 @@ class RigidShadow:
         pooled: Mapping[Hashable, float] | None = None,
         reserve_mib: float = 0.0,
         slack: float = DUE_SLACK,
+        span_slack: float = SPAN_SLACK,
+        busy_since: float | None = None,
+        span_end: float | None = None,
     ) -> None:
+        """``busy_since`` and ``span_end``: a busy period the first job submitted continues (a
+        replay of the jobs still in a reference on other slices)."""
         self.slack = slack
+        self.span_slack = span_slack
         self.reserve = reserve_mib
         self.units = [_Unit(i, s.gpu, float(s.mem_mib), float(s.share)) for i, s in enumerate(slices)]
         self.by_fit = sorted(
@@ -167,10 +216,46 @@ class RigidShadow:
         """Jobs whose run in the reference ended (their driver may forget them)."""
         self.now = -math.inf
         self._seq = 0
+        self.busy_since = -math.inf if busy_since is None else busy_since
+        """When the reference's current busy period began (a job arrived with nothing running or
+        waiting there)."""
+        self._carried = busy_since is not None
+        self.span_ends: dict[float, float] = {}
+        """busy period (its start) -> the least end the reference is known to give it: the latest
+        finish of a job it started, or the time its slices need for the work it runs and queues,
+        whichever is later, as high as it has been."""
+        if busy_since is not None and span_end is not None:
+            self.span_ends[busy_since] = span_end
+        self.capacity = sum(u.share for u in self.units)
+        """The slices' compute, in GPUs."""
+        self._queued_work = 0.0
+        self._busy_share = 0.0
+        self._busy_end_share = 0.0
+        """Work (GPU-seconds) the queue holds; the running jobs' slices' compute, and the sum of
+        each one's end times its compute: what they have left is ``_busy_end_share - now *
+        _busy_share``."""
 
     def __len__(self) -> int:
         """Jobs waiting in the reference."""
         return len(self.queue)
+
+    def span_end(self, basis: Basis) -> float | None:
+        """The least end the reference is known to give the busy period ``basis`` started in."""
+        return self.span_ends.get(basis.busy_since)
+
+    def _extend_span(self, end: float = -math.inf) -> float:
+        """The current busy period ends no sooner than ``end``, nor before its slices have done the
+        work it runs and queues: its ``span_ends`` entry, raised to that."""
+        if self.capacity > 0:
+            left = max(0.0, self._busy_end_share - self.now * self._busy_share) + self._queued_work
+            end = max(end, self.now + left / self.capacity)
+        end = max(self.span_ends.get(self.busy_since, -math.inf), end)
+        self.span_ends[self.busy_since] = end
+        return end
+
+    def busy(self) -> bool:
+        """Whether a job runs or waits in the reference."""
+        return bool(self.running or self.queue)
 
     def next_change(self) -> float:
         """When the reference next frees slices (``inf``: nothing runs)."""
@@ -191,12 +276,18 @@ class RigidShadow:
         out = self.advance(now)
         if job.job_id in self.started or not self.placeable(job):
             return out
+        if not self.running and not self.queue and not self._carried:
+            self.busy_since = now  # a busy period begins
+        self._carried = False
         self.queue.append(job)
+        self._queued_work += _work(job)
         out.extend(self._schedule())
+        self._extend_span()
         return out
 
     def forget(self, job_id: str) -> None:
         """The job left before the reference started it (cancelled): it no longer waits there."""
+        self._queued_work -= sum(_work(j) for j in self.queue if j.job_id == job_id)
         self.queue = [j for j in self.queue if j.job_id != job_id]
 
     def advance(self, now: float) -> list[tuple[str, float]]:
@@ -209,6 +300,8 @@ class RigidShadow:
             while self.running and self.running[0].ends <= t:
                 run = heapq.heappop(self.running)
                 self.ended.append(run.job_id)
+                self._busy_share -= run.share
+                self._busy_end_share -= run.ends * run.share
                 for i in run.units:
                     self.units[i].busy = False
                     self.gpu_busy[self.units[i].gpu] -= 1
@@ -233,6 +326,7 @@ class RigidShadow:
             if taken is None:
                 kept.append(job)
                 continue
+            self._queued_work -= _work(job)
             out.append((job.job_id, self._start(job, taken)))
             gone = set(taken)
             free_by_fit = [i for i in free_by_fit if i not in gone]
@@ -274,10 +368,15 @@ class RigidShadow:
             self.gpu_busy[u.gpu] += 1
         self.free -= len(units)
         self._seq += 1
-        heapq.heappush(self.running, _Run(self.now + run_s, self._seq, job.job_id, tuple(taken)))
-        due = due_at(job.submitted_at, self.now, run_s, self.slack)
-        self.started[job.job_id] = due
-        self.basis[job.job_id] = Basis(job.submitted_at, self.now, run_s, self._usable(taken))
+        share = sum(u.share for u in units)
+        heapq.heappush(self.running, _Run(self.now + run_s, self._seq, job.job_id, tuple(taken), share))
+        self._busy_share += share
+        self._busy_end_share += (self.now + run_s) * share
+        end = self._extend_span(self.now + run_s)
+        basis = self.basis[job.job_id] = Basis(
+            job.submitted_at, self.now, run_s, self._usable(taken), self.busy_since
+        )
+        due = self.started[job.job_id] = basis.due_at(self.slack, span_end=end, span_slack=self.span_slack)
         return due
 
     def _usable(self, taken: list[int]) -> float:
@@ -306,22 +405,33 @@ class Reference:
     not on when it heard of them, up to ``REPLAY_LAG_S``). A change of the schedulable slices
     replays the jobs still in the reference on the new ones."""
 
-    def __init__(self, *, reserve_mib: float = 0.0, slack: float = DUE_SLACK) -> None:
+    def __init__(
+        self, *, reserve_mib: float = 0.0, slack: float = DUE_SLACK, span_slack: float = SPAN_SLACK
+    ) -> None:
         self.reserve = reserve_mib
         self.slack = slack
+        self.span_slack = span_slack
         self.slices: tuple[RigidSlice, ...] = ()
         self.pooled: dict[Hashable, float] = {}
         self.jobs: dict[str, RigidJob] = {}
         """Every admitted job the reference knows, by id (in admission order)."""
-        self.shadow = RigidShadow((), slack=slack)
+        self.shadow = RigidShadow((), slack=slack, span_slack=span_slack)
         self.bases: dict[str, Basis] = {}
         """Every job started in the reference: what its due time rests on."""
+        self.span_ends: dict[float, float] = {}
+        """busy period (its start) -> the latest finish the reference has for it (across replays)."""
         self._stale = False
 
     @property
     def due_times(self) -> dict[str, float]:
-        """Every job started in the reference: its due time by its declaration."""
-        return {job_id: b.due_at(self.slack) for job_id, b in self.bases.items()}
+        """Every job started in the reference: its due time by its declaration (and its busy
+        period's span so far)."""
+        return {
+            job_id: b.due_at(
+                self.slack, span_end=self.span_ends.get(b.busy_since), span_slack=self.span_slack
+            )
+            for job_id, b in self.bases.items()
+        }
 
     def set_slices(
         self, slices: Sequence[RigidSlice], pooled: Mapping[Hashable, float] | None = None
@@ -365,16 +475,34 @@ class Reference:
         basis = self.bases.get(job_id)
         if basis is None:
             return 0.0
-        at = basis.due_at(self.slack) if state is None else due_by_evidence(basis, state, profile, self.slack)
+        end = self.span_ends.get(basis.busy_since)
+        if state is None:
+            at = basis.due_at(self.slack, span_end=end, span_slack=self.span_slack)
+        else:
+            at = due_by_evidence(basis, state, profile, self.slack, end, self.span_slack)
         return at if 0.0 < at <= now else 0.0
 
     def _started(self, started: list[tuple[str, float]]) -> None:
         for job_id, _ in started:
             self.bases[job_id] = self.shadow.basis[job_id]
+        period = self.shadow.busy_since  # the only period whose end moves
+        end = self.shadow.span_ends.get(period)
+        if end is not None:
+            self.span_ends[period] = max(self.span_ends.get(period, end), end)
 
     def _replay(self) -> None:
         self._stale = False
-        self.shadow = RigidShadow(self.slices, pooled=self.pooled, reserve_mib=self.reserve, slack=self.slack)
+        old = self.shadow
+        busy = old.busy_since if old.busy() else None  # the jobs still in it continue its busy period
+        self.shadow = RigidShadow(
+            self.slices,
+            pooled=self.pooled,
+            reserve_mib=self.reserve,
+            slack=self.slack,
+            span_slack=self.span_slack,
+            busy_since=busy,
+            span_end=None if busy is None else old.span_ends.get(busy),
+        )
         for job in sorted(self.jobs.values(), key=lambda j: (j.submitted_at, j.job_id)):
             self._started(self.shadow.submit(job, max(job.submitted_at, self.shadow.now)))
 
@@ -385,7 +513,12 @@ def reference_units(state: JobState) -> int:
 
 
 def due_by_evidence(
-    basis: Basis, state: JobState, profile: JobProfile | None, slack: float = DUE_SLACK
+    basis: Basis,
+    state: JobState,
+    profile: JobProfile | None,
+    slack: float = DUE_SLACK,
+    span_end: float | None = None,
+    span_slack: float = SPAN_SLACK,
 ) -> float:
     """A job's due time with its own measurements counted (0: it has no reference).
 
@@ -394,7 +527,10 @@ def due_by_evidence(
       learned speeds add to their shares) over the declared one is the factor its reference run was
       too short by; the due time moves back by
       ``(slack - 1)`` times the extra run (``due_at`` with the run stretched so). Never
-      forward: a job that overstates only delays itself.
+      forward: a job that overstates only delays itself. The span bound (``span_end``, the
+      latest finish of its busy period in the reference: ``span_due_at``) takes the measured run
+      either way: a job that overstates its run to look like the one that ends the busy period is
+      due by that bound only until its first subjob is measured.
     - Memory: a subjob of at most that share whose measured peak (or the cap it ran out of memory
       under) exceeds the usable memory of the reference's slices would have failed there; the
       reference does not hold for it."""
@@ -406,7 +542,7 @@ def due_by_evidence(
         if need > basis.usable_mib:
             return 0.0
     if profile is None or profile.observations == 0:
-        return basis.due_at(slack)
+        return basis.due_at(slack, span_end=span_end, span_slack=span_slack)
     _, time = declarations(state.spec)
     declared = time.warmup_s + time.per_unit_s * k
     # a slice profile's learned speed holds what its share does not explain: a job slower than it
@@ -415,9 +551,9 @@ def due_by_evidence(
     speeds = [(e.mean, e.n) for e in profile.speed.values() if e.n > 0]
     extra = sum(m * n for m, n in speeds) / sum(n for _, n in speeds) if speeds else 0.0
     measured = max(profile.time.mean(k), profile.time.lower_bound(k) or 0.0) * math.exp(extra)
-    if declared <= 0.0 or measured <= declared:
-        return basis.due_at(slack)
-    return basis.due_at(slack, measured / declared)
+    ratio = measured / declared if declared > 0.0 else 1.0
+    at = basis.due_at(slack, max(ratio, 1.0))
+    return at if span_end is None else min(at, basis.span_due_at(span_end, ratio, span_slack))
 
 
 def rigid_job(state: JobState) -> RigidJob:
@@ -454,6 +590,7 @@ def rigid_slices(slices: Iterable[SliceState]) -> tuple[list[RigidSlice], dict[H
 
 __all__ = [
     "DUE_SLACK",
+    "SPAN_SLACK",
     "Basis",
     "Reference",
     "RigidJob",
@@ -464,4 +601,5 @@ __all__ = [
     "reference_units",
     "rigid_job",
     "rigid_slices",
+    "span_due_at",
 ]

@@ -265,6 +265,10 @@ class SjaEngine:
         ]
         self.gpu_index = gpu_indices(cluster)
         self.shadow = _rigid_reference(cluster, cfg)
+        self.due_jobs: set[str] = set()
+        """Jobs marked due (``_set_due``)."""
+        self._span_seen: tuple[float, float] = (-math.inf, -math.inf)
+        """The reference's busy period and its latest finish when the due jobs were last looked at."""
         """The rigid reference, run beside the replay: when each job becomes due (``core.shadow``)."""
         self.gpu_slices: dict[str, list[int]] = {}
         for sl in self.slices:
@@ -730,6 +734,7 @@ class SjaEngine:
         assert applied, f"completion {c.subjob_id} not applied"
         self._set_state(job, state)
         if job.state.status in ("done", "failed", "cancelled"):
+            self.due_jobs.discard(job.state.job_id)
             if job.state.status == "done":
                 self.recorder.finish_job(job.model.trace.job_id, self.now)
             else:
@@ -1328,10 +1333,21 @@ class SjaEngine:
     # --- the rigid reference (``core.shadow``) ---------------------------------------------------
 
     def _dues(self, started: list[tuple[str, float]]) -> None:
-        """Jobs the reference started: each becomes due at its due time (at once if that has passed)."""
+        """Jobs the reference started: each becomes due at its due time (at once if that has passed).
+        An arrival or start that moves the reference's busy period's end later puts the span bound
+        of the jobs due in it back (``shadow.span_due_at``): they are looked at again."""
         for job_id, at in started:
             self.seq += 1
             heapq.heappush(self.events, (max(at, self.now), self.seq, _Due(job_id, at)))
+        period = self.shadow.busy_since
+        end = self.shadow.span_ends.get(period, -math.inf)
+        if self._span_seen != (period, end):
+            self._span_seen = (period, end)
+            for job_id in list(self.due_jobs):
+                job = self.jobs.get(job_id)
+                basis = self.shadow.basis.get(job_id)
+                if job is not None and basis is not None and basis.busy_since == period:
+                    self._recheck_due(job)
 
     def _due(self, ev: _Due) -> None:
         """A job's due time by the reference came: counting its own measurements
@@ -1351,7 +1367,10 @@ class SjaEngine:
         if basis is None:
             return 0.0
         profile = self.profiles.of(job.state) if job.state.profile is not None else None
-        return due_by_evidence(basis, job.state, profile, self.shadow.slack)
+        shadow = self.shadow
+        return due_by_evidence(
+            basis, job.state, profile, shadow.slack, shadow.span_end(basis), shadow.span_slack
+        )
 
     def _recheck_due(self, job: _Job) -> None:
         """A due job completed a subjob: its measurements may put its due time back (unmarked, and
@@ -1374,6 +1393,10 @@ class SjaEngine:
         was = self._is_waiting(job)
         self.bidder.drop(job_id)
         self._set_state(job, msgspec.structs.replace(job.state, due_at=at))
+        if at > 0:
+            self.due_jobs.add(job_id)
+        else:
+            self.due_jobs.discard(job_id)
         self._update_waiting(was, job)
         held = {f.slice_id for f in job.state.in_flight}
         for s in self.slices:

@@ -15,6 +15,7 @@ from sja.core.jobs import new_job
 from sja.core.profiles import JobProfile
 from sja.core.shadow import (
     DUE_SLACK,
+    SPAN_SLACK,
     Basis,
     Reference,
     RigidJob,
@@ -24,6 +25,7 @@ from sja.core.shadow import (
     due_by_evidence,
     rigid_job,
     rigid_slices,
+    span_due_at,
 )
 from sja.protocol.messages import JobSpec, JobState, MemoryDecl, SliceState, SubjobSummary, TimeDecl
 from sja.sim.baselines import run_baseline
@@ -52,13 +54,13 @@ def test_due_at_is_the_last_start_that_finishes_within_the_slack() -> None:
 
 
 def test_a_job_that_starts_at_once_is_due_after_a_slack_of_its_run() -> None:
-    shadow = RigidShadow(whole(1))
+    shadow = RigidShadow(whole(1), span_slack=math.inf)
     started = shadow.submit(job("a", 10.0, 1000.0), 10.0)
     assert started == [("a", pytest.approx(10.0 + (DUE_SLACK - 1.0) * 1000.0))]
 
 
 def test_a_waiting_job_starts_when_the_reference_frees_its_gpu() -> None:
-    shadow = RigidShadow(whole(1))
+    shadow = RigidShadow(whole(1), span_slack=math.inf)
     shadow.submit(job("a", 0.0, 100.0), 0.0)
     assert shadow.submit(job("b", 5.0, 50.0), 5.0) == []  # waits behind a
     assert len(shadow) == 1 and shadow.next_change() == 100.0
@@ -75,7 +77,7 @@ def test_best_fit_takes_the_smallest_slice_that_holds_the_job_and_backfills() ->
         RigidSlice("g0", 40_960, 3 / 7),
         RigidSlice("g1", 10_240, 1 / 7),
     ]
-    shadow = RigidShadow(slices)
+    shadow = RigidShadow(slices, span_slack=math.inf)
     out = dict(shadow.submit(job("small", 0.0, 70.0, mem=5_000.0), 0.0))
     # the 1g slice, at a seventh of the speed: 490 s
     assert shadow.running[0].units == (2,) and shadow.next_change() == pytest.approx(490.0)
@@ -119,6 +121,69 @@ def test_a_gpu_that_may_be_re_cut_is_taken_whole_by_a_job_no_slice_holds() -> No
     assert recut.running[0].units == (0, 1) and recut.next_change() == pytest.approx(10.0)
 
 
+# --- the span bound ---------------------------------------------------------------------------------
+
+
+def test_a_job_alone_in_its_busy_period_is_due_to_end_it_within_the_span_slack() -> None:
+    shadow = RigidShadow(whole(1))
+    started = shadow.submit(job("a", 10.0, 1000.0), 10.0)
+    # it ends the busy period (10 .. 1010): due once it must run at full width to end it by 1060
+    assert started == [("a", pytest.approx(10.0 + (SPAN_SLACK - 1.0) * 1000.0))]
+    assert started[0][1] == pytest.approx(span_due_at(10.0, 1010.0, 10.0, 1000.0))
+    assert started[0][1] < due_at(10.0, 10.0, 1000.0)
+
+
+def test_work_queued_in_the_reference_puts_the_span_bound_back() -> None:
+    """The reference's span is at least as long as its slices need for the work it runs and queues:
+    once a second job waits behind it, the first no longer ends the busy period by much, and the
+    slack on its rigid JCT is the earlier bound again."""
+    ref = Reference()
+    ref.set_slices(whole(1))
+    ref.admit(job("a", 0.0, 1000.0))
+    ref.advance(100.0)
+    assert ref.due_at("a", 100.0) == pytest.approx((SPAN_SLACK - 1.0) * 1000.0)
+    ref.admit(job("b", 100.0, 1000.0))
+    ref.advance(101.0)
+    assert ref.span_ends[0.0] == pytest.approx(2000.0)
+    assert ref.due_at("a", 101.0) == 0.0  # not due yet: 1.05 x 2000 - 1000 = 1100, slack 500
+    assert ref.due_at("a", 600.0) == pytest.approx(due_at(0.0, 0.0, 1000.0))
+    # b starts at 1000 and ends the period at 2000: due by the span at 1.05 x 2000 - 1000
+    ref.advance(1000.0)
+    assert ref.due_at("b", 1100.0) == pytest.approx(SPAN_SLACK * 2000.0 - 1000.0)
+
+
+def test_a_busy_period_begins_when_the_reference_is_idle_and_a_replay_continues_it() -> None:
+    ref = Reference()
+    ref.set_slices(whole(1))
+    ref.admit(job("a", 0.0, 100.0))
+    ref.admit(job("b", 50.0, 100.0))
+    ref.advance(300.0)  # both over at 200: idle
+    ref.admit(job("c", 300.0, 100.0))
+    ref.admit(job("d", 310.0, 100.0))
+    ref.advance(320.0)
+    assert [ref.bases[j].busy_since for j in "abc"] == [0.0, 0.0, 300.0]
+    assert ref.span_ends[0.0] == pytest.approx(200.0)
+    # a second GPU: d (still in the reference) is replayed, and its busy period is still c's
+    assert ref.set_slices(whole(2)) is True
+    ref.advance(321.0)
+    assert ref.bases["d"].busy_since == 300.0 and ref.bases["d"].started_at == 310.0
+
+
+def test_the_span_bound_takes_a_jobs_measured_run_either_way() -> None:
+    """Overstating its run makes a job look like the one that ends the busy period (due at once by
+    the span bound); measured, its short run leaves only the slack on its rigid JCT."""
+    state = declared_job(10.0)  # 10 units: 100 s declared
+    basis = Basis(0.0, 0.0, 100.0, 40_000.0, busy_since=0.0)
+    assert due_by_evidence(basis, state, None, span_end=100.0) == pytest.approx((SPAN_SLACK - 1.0) * 100.0)
+    fast, profile = measured(state, *[(1, 0.5, 900.0, "ok")] * 6)
+    assert due_by_evidence(basis, fast, profile, span_end=100.0) == basis.due_at()
+    # understating still gains nothing: measured, its due time moves back, by both bounds
+    liar = declared_job(0.1)
+    basis = Basis(0.0, 0.0, 1.0, 40_000.0, busy_since=0.0)
+    slow, profile = measured(liar, *[(1, 10.0, 900.0, "ok")] * 6)
+    assert due_by_evidence(basis, slow, profile, span_end=120.0) > basis.due_at(span_end=120.0) + 10.0
+
+
 def test_forget_drops_a_waiting_job() -> None:
     shadow = RigidShadow(whole(1))
     shadow.submit(job("a", 0.0, 100.0), 0.0)
@@ -147,8 +212,8 @@ def _trace(rng: random.Random, n: int) -> list[TraceJob]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_reference_starts_every_job_when_the_best_fit_baseline_does(cluster: str, seed: int) -> None:
     """Fed the same jobs, the online reference starts each one at the instant the simulator's
-    best-fit baseline does (declarations true: no OOM rerun), and it is due from the slack on its
-    rigid JCT."""
+    best-fit baseline does (declarations true: no OOM rerun), for as long, and it is due from the
+    slack on its rigid JCT or earlier (the span bound), never later."""
     cfg = SimConfig(seed=seed)
     sim = parse_cluster(cluster)
     trace = _trace(random.Random(seed), 120)
@@ -166,9 +231,10 @@ def test_the_reference_starts_every_job_when_the_best_fit_baseline_does(cluster:
             assert tj.job_id not in dues
             continue
         assert rec.first_start_s is not None and rec.finish_s is not None
-        assert dues[tj.job_id] == pytest.approx(
-            due_at(tj.submit_s, rec.first_start_s, rec.finish_s - rec.first_start_s), abs=1e-6
-        )
+        basis = shadow.basis[tj.job_id]
+        assert basis.started_at == pytest.approx(rec.first_start_s, abs=1e-6)
+        assert basis.run_s == pytest.approx(rec.finish_s - rec.first_start_s, abs=1e-6)
+        assert dues[tj.job_id] <= due_at(tj.submit_s, basis.started_at, basis.run_s) + 1e-6
         checked += 1
     assert checked > 100
 
@@ -191,7 +257,7 @@ def test_a_due_job_comes_before_every_job_that_is_not(
 
 
 def test_the_live_reference_tells_when_each_job_is_due_and_replays_on_new_slices() -> None:
-    ref = Reference(slack=1.2)
+    ref = Reference(slack=1.2, span_slack=math.inf)
     ref.admit(job("early", 0.0, 100.0))  # heard of before any slice: replayed once they are known
     ref.advance(1.0)
     assert ref.due_at("early", 1.0) == 0.0 and not ref.due_times
@@ -268,7 +334,7 @@ def test_live_slices_are_named_by_node_and_gpu_and_offline_ones_left_out() -> No
 def test_jobs_heard_of_late_are_replayed_at_their_own_submission() -> None:
     """An agent that starts late reads the submissions from the first: the reference, already at the
     present, places each at its own submission and not when it was heard of."""
-    ref = Reference()
+    ref = Reference(span_slack=math.inf)
     ref.set_slices(whole(1))
     ref.advance(10_000.0)
     ref.admit(job("a", 100.0, 1_000.0))
@@ -369,7 +435,7 @@ def replace_units(state: JobState, units: int) -> JobState:
 
 
 def test_the_live_reference_counts_a_jobs_measurements() -> None:
-    ref = Reference()
+    ref = Reference(span_slack=math.inf)
     ref.set_slices(whole(1))
     state = declared_job(0.1)
     ref.admit(rigid_job(state))

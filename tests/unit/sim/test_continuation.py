@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sja.core.shadow import DUE_SLACK
+from sja.core.shadow import DUE_SLACK, SPAN_SLACK
 from sja.sim.cluster import parse_cluster
 from sja.sim.engine import SjaEngine, _Running, _Slice
 from sja.sim.metrics import summarize
@@ -224,6 +224,7 @@ def test_a_job_slower_than_it_declared_is_due_when_its_measurements_say() -> Non
             super()._set_due(job, at)
 
     engine = Marks(parse_cluster("1xA100-80GB"), [long, *newcomers], cfg)
+    engine.shadow.span_slack = math.inf  # alone at first, it ends its busy period: not this test's bound
     engine.run()
     assert engine.shadow.basis["j0"].due_at() == pytest.approx((DUE_SLACK - 1) * 2 * 3600.0)
     own = [(t, at) for t, j, at in marks if j == "j0"]
@@ -231,3 +232,24 @@ def test_a_job_slower_than_it_declared_is_due_when_its_measurements_say() -> Non
     assert own and own[0][0] == own[0][1] == pytest.approx(measured, rel=0.1)
     assert engine.jobs["j0"].state.due_at == pytest.approx(measured, rel=0.1)
     units_exactly_once(engine)
+
+
+def test_a_long_job_that_ends_the_busy_period_is_not_kept_past_its_span() -> None:
+    """An 8-hour 2-GPU job and half-hour newcomers every 20 minutes on 3 GPUs: best-fit runs it
+    from the start to the end of everything (8 h), the newcomers on the third GPU. By attained
+    service the newcomers take its slices at their windows' ends, and it ends the run almost an
+    hour late. As the job whose run is most of the reference's busy period it is due once it must
+    run at full width to finish within ``SPAN_SLACK`` times that span (``shadow.span_due_at``)."""
+    long = dataclasses.replace(job("long", 0.0, 8 * 3600.0, gpus=2), tenant="t")
+    newcomers = [dataclasses.replace(job(f"n{i}", 60.0 + 1200.0 * i, 1800.0), tenant="t") for i in range(12)]
+    engine = run([long, *newcomers], "3xA100-80GB")
+    span = 8 * 3600.0
+    assert engine.jobs["j0"].state.due_at <= (SPAN_SLACK - 1) * span * 1.1
+    finish = engine.recorder.jobs["long"].finish_s
+    assert finish is not None and finish <= SPAN_SLACK * span
+    units_exactly_once(engine)
+    plain = Spy(parse_cluster("3xA100-80GB"), [long, *newcomers], CFG)
+    plain.shadow.span_slack = math.inf
+    plain.run()
+    late = plain.recorder.jobs["long"].finish_s
+    assert late is not None and late > SPAN_SLACK * span
