@@ -3,9 +3,10 @@
 Every agent replays every admitted job (an ordered consumer on ``SJA_JOBS`` from its first message:
 the submissions the gateway published, each a ``JobState`` with its spec and submission time) on the
 slices of the inventory (``sja-slices``, read every ``SLICES_EVERY_S``), so each reaches the same due
-times without asking another. Once a job it owns is due, the agent sets ``JobState.due_at`` (written with the
-job's next write): its proposals, subjobs and held slices carry it, and the order of service puts
-it first (``continuation.service_key``).
+times without asking another. Once a job it owns is due, the agent sets ``JobState.due_at`` to the
+instant it is due to finish by (written with the job's next write): its proposals, subjobs and held
+slices carry it, and the order of service puts it first, earliest first
+(``continuation.service_key``).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class DueKeeper:
             if job_id not in self.ref.bases:
                 continue
             profile = profiles.of(state) if state.profile is not None else None
-            at = self.ref.due_at(job_id, now, state, profile)
+            at = self.ref.due_by(job_id, now, state, profile)
             if at == state.due_at:
                 continue
             self.agent.remember(msgspec.structs.replace(state, due_at=at), rev)

@@ -103,8 +103,8 @@ def service_key(attained_gpu_s: float, submitted_at: float, due_at: float = 0.0)
     """A job's place in the order of service, least first: its attained service, less ``AGEING``
     GPU-seconds for every second it has been in the system (all jobs age alike, so the order is
     the same at every instant and the key counts from its submission instead). A job that is due
-    (``due_at`` > 0: it would finish too late against the rigid reference, ``core.shadow``) comes
-    before every job that is not, earliest due first."""
+    (``due_at`` > 0, the instant it is due to finish by: it would finish too late against the rigid
+    reference, ``core.shadow``) comes before every job that is not, earliest first."""
     if due_at > 0.0:
         return DUE_KEY + due_at
     return attained_gpu_s + AGEING * submitted_at

@@ -21,7 +21,7 @@ from sja.core.jobs import declarations, is_terminal, next_range, plan_request
 from sja.core.planner import PlanLimits, largest_safe_size, usable_memory, usable_time
 from sja.core.policies import REGISTRY, ClearingPolicy, Ledger, Policy, VerdictKind, verdict_kind
 from sja.core.profiles import EVIDENCE_MIN_DOF, JobProfile
-from sja.core.shadow import DUE_SLACK
+from sja.core.shadow import DUE_SLACK, SPAN_SLACK
 from sja.protocol.messages import Explanation, JobSpec, JobState, RoundRecord, Window, WindowReason
 
 _UNKNOWN = Policy("")
@@ -415,10 +415,13 @@ def explain(
     if note is not None:
         notes.append(note)
     if state.due_at > 0 and not is_terminal(state):
+        left = state.due_at - now
+        by = f"to finish within {left:.0f} s" if left >= 0 else f"{-left:.0f} s past when it was to finish"
         notes.append(
-            f"due against the rigid reference for {max(0.0, now - state.due_at):.0f} s: it would "
-            f"finish more than {DUE_SLACK:g} times later than under best-fit, so it comes before every "
-            "job that is not due, and no such job takes a slice it holds"
+            f"due against the rigid reference, {by}: it would finish more than "
+            f"{DUE_SLACK:g} times later than under best-fit (or end its burst of work more than "
+            f"{SPAN_SLACK:g} times later), so it comes before every job that is not due, earliest "
+            "finish first, and no such job takes a slice it holds"
         )
     over = memory_overrun(state)
     if over is not None:

@@ -18,8 +18,14 @@ When the shadow starts a job at ``s`` it would finish at ``s + D``: its rigid JC
 ``R = s - submitted + D``. The job is **due** at ``submitted + DUE_SLACK * R - D`` (:func:`due_at`):
 the last instant from which, served at full width, it still finishes within ``DUE_SLACK`` times its
 rigid JCT. From then on the order of service puts it before every job that is not due
-(``continuation.service_key``), earliest due first, and its held slices go to no job that is not due.
-A job the shadow has not started is not due: its rigid JCT is still growing.
+(``continuation.service_key``), earliest to finish by first (``Reference.due_by``), and its held
+slices go to no job that is not due. A job the shadow has not started is not due: its rigid JCT
+is still growing.
+
+A job is also due no later than the last instant from which, served at full width, it ends the
+reference's busy period it started in within ``SPAN_SLACK`` times that period's span
+(:func:`span_due_at`; the span is the least end the reference is known to give the period,
+``RigidShadow.span_ends``): the long jobs that end a burst of work are not left to end it late.
 
 The reference runs a job by what it declares, and a tenant declares what it likes. Its own
 measurements overrule it (:func:`due_by_evidence`): once its calibrated time profile says its run is
@@ -107,6 +113,26 @@ class Basis:
     def span_due_at(self, span_end: float, stretch: float = 1.0, span_slack: float = SPAN_SLACK) -> float:
         """``span_due_at`` for this job, its run ``stretch`` times as long (``inf``: no busy period)."""
         return span_due_at(self.busy_since, span_end, self.started_at, self.run_s * stretch, span_slack)
+
+    def finish_by(
+        self,
+        slack: float = DUE_SLACK,
+        stretch: float = 1.0,
+        span_end: float | None = None,
+        span_slack: float = SPAN_SLACK,
+        span_stretch: float | None = None,
+    ) -> float:
+        """The instant it is due to finish by: ``slack`` times its rigid JCT after its submission,
+        its run ``stretch`` times as long, or (with ``span_end``) ``span_slack`` times its busy
+        period's span, its run ``span_stretch`` times as long (default ``stretch``), whichever is
+        earlier. Its due time is that less its run (``due_at``)."""
+        run = self.run_s * stretch
+        by = self.submitted_at + slack * (max(0.0, self.started_at - self.submitted_at) + max(0.0, run))
+        if span_end is not None and not math.isinf(span_slack) and math.isfinite(self.busy_since):
+            span_run = max(0.0, self.run_s * (stretch if span_stretch is None else span_stretch))
+            end = max(span_end, self.started_at + span_run)
+            by = min(by, self.busy_since + span_slack * (end - self.busy_since))
+        return by
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,6 +508,18 @@ class Reference:
             at = due_by_evidence(basis, state, profile, self.slack, end, self.span_slack)
         return at if 0.0 < at <= now else 0.0
 
+    def due_by(
+        self, job_id: str, now: float, state: JobState | None = None, profile: JobProfile | None = None
+    ) -> float:
+        """The instant the job is due to finish by (``finish_by``, its measurements counted as in
+        ``due_at``) if it is due at ``now``; 0 otherwise: what ``JobState.due_at`` carries, the key
+        of the order due jobs are served in (earliest first)."""
+        if not self.due_at(job_id, now, state, profile):
+            return 0.0
+        basis = self.bases[job_id]
+        end = self.span_ends.get(basis.busy_since)
+        return finish_by_evidence(basis, state, profile, self.slack, end, self.span_slack)
+
     def _started(self, started: list[tuple[str, float]]) -> None:
         for job_id, _ in started:
             self.bases[job_id] = self.shadow.basis[job_id]
@@ -534,15 +572,41 @@ def due_by_evidence(
     - Memory: a subjob of at most that share whose measured peak (or the cap it ran out of memory
       under) exceeds the usable memory of the reference's slices would have failed there; the
       reference does not hold for it."""
+    ratio = _measured_ratio(basis, state, profile)
+    if ratio is None:
+        return 0.0
+    at = basis.due_at(slack, max(ratio, 1.0))
+    return at if span_end is None else min(at, basis.span_due_at(span_end, ratio, span_slack))
+
+
+def finish_by_evidence(
+    basis: Basis,
+    state: JobState | None,
+    profile: JobProfile | None,
+    slack: float = DUE_SLACK,
+    span_end: float | None = None,
+    span_slack: float = SPAN_SLACK,
+) -> float:
+    """``Basis.finish_by`` with the job's own measurements counted as ``due_by_evidence`` counts
+    them (0: it has no reference)."""
+    ratio = 1.0 if state is None else _measured_ratio(basis, state, profile)
+    if ratio is None:
+        return 0.0
+    return basis.finish_by(slack, max(ratio, 1.0), span_end, span_slack, ratio)
+
+
+def _measured_ratio(basis: Basis, state: JobState, profile: JobProfile | None) -> float | None:
+    """How many times its declared run the job's measurements say its reference run is (1: not
+    measured yet); ``None`` when a measured peak voids its reference (``due_by_evidence``)."""
     k = reference_units(state)
     for h in state.history:
         if h.units > k:
             continue
         need = max(h.peak_mem_mib, float(h.mem_cap_mib) if h.status == "oom" else 0.0)
         if need > basis.usable_mib:
-            return 0.0
+            return None
     if profile is None or profile.observations == 0:
-        return basis.due_at(slack, span_end=span_end, span_slack=span_slack)
+        return 1.0
     _, time = declarations(state.spec)
     declared = time.warmup_s + time.per_unit_s * k
     # a slice profile's learned speed holds what its share does not explain: a job slower than it
@@ -551,9 +615,7 @@ def due_by_evidence(
     speeds = [(e.mean, e.n) for e in profile.speed.values() if e.n > 0]
     extra = sum(m * n for m, n in speeds) / sum(n for _, n in speeds) if speeds else 0.0
     measured = max(profile.time.mean(k), profile.time.lower_bound(k) or 0.0) * math.exp(extra)
-    ratio = measured / declared if declared > 0.0 else 1.0
-    at = basis.due_at(slack, max(ratio, 1.0))
-    return at if span_end is None else min(at, basis.span_due_at(span_end, ratio, span_slack))
+    return measured / declared if declared > 0.0 else 1.0
 
 
 def rigid_job(state: JobState) -> RigidJob:
@@ -598,6 +660,7 @@ __all__ = [
     "RigidSlice",
     "due_at",
     "due_by_evidence",
+    "finish_by_evidence",
     "reference_units",
     "rigid_job",
     "rigid_slices",

@@ -144,8 +144,9 @@ class SliceState(Message, Tokens, tag="sja.slice_state.v1", frozen=True, kw_only
     """When the holder's job was submitted, while ``contestable_at`` is set: a job's place in the
     order of service counts its age too (``core.continuation.service_key``)."""
     holder_due_at: NonNegFloat = 0.0
-    """When the holder's job became due (``core.shadow``), while ``contestable_at`` is set; 0: it is
-    not due. A due holder's slice goes to no job that is not due."""
+    """The instant the holder's job is due to finish by (``JobState.due_at``), while
+    ``contestable_at`` is set; 0: it is not due. A due holder's slice goes to no job that is not due,
+    nor to one due later."""
     recut_mib: NonNegInt = 0
     """Memory of the largest instance a re-cut of this slice's GPU can make, when its inventory
     re-cuts MIG GPUs for the work waiting (``SJA_REPARTITION=on``); 0: the layout stays. A job that
@@ -177,7 +178,8 @@ class Window(Tokens, frozen=True, kw_only=True, gc=False):
     held_submitted_at: NonNegFloat = 0.0
     """With ``held_by``: when the holder's job was submitted (``core.continuation.service_key``)."""
     held_due_at: NonNegFloat = 0.0
-    """With ``held_by``: when the holder's job became due (``core.shadow``; 0: it is not)."""
+    """With ``held_by``: the instant the holder's job is due to finish by (``JobState.due_at``; 0: it
+    is not due)."""
     held_tenant: str = ""
     """With ``held_by``: its tenant (a clearer charges the holder's service past its window to it,
     ``grants.learn_service``)."""
@@ -264,8 +266,8 @@ class Proposal(Tokens, frozen=True, kw_only=True, gc=False):
     """Grants the job's agent had received when it replied; the clearer subtracts the grants it
     issued since, so one job is never granted more windows than it can use at once."""
     due_at: NonNegFloat = 0.0
-    """When the job became due (``JobState.due_at``; 0: it is not): it comes first in the order of
-    service (``core.continuation.service_key``)."""
+    """The instant the job is due to finish by (``JobState.due_at``; 0: it is not due): it comes first
+    in the order of service, earliest first (``core.continuation.service_key``)."""
     attained_gpu_s: NonNegFloat = 0.0
     """GPU-seconds the job has been granted so far, as its agent counts them (what the agents
     rank a tenant's own jobs by when they shortlist bids for ``fair``)."""
@@ -550,7 +552,8 @@ class Subjob(Message, Tokens, tag="sja.subjob.v1", frozen=True, kw_only=True):
     """When its job was submitted (``JobState.submitted_at``): the slice carries it with
     ``attained_gpu_s``."""
     due_at: NonNegFloat = 0.0
-    """When its job became due (``JobState.due_at``; 0: it is not): the slice carries it too."""
+    """The instant its job is due to finish by (``JobState.due_at``; 0: it is not due): the slice
+    carries it too."""
 
 
 class Completion(Message, Tokens, tag="sja.completion.v1", frozen=True, kw_only=True):
@@ -702,8 +705,10 @@ class JobState(Message, Tokens, tag="sja.job_state.v1", frozen=True, kw_only=Tru
     """GPU-seconds granted to the job so far (expected duration times compute share of every grant
     it took): what the clearer's ledger charges, counted by the agent."""
     due_at: NonNegFloat = 0.0
-    """When the job became due: it would finish more than ``core.shadow.DUE_SLACK`` times later than
-    under the rigid reference (``core.shadow``) unless served first from then on. 0: it is not due."""
+    """The instant the job is due to finish by, once it is due: it would finish more than
+    ``core.shadow.DUE_SLACK`` times later than under the rigid reference (or its busy period would
+    end more than ``core.shadow.SPAN_SLACK`` times later) unless served first from then on. Due jobs
+    are served earliest first. 0: it is not due."""
 
 
 class JobHead(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -98,7 +98,7 @@ from sja.core.repartition import (
     plan_repartitions,
     served_value,
 )
-from sja.core.shadow import RigidJob, RigidShadow, RigidSlice, due_by_evidence
+from sja.core.shadow import RigidJob, RigidShadow, RigidSlice, due_by_evidence, finish_by_evidence
 from sja.core.windows import WindowRequest, find_windows, probe_offer, unheld
 from sja.protocol.messages import (
     Completion,
@@ -1360,7 +1360,7 @@ class SjaEngine:
             self.seq += 1
             heapq.heappush(self.events, (at, self.seq, _Due(ev.job_id, at)))
         elif at > 0:
-            self._set_due(job, at)
+            self._set_due(job, self._finish_by(job))
 
     def _due_by_evidence(self, job: _Job) -> float:
         basis = self.shadow.basis.get(job.state.job_id)
@@ -1372,14 +1372,24 @@ class SjaEngine:
             basis, job.state, profile, shadow.slack, shadow.span_end(basis), shadow.span_slack
         )
 
+    def _finish_by(self, job: _Job) -> float:
+        """What a due job carries (``JobState.due_at``): the instant it is due to finish by."""
+        basis = self.shadow.basis[job.state.job_id]
+        profile = self.profiles.of(job.state) if job.state.profile is not None else None
+        shadow = self.shadow
+        return finish_by_evidence(
+            basis, job.state, profile, shadow.slack, shadow.span_end(basis), shadow.span_slack
+        )
+
     def _recheck_due(self, job: _Job) -> None:
-        """A due job completed a subjob: its measurements may put its due time back (unmarked, and
-        looked at again then) or void it."""
+        """A due job completed a subjob (or its busy period's span grew): its measurements may move
+        the instant it is due to finish by, put its due time back (unmarked, and looked at again
+        then) or void it."""
         at = self._due_by_evidence(job)
-        if at == job.state.due_at:
-            return
         if 0 < at <= self.now:
-            self._set_due(job, at)
+            by = self._finish_by(job)
+            if by != job.state.due_at:
+                self._set_due(job, by)
             return
         self._set_due(job, 0.0)
         if at > 0:
@@ -1387,8 +1397,8 @@ class SjaEngine:
             heapq.heappush(self.events, (at, self.seq, _Due(job.state.job_id, at)))
 
     def _set_due(self, job: _Job, at: float) -> None:
-        """The job is due from ``at`` (0: not due): it comes first in the order of service, and so do
-        the slices it holds, or no longer does."""
+        """The job is due, to finish by ``at`` (0: not due): it comes first in the order of service,
+        earliest first, and so do the slices it holds, or no longer does."""
         job_id = job.state.job_id
         was = self._is_waiting(job)
         self.bidder.drop(job_id)

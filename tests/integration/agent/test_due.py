@@ -82,7 +82,8 @@ async def test_a_running_job_becomes_due_and_its_next_subjobs_carry_it(
         assert due < due_at(state.submitted_at, basis.started_at, rigid_s)
         # its measurements (each subjob is held 2 s here) may move its due time a little
         # (``test_a_job_that_understates_its_run_is_unmarked_once_measured``)
-        assert 0 < state.due_at <= time.time()
+        # marked, it carries the instant it is due to finish by: its due time plus its run
+        assert state.due_at > due and agent.dues.ref.due_at(ack.job_id, time.time()) > 0
         assert agent.dues.marked >= 1
         await wait_until(
             lambda: any(decode(x.data, m.Subjob).due_at > 0 for x in dispatched),

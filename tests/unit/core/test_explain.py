@@ -130,7 +130,8 @@ def queue_order_before(policy: str, jobs: Sequence[JobState]) -> tuple[list[JobS
         )
         return waiting, (
             "fair: the tenant with the least GPU-seconds first (shares taken as equal), then its jobs due "
-            "against the rigid reference, earliest due first, then its job with the least GPU-seconds, "
+            "against the rigid reference, earliest to finish by first, then its job with the least "
+            "GPU-seconds, "
             f"less {AGEING:g} GPU-s per second since its submission, then the earliest submitted"
         )
     if policy == "sla":
@@ -295,8 +296,11 @@ def test_a_job_kept_at_its_declaration_for_want_of_evidence_is_told_so() -> None
 def test_a_due_job_is_told_it_is_due() -> None:
     state = job(memory=MemoryDecl(base_mib=400, per_unit_mib=0))
     assert not any("due against" in n for n in explain(state, [], [], 200.0, LIMITS).notes)
-    due = msgspec.structs.replace(state, due_at=150.0)
+    due = msgspec.structs.replace(state, due_at=250.0)  # due to finish by 250
     (note,) = [n for n in explain(due, [], [], 200.0, LIMITS).notes if "due against" in n]
     assert note.startswith(
-        f"due against the rigid reference for 50 s: it would finish more than {DUE_SLACK:g} times"
+        "due against the rigid reference, to finish within 50 s: "
+        f"it would finish more than {DUE_SLACK:g} times"
     )
+    (note,) = [n for n in explain(due, [], [], 300.0, LIMITS).notes if "due against" in n]
+    assert note.startswith("due against the rigid reference, 50 s past when it was to finish")

@@ -248,7 +248,8 @@ def test_the_reference_starts_every_job_when_the_best_fit_baseline_does(cluster:
 def test_a_due_job_comes_before_every_job_that_is_not(
     a: tuple[float, float], b: tuple[float, float], due: float
 ) -> None:
-    """Any due job's service key is below any other's, and due jobs are served earliest due first."""
+    """Any due job's service key is below any other's, and due jobs are served earliest first (by
+    the instant each is due to finish by)."""
     assert continuation.service_key(a[0], a[1], due) < continuation.service_key(b[0], b[1])
     assert continuation.service_key(a[0], a[1], due) < continuation.service_key(b[0], b[1], due + 1.0)
 

@@ -34,8 +34,8 @@ class Fair(MonotonePolicy):
             explains_by_tenant=True,
             by_tenant=True,
             tie_break=(
-                "a job due against the rigid reference first (earliest due), then the job's own attained"
-                f" GPU-seconds less {AGEING:g} per second since its submission, then submission time"
+                "a job due against the rigid reference first (earliest to finish by), then the job's own"
+                f" attained GPU-seconds less {AGEING:g} per second since its submission, then submission time"
             ),
         )
 
@@ -77,7 +77,7 @@ class Fair(MonotonePolicy):
         # where ``sja explain`` shows it, the ledger holds the jobs' own service and no shares
         return (
             "the tenant with the least GPU-seconds first (shares taken as equal), then its jobs due against "
-            "the rigid reference, earliest due first, then its job with the least GPU-seconds, less "
+            "the rigid reference, earliest to finish by first, then its job with the least GPU-seconds, less "
             f"{AGEING:g} GPU-s per second since its submission, then the earliest submitted"
         )
 

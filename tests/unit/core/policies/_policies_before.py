@@ -293,8 +293,8 @@ Keyed = tuple[tuple[float, ...], Candidate, str]
 
 TIE_BREAKS = {
     "fair": (
-        "a job due against the rigid reference first (earliest due), then the job's own attained"
-        f" GPU-seconds less {AGEING:g} per second since its submission, then submission time"
+        "a job due against the rigid reference first (earliest to finish by), then the job's own"
+        f" attained GPU-seconds less {AGEING:g} per second since its submission, then submission time"
     ),
 }
 """What decides between bids a policy explains alike (default: submission time, then job id)."""
