@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sja.audit import Mix, audit, call, mixed_specs, read_rounds, statuses
-from sja.bus.natsd import die_with_parent, free_port
+from sja.bus.natsd import die_with_parent, free_ports
 from sja.inventory.declared import load_declared
 from sja.stack import LocalStack, ServiceProc
 
@@ -78,7 +78,7 @@ def test_sharded_clearers_and_two_agents_complete_every_job_once(tmp_path: Path)
             "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
         },
     )
-    metrics_ports = {instance: free_port() for instance in CLEARERS}
+    metrics_ports = dict(zip(CLEARERS, free_ports(len(CLEARERS)), strict=True))
     with stack:
         url = stack.start_nats()
         spawn(stack, "inventory", "inventory-0")

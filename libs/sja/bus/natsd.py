@@ -53,6 +53,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: each is held while the next is asked for (``free_port`` called
+    ``n`` times may hand out one port twice)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(n):
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity where the platform says, else all)."""
     if hasattr(os, "sched_getaffinity"):

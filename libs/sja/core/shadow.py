@@ -332,6 +332,8 @@ class RigidShadow:
                     self.units[i].busy = False
                     self.gpu_busy[self.units[i].gpu] -= 1
                 self.free += len(run.units)
+            if not self.running:
+                self._busy_share = self._busy_end_share = 0.0  # no rounding left over between runs
             out.extend(self._schedule())
         self.now = max(self.now, now)
         return out
