@@ -308,7 +308,7 @@ class AgentService(Service):
                 if new_rev is not None:
                     self.remember(claimed, new_rev)
                     self.spans.taken(state.job_id, recovered=False)
-                    self.ready(claimed.spec.max_parallel)
+                    self.ready(J.slots_left(claimed))
                     log.info(
                         "claimed job %s (%s, %d units)",
                         state.job_id,

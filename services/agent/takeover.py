@@ -144,7 +144,7 @@ class Takeover:
             await self.replay_completions(new.job_id)
             now_state = agent.owned.get(new.job_id)
             if now_state is not None and J.can_take_more(now_state[0]):
-                agent.ready(now_state[0].spec.max_parallel - len(now_state[0].in_flight))
+                agent.ready(J.slots_left(now_state[0]))
             taken += 1
         for other, t in list(self.last_seen.items()):
             if now - t > liveness_s and other not in still_owning:
@@ -183,7 +183,7 @@ class Takeover:
         if held is None:
             agent.spans.taken(job_id, recovered=True)
         if J.can_take_more(state):
-            agent.ready(state.spec.max_parallel - len(state.in_flight))
+            agent.ready(J.slots_left(state))
         return True
 
     async def replay_completions(self, job_id: str) -> int:

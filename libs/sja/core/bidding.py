@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from sja.core import continuation
-from sja.core.jobs import balanced_units, can_take_more, next_range, plan_request, units_remaining
+from sja.core.jobs import balanced_units, can_take_more, capacity, next_range, plan_request, units_remaining
 from sja.core.planner import PlanLimits, plan_candidates
 from sja.core.profile_cache import ProfileCache, profile_of
 from sja.core.profiles import JobProfile
@@ -66,16 +66,16 @@ def propose(
 ) -> Proposal | None:
     """The job's reply to an offer, or ``None`` when it cannot fit anything there (or the window is
     the slice its own open subjob holds: it goes on there without a bid)."""
-    if not can_take_more(state) or not may_bid_on(state, offer.window):
+    share = offer.window.compute_share
+    if not can_take_more(state, share) or not may_bid_on(state, offer.window):
         return None
     rng = next_range(state)
     assert rng is not None
     profile = profile_of(state, profiles)
-    req = plan_request(state, offer.window, now, balanced_units(state, rng[1]))
+    req = plan_request(state, offer.window, now, balanced_units(state, rng[1], share))
     cands = plan_candidates(profile, req, limits, state.spec.mode)
     if not cands:
         return None
-    share = offer.window.compute_share
     cands = [
         msgspec.structs.replace(c, bid=round(state.spec.bid_per_gpu_s * c.duration_mean_s * share, 6))
         for c in cands
@@ -92,7 +92,7 @@ def propose(
         priority=state.spec.priority,
         deadline_at=deadline,
         expected_remaining_s=round(expected_remaining_s(state, profile), 6),
-        capacity=state.spec.max_parallel - len(state.in_flight),
+        capacity=capacity(state, share),
         grants_seen=state.grants_seen,
         attained_gpu_s=state.attained_gpu_s,
         due_at=state.due_at,

@@ -5,7 +5,8 @@ job store, and calls ``explain``.
 For the last offer of each window shape (pool, MIG profile, memory) seen lately it says what became
 of the job there: it won; it lost, to whom and why, under which policy; it was left out at capacity;
 or it sent no bid, and why not (its smallest subjob needs more memory at ``eps_mem`` than the slice
-holds, or more time than the window gives; it is at its ``max_parallel``; it is being cancelled).
+holds, or more time than the window gives; it is at its ``max_parallel``, or its subjobs hold the
+GPUs' worth it may have, ``JobSpec.gpus``; it is being cancelled).
 The reasons come from the planner's own functions, so they follow whatever rule it plans by.
 """
 
@@ -17,7 +18,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from sja.core.jobs import declarations, is_terminal, next_range, plan_request
+from sja.core.jobs import (
+    can_take_more,
+    capacity,
+    declarations,
+    gpu_budget,
+    held_gpus,
+    is_terminal,
+    next_range,
+    plan_request,
+)
 from sja.core.planner import PlanLimits, largest_safe_size, usable_memory, usable_time
 from sja.core.policies import REGISTRY, ClearingPolicy, Ledger, Policy, VerdictKind, verdict_kind
 from sja.core.profiles import EVIDENCE_MIN_DOF, JobProfile
@@ -103,6 +113,7 @@ class NoBidKind(StrEnum):
     HANDED_OUT = "handed out"
     """Every unit is handed out: it waits for its running subjobs."""
     AT_MAX_PARALLEL = "at max_parallel"
+    AT_GPUS = "at its GPUs"
     NO_PROFILE = "no profile"
     TOO_LITTLE_MEMORY = "too little memory"
     """Its smallest subjob needs more memory than the window's slice holds."""
@@ -136,6 +147,12 @@ def why_no_bid(state: JobState, window: Window, now: float, limits: PlanLimits) 
         return NoBid(
             NoBidKind.AT_MAX_PARALLEL,
             f"it is at its max_parallel ({state.spec.max_parallel}): {_plural(running, 'subjob')} running",
+        )
+    if capacity(state, window.compute_share) <= 0:
+        return NoBid(
+            NoBidKind.AT_GPUS,
+            f"its subjobs hold {held_gpus(state):.2f} of its {gpu_budget(state.spec):g} GPUs: "
+            f"a slice of {window.compute_share:.2f} of a GPU is more than it has left",
         )
     if state.profile is None:
         return NoBid(NoBidKind.NO_PROFILE, "it has no profile to plan with")
@@ -333,12 +350,7 @@ def _window_outcomes(
 def is_waiting(state: JobState) -> bool:
     """Whether the job is waiting for a window: not over, not being cancelled, and able to start
     another subjob."""
-    return (
-        not is_terminal(state)
-        and not state.cancel_requested
-        and len(state.in_flight) < state.spec.max_parallel
-        and next_range(state) is not None
-    )
+    return can_take_more(state)
 
 
 def queue_order(policy: str, jobs: Sequence[JobState]) -> tuple[list[JobState], str]:

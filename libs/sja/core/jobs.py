@@ -9,6 +9,7 @@ are given up for lost, ``sja.core.ownership``; the profiles a process holds for 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -105,6 +106,12 @@ def validate_spec(spec: JobSpec) -> tuple[JobSpec, int]:
 def _check_shape(spec: JobSpec, sequential: bool, total: int) -> None:
     if sequential and spec.max_parallel != 1:
         raise SpecError("max_parallel", f"workload {spec.workload} is sequential: max_parallel must be 1")
+    if spec.gpus is not None and spec.gpus > spec.max_parallel:
+        raise SpecError(
+            "gpus",
+            f"{spec.gpus:g} GPUs is more than its max_parallel ({spec.max_parallel}) subjobs can hold "
+            "(each holds at most one GPU): raise max_parallel",
+        )
     if spec.min_units > total:
         raise SpecError("min_units", f"{spec.min_units} is more than the job's {total} units")
 
@@ -246,14 +253,65 @@ def next_range(state: JobState) -> tuple[int, int] | None:
     return None
 
 
-def balanced_units(state: JobState, available: int) -> int:
-    """At most how many units the next subjob takes of the ``available`` ones: the work not yet handed
-    out shared evenly over the subjobs the job may still start (``max_parallel`` less those in
-    flight), so that a job that may run ``p`` subjobs at once finishes them together instead of
-    leaving one long piece to run alone at its end."""
+SHARE_EPS = 1e-6
+"""Rounding allowed when compute shares are added (a 4g and a 3g slice are 4/7 and 3/7)."""
+
+
+def gpu_budget(spec: JobSpec) -> float:
+    """The GPUs' worth of compute a job's subjobs may hold at once (``JobSpec.gpus``; one whole GPU
+    per subjob, ``max_parallel``, when it does not say)."""
+    return float(spec.max_parallel) if spec.gpus is None else min(spec.gpus, float(spec.max_parallel))
+
+
+def held_gpus(state: JobState) -> float:
+    """The compute its subjobs in flight hold: their slices' compute shares added."""
+    return sum(f.compute_share for f in state.in_flight)
+
+
+def reference_width(spec: JobSpec) -> int:
+    """The whole GPUs a job runs on at once where it holds whole GPUs (the rigid reference's
+    ``RigidJob.gpus``): its budget rounded up, at most ``max_parallel``."""
+    return max(1, min(spec.max_parallel, math.ceil(gpu_budget(spec) - SHARE_EPS)))
+
+
+def capacity(state: JobState, share: float = 1.0) -> int:
+    """How many more subjobs on slices of ``share`` the job may start: the subjobs it may still run
+    (``max_parallel`` less those in flight), and as many as the compute left of its budget takes.
+    A job with nothing in flight may always start one (a budget under the slice's share is what
+    one piece of it uses, not a reason to wait for a smaller slice)."""
+    slots = state.spec.max_parallel - len(state.in_flight)
+    if slots <= 0 or state.spec.gpus is None:
+        return max(slots, 0)
+    room = gpu_budget(state.spec) - held_gpus(state) + SHARE_EPS
+    fits = max(0, min(slots, math.floor(room / max(share, SHARE_EPS))))
+    return fits if state.in_flight else max(fits, 1)
+
+
+def slots_left(state: JobState) -> int:
+    """How many more slices the job may want at once: its subjobs left, and its budget left in whole
+    GPUs (rounded up)."""
+    slots = state.spec.max_parallel - len(state.in_flight)
+    if slots <= 0 or state.spec.gpus is None:
+        return max(slots, 0)
+    room = gpu_budget(state.spec) - held_gpus(state)
+    return max(0, min(slots, math.ceil(room - SHARE_EPS)))
+
+
+def balanced_units(state: JobState, available: int, share: float = 1.0) -> int:
+    """At most how many units the next subjob, on a slice of ``share``, takes of the ``available``
+    ones: the work not yet handed out shared over the subjobs the job may still start, so that a job
+    that may run ``p`` subjobs at once finishes them together instead of leaving one long piece to
+    run alone at its end. Shared evenly over the subjobs left (``max_parallel`` less those in
+    flight); for a job with a compute budget (``JobSpec.gpus``) at least in proportion to the slice's
+    share of the budget left (a 4g slice of a one-GPU job takes 4/7 of the work, a 3g one the rest)."""
     unassigned = sum(r.count for r in state.retry) + max(state.total_units - state.next_unit, 0)
     slots = max(state.spec.max_parallel - len(state.in_flight), 1)
-    return max(1, min(available, -(-unassigned // slots)))
+    even = -(-unassigned // slots)
+    if state.spec.gpus is not None:
+        room = gpu_budget(state.spec) - held_gpus(state)
+        part = min(1.0, share / room) if room > SHARE_EPS else 1.0
+        even = max(even, math.ceil(unassigned * part - SHARE_EPS))
+    return max(1, min(available, even))
 
 
 def timeout_backoff_s(timeouts_in_row: int) -> float:
@@ -265,13 +323,14 @@ def timeout_backoff_s(timeouts_in_row: int) -> float:
     return min(TIMEOUT_BACKOFF_S * 2.0 ** (timeouts_in_row - 2), MAX_TIMEOUT_BACKOFF_S)
 
 
-def can_take_more(state: JobState) -> bool:
-    return (
-        not is_terminal(state)
-        and not state.cancel_requested
-        and len(state.in_flight) < state.spec.max_parallel
-        and next_range(state) is not None
-    )
+def can_take_more(state: JobState, share: float | None = None) -> bool:
+    """Whether the job may start another subjob: on a slice of ``share`` (``capacity``), or on some
+    slice (``None``: it has a subjob and compute left)."""
+    if is_terminal(state) or state.cancel_requested or next_range(state) is None:
+        return False
+    if share is not None:
+        return capacity(state, share) > 0
+    return slots_left(state) > 0
 
 
 def plan_request(state: JobState, offer_window: Any, now: float, max_units: int) -> PlanRequest:
@@ -345,13 +404,13 @@ def materialize(
         grants_seen=state.grants_seen + 1,
         declined_grants=[*state.declined_grants, grant.grant_id][-DECLINED_KEPT:],
     )
-    if not can_take_more(state):
+    if not can_take_more(state, grant.window.compute_share):
         return Materialized(seen, None, Declined.CANNOT_TAKE_MORE)
     rng = next_range(state)
     assert rng is not None
     start, available = rng
     profile = profile_of(state, profiles)
-    req = plan_request(state, grant.window, now, balanced_units(state, available))
+    req = plan_request(state, grant.window, now, balanced_units(state, available, grant.window.compute_share))
     size = materialize_size(profile, req, limits, grant.candidate.size)
     if size is None:
         return Materialized(seen, None, Declined.NO_SAFE_SIZE)
@@ -364,7 +423,7 @@ def materialize(
         # An open subjob: past its window it goes on while no other job wins the slice, through
         # its share of the work not handed out (the whole of it for a job of one subjob at a time).
         q = 1.0 - state.spec.eps_mem
-        share = balanced_units(state, contiguous_from(state, start))
+        share = balanced_units(state, contiguous_from(state, start), window.compute_share)
         reach = continuation.open_units(size, share, lambda k: profile.mem_quantile(k, q), mem_cap)
         max_units = reach if reach > size else 0
     retry = list(state.retry)

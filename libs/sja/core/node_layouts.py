@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sja.core import defaults
+from sja.core.jobs import slots_left
 from sja.core.mig import CATALOGUE, GpuModel, id_token
 from sja.core.repartition import (
     BusyGpu,
@@ -99,9 +100,7 @@ def plan_node(
         def profiles_for(job_id: str, offers: Mapping[str, Offer] = offers) -> Iterable[str]:
             return [p for p, o in offers.items() if propose_for(states[job_id], o)]
 
-        demand = demand_of(
-            [(s.job_id, 1.0, s.spec.max_parallel - len(s.in_flight)) for s in waiting], profiles_for
-        )
+        demand = demand_of([(s.job_id, 1.0, slots_left(s)) for s in waiting], profiles_for)
         if not demand:
             continue
         layouts = {

@@ -43,7 +43,7 @@ import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sja.core.jobs import declarations
+from sja.core.jobs import declarations, reference_width
 from sja.core.profiles import JobProfile
 from sja.protocol.messages import JobState, SliceState
 
@@ -548,8 +548,9 @@ class Reference:
 
 
 def reference_units(state: JobState) -> int:
-    """The units a job runs on each of its slices in the reference: its share of ``max_parallel``."""
-    return -(-state.total_units // max(1, state.spec.max_parallel))
+    """The units a job runs on each of its slices in the reference: its share of the whole GPUs it
+    runs on at once (``jobs.reference_width``)."""
+    return -(-state.total_units // reference_width(state.spec))
 
 
 def due_by_evidence(
@@ -621,11 +622,11 @@ def _measured_ratio(basis: Basis, state: JobState, profile: JobProfile | None) -
 
 
 def rigid_job(state: JobState) -> RigidJob:
-    """A live job as the rigid reference runs it: its ``max_parallel`` subjobs at once from the
+    """A live job as the rigid reference runs it: its subjobs at once (``jobs.reference_width``) from the
     start, each on a slice of its own for its share of the units, by its declarations (the spec's,
     else its workload's): ``warmup + per_unit * share`` seconds and ``base + per_unit * share`` MiB."""
     mem, time = declarations(state.spec)
-    p = max(1, state.spec.max_parallel)
+    p = reference_width(state.spec)
     share = reference_units(state)
     return RigidJob(
         job_id=state.job_id,

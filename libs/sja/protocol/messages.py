@@ -464,6 +464,12 @@ class JobSpec(Tokens, frozen=True, kw_only=True, gc=False, forbid_unknown_fields
     deadline_s: PosFloat | None = None
     """Relative to submission."""
     max_parallel: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    """How many subjobs the job may run at once."""
+    gpus: Annotated[float, msgspec.Meta(gt=0.0, le=64.0)] | None = None
+    """The GPUs' worth of compute its subjobs may hold at once: their slices' compute shares added
+    (a ``4g`` and a ``3g`` slice of one GPU are one GPU; ``core.jobs.gpu_budget``). ``None``: one
+    whole GPU per subjob, ``max_parallel``. A job that states it may run on several slices of a
+    GPU at once where the GPU is cut, and on no more compute than it asked for anywhere."""
     min_units: PosInt = 1
     """Smallest subjob worth running (quantum of the work)."""
     bid_per_gpu_s: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0

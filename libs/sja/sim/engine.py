@@ -83,7 +83,7 @@ import msgspec
 from sja.core import continuation, grants, leases
 from sja.core.bidder import Bidder
 from sja.core.bidding import may_bid_on, propose
-from sja.core.jobs import apply_completion, can_take_more, hopeless, materialize
+from sja.core.jobs import apply_completion, can_take_more, hopeless, materialize, slots_left
 from sja.core.mig import GpuModel, gpu_model
 from sja.core.policies import POLICIES, REGISTRY, Bid, Ledger, PolicyConfig, clear_batch
 from sja.core.profile_cache import ProfileCache
@@ -315,7 +315,7 @@ class SjaEngine:
         )
         for m in self.models:
             tj = m.trace
-            parallel = max(1, min(64, math.ceil(max(tj.num_gpus, 1) * cfg.parallel_per_gpu)))
+            parallel = max(1, tj.num_gpus)
             self.recorder.add_job(
                 JobRecord(
                     job_id=tj.job_id,
@@ -839,7 +839,7 @@ class SjaEngine:
             (
                 self.by_idx[i].state.job_id,
                 self.by_idx[i].model.fraction,
-                self.by_idx[i].state.spec.max_parallel - len(self.by_idx[i].state.in_flight),
+                slots_left(self.by_idx[i].state),
             )
             for i in order
         ]

@@ -120,8 +120,11 @@ class SimConfig:
     trace's per-GPU memory is the peak of a subjob as long as one window on a full GPU."""
     decl_mem_rel_sd: float = 0.25
     decl_time_rel_sd: float = 0.3
-    parallel_per_gpu: float = 1.0
-    """SJA: subjobs a job may run at once per GPU it asked for (``max_parallel``, capped at 64)."""
+    slices_per_gpu: int = 7
+    """SJA: slices a one-GPU job that uses its whole GPU may run on at once (``max_parallel``),
+    together holding no more than one GPU's compute (``JobSpec.gpus``, ``job_gpus``): where GPUs
+    are cut, a ``4g`` and a ``3g`` slice at once; on whole GPUs, one. 7: the most compute instances
+    a GPU is cut into. Other jobs run one slice per GPU they asked for."""
     negotiation_latency_s: float = 0.0
     """Virtual time between an offer and the start of the subjob it grants (the slice is held)."""
     oom_detect_s: float = 30.0
@@ -212,6 +215,15 @@ class JobModel:
     def decl_peak(self, units: int) -> float:
         """Declared peak memory of a piece of ``units`` units (the bound the job vouches for)."""
         return self.decl_mem_mib * ((1.0 - self.beta) + self.beta * units / self.k_ref)
+
+
+def job_gpus(m: JobModel) -> float | None:
+    """The compute a trace job's subjobs may hold at once (``JobSpec.gpus``), for a one-GPU job that
+    uses its whole GPU: one GPU, on as many slices as add up to it. None (one slice per GPU it asked
+    for, of any size) for a job that uses a fraction of a GPU (more slices would give it more than
+    it asked for) and for a multi-GPU job (its pieces are its GPUs' workers, each on a slice of its
+    own; spread over the slices of cut GPUs, it fragments the GPUs a re-cut would give it whole)."""
+    return 1.0 if m.fraction >= 1.0 and m.trace.num_gpus <= 1 else None
 
 
 def job_model(tj: TraceJob, cfg: SimConfig) -> JobModel:

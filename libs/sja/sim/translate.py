@@ -16,7 +16,7 @@ from sja.core.jobs import new_job
 from sja.core.mig import gpu_model
 from sja.protocol.messages import JobSpec, JobState, MemoryDecl, SliceState, TimeDecl
 from sja.sim.cluster import slices_of
-from sja.sim.model import JobModel, SimCluster, SimConfig, SimSlice, repartitionable
+from sja.sim.model import JobModel, SimCluster, SimConfig, SimSlice, job_gpus, repartitionable
 from sja.workloads.base import check_known, int_param
 
 # --- the simulator's own workload -----------------------------------------------------------------
@@ -65,6 +65,7 @@ workloads.WORKLOADS.setdefault(SimWorkload.name, SimWorkload())
 
 def job_spec(m: JobModel, cfg: SimConfig) -> JobSpec:
     tj = m.trace
+    gpus = job_gpus(m)
     deadline = (
         tj.deadline_s - tj.submit_s if tj.deadline_s is not None and tj.deadline_s > tj.submit_s else None
     )
@@ -77,7 +78,8 @@ def job_spec(m: JobModel, cfg: SimConfig) -> JobSpec:
         eps_mem=cfg.eps_mem,
         eps_time=cfg.eps_time,
         deadline_s=deadline,
-        max_parallel=max(1, min(64, math.ceil(max(tj.num_gpus, 1) * cfg.parallel_per_gpu))),
+        max_parallel=max(1, min(64, max(tj.num_gpus, 1))) if gpus is None else cfg.slices_per_gpu,
+        gpus=gpus,
         memory=m.decl_memory(cfg),
         # The job declares its own speed (a unit takes unit_s on what it asked for) as its full-GPU
         # speed: conservative on every slice; calibration learns each slice profile's real speed.

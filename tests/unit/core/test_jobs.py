@@ -3,32 +3,41 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import msgspec
 import pytest
 
 from sja.core.bidding import propose, resting
+from sja.core.explain import NoBidKind, why_no_bid
 from sja.core.jobs import (
     MAX_CONSECUTIVE_FAILURES,
     MAX_CONSECUTIVE_TIMEOUTS,
+    Declined,
     apply_completion,
     can_take_more,
+    capacity,
     fit_key,
     give_up,
+    gpu_budget,
+    held_gpus,
     hopeless,
     largest_live,
     materialize,
     never_fits,
     new_job,
     next_range,
+    reference_width,
     request_cancel,
     settle,
+    slots_left,
     timeout_backoff_s,
     validate_spec,
 )
 from sja.core.planner import PlanLimits
 from sja.protocol.messages import (
+    JobState,
     MemoryDecl,
     SliceState,
     TimeDecl,
@@ -407,6 +416,61 @@ def test_max_parallel_is_respected() -> None:
     assert_covers_exactly(state)
 
 
+def _mig_window(now: float, profile: str, slice_id: str) -> Any:
+    sevenths = int(profile[0])
+    return window(now, mem_mib=20000, profile=profile, share=sevenths / 7, slice_id=slice_id)
+
+
+def test_a_one_gpu_budget_runs_on_a_4g_and_a_3g_slice_and_no_more() -> None:
+    mc = spec(workload="montecarlo", params=dict(MC_PARAMS), max_parallel=7, gpus=1.0)
+    state = new_job("j1", mc, T0)
+    assert gpu_budget(state.spec) == 1.0 and reference_width(state.spec) == 1
+    assert capacity(state, 4 / 7) == 1 and capacity(state, 3 / 7) == 2 and capacity(state, 1.0) == 1
+    state, a = win_window(state, T0, _mig_window(T0, "4g.20gb", "s-4g"))
+    # the 4g slice's subjob holds 4/7 of the work left, open to the end of it
+    assert a.unit_start + (a.max_units or a.units) == math.ceil(40 * 4 / 7)
+    assert held_gpus(state) == pytest.approx(4 / 7)
+    assert capacity(state, 4 / 7) == 0 and capacity(state, 3 / 7) == 1 and slots_left(state) == 1
+    assert propose(state, offer_for(_mig_window(T0, "4g.20gb", "s-4g-b"), T0), T0, LIMITS) is None
+    owned = msgspec.structs.replace(state, owner_agent="agent-1")
+    why = why_no_bid(owned, _mig_window(T0, "4g.20gb", "s-4g-b"), T0, LIMITS)
+    assert why.kind is NoBidKind.AT_GPUS and "0.57 of its 1 GPUs" in why.text
+    state, b = win_window(state, T0, _mig_window(T0, "3g.20gb", "s-3g"))
+    assert b.unit_start == a.unit_start + (a.max_units or a.units)  # the rest of the units
+    assert b.unit_start + (b.max_units or b.units) == 40
+    assert held_gpus(state) == pytest.approx(1.0)
+    assert not can_take_more(state) and slots_left(state) == 0
+    # a grant for one more slice, however small, is declined: one GPU's worth is held
+    offer = offer_for(window(T0, slice_id="s-1g"), T0)
+    mat = materialize(state, grant_for(state, offer, _any_proposal(state, offer), T0), T0, LIMITS, "a")
+    assert mat.subjob is None and mat.reason is Declined.CANNOT_TAKE_MORE
+    state, _ = apply_completion(state, execute(a, T0 + 0.3), T0 + 1.0)
+    assert capacity(state, 4 / 7) == 1
+    state, _ = apply_completion(state, execute(b, T0 + 0.3), T0 + 1.1)
+    state, _ = run_to_completion(state, T0 + 2.0)
+    assert state.result == run_in_one_piece("montecarlo", MC_PARAMS)
+    assert_covers_exactly(state)
+
+
+def _any_proposal(state: JobState, offer: Any) -> Any:
+    """A proposal as the job made it for an earlier offer (a grant that arrives anyway)."""
+    fresh = new_job(state.job_id, state.spec, T0)
+    p = propose(fresh, offer, T0, LIMITS)
+    assert p is not None
+    return p
+
+
+def test_a_budget_under_a_slice_still_starts_one_subjob_and_the_default_is_whole_gpus() -> None:
+    small = new_job("j1", spec(workload="montecarlo", params=dict(MC_PARAMS), max_parallel=4, gpus=0.3), T0)
+    assert capacity(small, 4 / 7) == 1 and slots_left(small) == 1
+    small, _ = win_window(small, T0, _mig_window(T0, "4g.20gb", "s-4g"))
+    assert capacity(small, 1 / 7) == 0 and not can_take_more(small)
+    # no gpus: max_parallel subjobs, each on a slice of any size (as before budgets)
+    plain = new_job("j2", spec(workload="montecarlo", params=dict(MC_PARAMS), max_parallel=2), T0)
+    plain, _ = win_window(plain, T0, window(T0, mem_mib=80000, profile="7g.80gb", share=1.0, slice_id="s-7g"))
+    assert capacity(plain, 1.0) == 1 and gpu_budget(plain.spec) == 2.0 and reference_width(plain.spec) == 2
+
+
 def test_settle_leaves_a_job_with_work_left_alone() -> None:
     state = new_job("j1", spec(), T0)
     assert settle(state, T0) == state
@@ -424,6 +488,7 @@ def test_settle_leaves_a_job_with_work_left_alone() -> None:
         ({"params": {"rows": "ten"}}, "params.rows"),
         ({"params": {"rows": 10}, "min_units": 11}, "min_units"),
         ({"workload": "montecarlo", "params": {"units": 5, "seed": -1}}, "params.seed"),
+        ({"gpus": 2.0, "max_parallel": 1}, "gpus"),
     ],
 )
 def test_bad_specs_raise_spec_error_naming_the_field(overrides: dict[str, Any], field: str) -> None:

@@ -25,7 +25,7 @@ def test_every_problem_of_a_spec_at_once() -> None:
         "bad.yaml: max_parallel: must be a whole number, not text",
         "bad.yaml: memory.base_mib: must be at least 0 and at most 1e+09, not -1",
         "bad.yaml: colour: unknown field (known: bid_per_gpu_s, deadline_s, eps_mem, eps_time, "
-        "facts, max_parallel, memory, min_units, mode, name, params, priority, tenant, time, workload)",
+        "facts, gpus, max_parallel, memory, min_units, mode, name, params, priority, tenant, time, workload)",
         "bad.yaml: params.rows: expected an integer, got 'many'",
     ]
     for line in got.value.problems:
@@ -64,3 +64,9 @@ def test_a_range_of_units_is_written_one_way() -> None:
         if rest:
             last, n = rest.split(" ")
             assert int(last) - int(first) + 1 == int(n.strip("()")) == count
+
+
+def test_a_gpu_budget_is_checked_in_words() -> None:
+    with pytest.raises(SpecErrors) as got:
+        load_spec("name: a\ntenant: t\nworkload: matmul\ngpus: 0\n", "bad.yaml")
+    assert got.value.problems == ["bad.yaml: gpus: must be more than 0 and at most 64, not 0"]
