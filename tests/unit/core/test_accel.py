@@ -41,10 +41,14 @@ jobs = [
     )
     for i in range(14)
 ] + [
-    # declares 10 GB, peaks at 30 GB: out of memory on a 20 GB slice, re-planned onto 40 GB
+    # declares 10 GB, peaks at 30 GB: out of memory on a 20 GB slice, re-planned onto 40 GB; and
+    # one that peaks at 45 GB: out of memory on 20 and 40 GB slices, re-planned onto the H100
     TraceJob(
         job_id="liar", submit_s=0.0, duration_s=1800.0, num_gpus=1, mem_mib=10000.0, true_mem_mib=30000.0
-    )
+    ),
+    TraceJob(
+        job_id="big-liar", submit_s=0.0, duration_s=900.0, num_gpus=1, mem_mib=10000.0, true_mem_mib=45000.0
+    ),
 ]
 out = {"compiled": accel.is_compiled(), "runs": {}}
 for policy in sys.argv[1:]:
@@ -88,7 +92,7 @@ def test_compiled_core_decides_exactly_as_the_pure_one() -> None:
     assert compiled["runs"] == pure["runs"]
     runs = compiled["runs"]
     assert isinstance(runs, dict) and set(runs) == set(POLICIES)
-    assert all(r["done"] == 15 and r["subjobs"] > 15 and r["ooms"] >= 1 for r in runs.values())
+    assert all(r["done"] == 16 and r["subjobs"] > 15 and r["ooms"] >= 1 for r in runs.values())
 
 
 def test_ci_uses_the_compiled_core() -> None:
